@@ -1,0 +1,118 @@
+"""Where the log lives: the embedded nats-server by default, or the server or cluster in FTRAIN_NATS_URL."""
+
+import os
+import ssl
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import nats
+import nats.errors
+import structlog
+
+from events.store import EventStore, LogUnavailable
+
+log = structlog.get_logger(__name__)
+
+
+class NatsSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """Connection settings, read from the environment (see the README's "real NATS cluster" section)."""
+
+    home: Path
+    url: str | None = None
+    user: str | None = None
+    password: str | None = None
+    token: str | None = None
+    creds: str | None = None
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    replicas: int = 1
+
+    @property
+    def embedded(self) -> bool:
+        """True when ftrain runs the server itself."""
+        return self.url is None
+
+
+def ftrain_home(env: Mapping[str, str]) -> Path:
+    """`$FTRAIN_HOME`, default `~/.local/share/ftrain`."""
+    return Path(env.get("FTRAIN_HOME") or Path.home() / ".local/share/ftrain")
+
+
+def settings_from_env(env: Mapping[str, str] = os.environ) -> NatsSettings:
+    """Read FTRAIN_NATS_* variables; raises ValueError on a malformed value."""
+    replicas_text = env.get("FTRAIN_STREAM_REPLICAS", "1")
+    if not replicas_text.isdigit() or not 1 <= int(replicas_text) <= 5:
+        raise ValueError(f"FTRAIN_STREAM_REPLICAS must be 1..5, got {replicas_text!r}")
+    return NatsSettings(
+        home=ftrain_home(env),
+        url=env.get("FTRAIN_NATS_URL") or None,
+        user=env.get("FTRAIN_NATS_USER") or None,
+        password=env.get("FTRAIN_NATS_PASSWORD") or None,
+        token=env.get("FTRAIN_NATS_TOKEN") or None,
+        creds=env.get("FTRAIN_NATS_CREDS") or None,
+        tls_ca=env.get("FTRAIN_NATS_TLS_CA") or None,
+        tls_cert=env.get("FTRAIN_NATS_TLS_CERT") or None,
+        tls_key=env.get("FTRAIN_NATS_TLS_KEY") or None,
+        replicas=int(replicas_text),
+    )
+
+
+def server_urls(settings: NatsSettings) -> list[str]:
+    """The servers to connect to; starts (or reuses) the embedded server when no URL is configured."""
+    if settings.url is not None:
+        return [u.strip() for u in settings.url.split(",") if u.strip()]
+    from events.nats_server import ensure_server
+
+    return [ensure_server(settings.home).url]
+
+
+def _connect_options(settings: NatsSettings) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    if settings.user:
+        options["user"], options["password"] = settings.user, settings.password or ""
+    if settings.token:
+        options["token"] = settings.token
+    if settings.creds:
+        options["user_credentials"] = settings.creds
+    if settings.tls_ca or settings.tls_cert:
+        context = ssl.create_default_context(cafile=settings.tls_ca)
+        if settings.tls_cert:
+            context.load_cert_chain(settings.tls_cert, settings.tls_key)
+        options["tls"] = context
+    return options
+
+
+async def _quiet_error(exc: Exception) -> None:
+    """Without an error callback nats-py prints a traceback per reconnect attempt."""
+    log.debug("nats_error", error=f"{type(exc).__name__}: {exc}")
+
+
+@asynccontextmanager
+async def open_store(
+    settings: NatsSettings, *, connect_timeout: float = 2.0, deadline: float = 30.0
+) -> AsyncIterator[EventStore]:
+    """A connected EventStore whose stream exists; raises LogUnavailable when no server answers."""
+    urls = server_urls(settings)
+    try:
+        nc = await nats.connect(
+            servers=urls,
+            connect_timeout=connect_timeout,
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=0.2,
+            allow_reconnect=True,
+            error_cb=_quiet_error,
+            **_connect_options(settings),
+        )
+    except (OSError, nats.errors.Error, TimeoutError) as exc:
+        raise LogUnavailable(
+            f"event log unreachable at {','.join(urls)}: {exc or type(exc).__name__}"
+        ) from exc
+    try:
+        store = EventStore(nc, replicas=settings.replicas, deadline=deadline)
+        yield store
+    finally:
+        await nc.close()

@@ -1,0 +1,23 @@
+"""Run ids become NATS subject tokens and directory names, so they are validated in one place."""
+
+import re
+
+RUN_ID_MAX = 128
+_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
+
+
+class InvalidRunId(ValueError):
+    """A run id that would be unsafe as a subject token or a path component."""
+
+
+def validate_run_id(run_id: str, *, what: str = "run id") -> str:
+    """Return `run_id` unchanged, or raise InvalidRunId saying why it is refused."""
+    if not run_id:
+        raise InvalidRunId(f"{what} is empty")
+    if len(run_id) > RUN_ID_MAX:
+        raise InvalidRunId(f"{what} is {len(run_id)} characters long (at most {RUN_ID_MAX})")
+    if not _RUN_ID.fullmatch(run_id):
+        raise InvalidRunId(
+            f"{what} {run_id!r} is invalid: use letters, digits, '-' and '_', starting with a letter or digit"
+        )
+    return run_id

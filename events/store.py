@@ -1,0 +1,250 @@
+"""The JetStream event store: append with per-run compare-and-set and deduplication, and bulk reads.
+
+Append is optimistic: the caller passes the run's head it decided on; the server refuses the publish if
+another event landed on the run since (`Nats-Expected-Last-Subject-Sequence` over `ftrain.run.<id>.*`), so a
+chain never forks. `Nats-Msg-Id` makes a retried publish idempotent within the duplicate window.
+"""
+
+import asyncio
+import getpass
+import os
+import socket
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgspec
+import nats.errors
+import structlog
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js.api import StorageType, StreamConfig
+from nats.js.errors import BadRequestError, NotFoundError
+
+from events.chain import ChainHead, seal, unseal
+from events.schema import Actor, AnyEvent, decode_event, encode_event, now
+
+STREAM = "FTRAIN_EVENTS"
+SUBJECT_ROOT = "ftrain.run"
+WRONG_LAST_SEQUENCE = 10071
+DUPLICATE_WINDOW_S = 120.0
+_RETRYABLE = (
+    asyncio.TimeoutError,
+    nats.errors.TimeoutError,
+    nats.errors.NoRespondersError,
+    nats.errors.ConnectionClosedError,
+    nats.errors.ConnectionReconnectingError,
+)
+
+log = structlog.get_logger(__name__)
+
+
+def run_subject(run_id: str, event_type: str = "*") -> str:
+    """`ftrain.run.<run_id>.<event_type>`; with the default, the wildcard over one run's events."""
+    return f"{SUBJECT_ROOT}.{run_id}.{event_type}"
+
+
+def parse_subject(subject: str) -> tuple[str, str] | None:
+    """(run_id, event_type) of an event subject, or None for anything else."""
+    parts = subject.split(".")
+    if len(parts) != 4 or f"{parts[0]}.{parts[1]}" != SUBJECT_ROOT:
+        return None
+    return parts[2], parts[3]
+
+
+def process_actor(rank: int | None = None) -> Actor:
+    """The actor stamped on this process's events."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = str(os.getuid())
+    return Actor(user=user, host=socket.gethostname(), pid=os.getpid(), rank=rank)
+
+
+class StoredRecord(msgspec.Struct, frozen=True):
+    """One message of the stream, as stored: the raw payload is what the chain is verified over."""
+
+    stream_seq: int
+    run_id: str
+    event_type: str
+    payload: bytes
+
+
+class Appended(msgspec.Struct, frozen=True):
+    """An event that the stream acknowledged."""
+
+    event: AnyEvent
+    hash: str
+    stream_seq: int
+
+    @property
+    def head(self) -> ChainHead:
+        """The run's head after this event."""
+        return ChainHead(self.event.seq, self.hash, self.stream_seq)
+
+
+class AppendConflict(Exception):
+    """Another writer appended to the run first; re-read, re-validate, and retry or give up."""
+
+    def __init__(self, run_id: str, expected: ChainHead) -> None:
+        super().__init__(f"run {run_id}: another writer appended after stream seq {expected.stream_seq}")
+        self.run_id = run_id
+
+
+class LogUnavailable(RuntimeError):
+    """The event log could not be reached within the deadline."""
+
+
+class EventStore:
+    """The FTRAIN_EVENTS stream seen through one NATS connection."""
+
+    def __init__(
+        self,
+        nc: NATS,
+        *,
+        stream: str = STREAM,
+        replicas: int = 1,
+        actor: Actor | None = None,
+        timeout: float = 2.0,
+        deadline: float = 30.0,
+    ) -> None:
+        self._nc = nc
+        self._js: JetStreamContext = nc.jetstream(timeout=timeout)
+        self.stream = stream
+        self.replicas = replicas
+        self.actor = actor or process_actor()
+        self._timeout = timeout
+        self._deadline = deadline
+
+    async def ensure_stream(self) -> str:
+        """Create the stream if absent; returns its creation time, which identifies it to read models."""
+        try:
+            info = await self._js.stream_info(self.stream)
+        except NotFoundError:
+            config = StreamConfig(
+                name=self.stream,
+                subjects=[f"{SUBJECT_ROOT}.>"],
+                storage=StorageType.FILE,
+                num_replicas=self.replicas,
+                duplicate_window=DUPLICATE_WINDOW_S,
+                deny_delete=True,
+                deny_purge=True,
+                allow_direct=True,
+            )
+            try:
+                info = await self._js.add_stream(config)
+                log.info("stream_created", stream=self.stream, replicas=self.replicas)
+            except BadRequestError:  # created concurrently by another process
+                info = await self._js.stream_info(self.stream)
+        return str(info.created)
+
+    async def last_seq(self) -> int:
+        """The stream's last sequence, from the leader."""
+        info = await self._js.stream_info(self.stream)
+        return int(info.state.last_seq)
+
+    async def head(self, run_id: str) -> tuple[ChainHead, str | None] | None:
+        """The run's last stored event as a chain head and its Nats-Msg-Id, read from the stream leader."""
+        try:
+            msg = await self._js.get_last_msg(self.stream, run_subject(run_id))
+        except NotFoundError:
+            return None
+        parts = unseal(msg.data or b"")
+        seq = decode_event(parts[0]).seq if parts else 0
+        msg_id = (msg.headers or {}).get("Nats-Msg-Id")
+        return ChainHead(seq, parts[1] if parts else "", int(msg.seq or 0)), msg_id
+
+    async def append(self, event: AnyEvent, head: ChainHead) -> Appended:
+        """Append `event` as the link after `head`; raises AppendConflict if `head` is no longer the head."""
+        stamped = msgspec.structs.replace(
+            event,
+            seq=head.seq + 1,
+            prev_hash=head.hash,
+            id=event.id or uuid.uuid4().hex,
+            time=now(),
+            actor=event.actor or self.actor,
+        )
+        payload, digest = seal(encode_event(stamped), head.hash)
+        headers = {
+            "Nats-Msg-Id": stamped.id,
+            "Nats-Expected-Last-Subject-Sequence": str(head.stream_seq),
+            "Nats-Expected-Last-Subject-Sequence-Subject": run_subject(stamped.run_id),
+        }
+        subject = run_subject(stamped.run_id, str(stamped.__struct_config__.tag))
+        give_up = time.monotonic() + self._deadline
+        delay = 0.05
+        while True:
+            try:
+                ack = await asyncio.wait_for(
+                    self._js.publish(subject, payload, timeout=self._timeout, headers=headers),
+                    self._timeout + 1.0,
+                )
+                return Appended(stamped, digest, int(ack.seq))
+            except BadRequestError as exc:
+                if exc.err_code != WRONG_LAST_SEQUENCE:
+                    raise
+                landed = await self._landed_as_head(stamped.run_id, stamped.id)
+                if landed is not None:  # an earlier try of ours landed; its retry now looks stale
+                    return Appended(stamped, digest, landed)
+                raise AppendConflict(stamped.run_id, head) from exc
+            except _RETRYABLE as exc:
+                if time.monotonic() + delay > give_up:
+                    raise LogUnavailable(f"event log unreachable: {type(exc).__name__}") from exc
+                log.warning("append_retry", run_id=stamped.run_id, error=type(exc).__name__, delay=delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+
+    async def _landed_as_head(self, run_id: str, msg_id: str) -> int | None:
+        found = await self.head(run_id)
+        if found is not None and found[1] == msg_id:
+            return found[0].stream_seq
+        return None
+
+    async def read(
+        self, from_seq: int = 1, *, run_id: str | None = None, batch: int = 2000
+    ) -> AsyncIterator[list[StoredRecord]]:
+        """Stored records from `from_seq` up to the stream's last sequence at call time, in batches.
+
+        Uses batched direct gets: one request returns up to `batch` messages, several times faster than
+        a consumer in nats-py. With `run_id`, only that run's events.
+        """
+        last = await self.last_seq()
+        seq = from_seq
+        while seq <= last:
+            records = await self._direct_batch(seq, batch, run_subject(run_id) if run_id else None)
+            if not records:
+                return
+            yield records
+            seq = records[-1].stream_seq + 1
+
+    async def _direct_batch(self, seq: int, batch: int, subject: str | None) -> list[StoredRecord]:
+        records: list[StoredRecord] = []
+        done = asyncio.get_running_loop().create_future()
+
+        async def on_msg(msg: Msg) -> None:
+            hdrs = msg.headers or {}
+            if "Status" in hdrs or not hdrs.get("Nats-Sequence"):
+                if not done.done():
+                    done.set_result(None)
+                return
+            parsed = parse_subject(hdrs.get("Nats-Subject", ""))
+            if parsed is not None:
+                records.append(StoredRecord(int(hdrs["Nats-Sequence"]), parsed[0], parsed[1], msg.data))
+
+        request: dict[str, Any] = {"seq": seq, "batch": batch}
+        if subject:
+            request["next_by_subj"] = subject
+        inbox = self._nc.new_inbox()
+        sub = await self._nc.subscribe(inbox, cb=on_msg)
+        try:
+            await self._nc.publish(
+                f"$JS.API.DIRECT.GET.{self.stream}", msgspec.json.encode(request), reply=inbox
+            )
+            await asyncio.wait_for(done, self._timeout * 5)
+        except _RETRYABLE as exc:
+            raise LogUnavailable(f"event log read failed: {type(exc).__name__}") from exc
+        finally:
+            await sub.unsubscribe()
+        return records

@@ -1,0 +1,205 @@
+"""The `ftrain` command line: a thin shell over `ftrain.service.Ftrain`.
+
+Exit codes: 0 success; 1 refused on the merits (no valid checkpoint, failed audit, illegal transition,
+event log unreachable); 2 usage or bad input. Errors are one line on stderr and nothing is written.
+"""
+
+import argparse
+import asyncio
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NoReturn
+
+import msgspec
+
+from events.run_id import InvalidRunId, validate_run_id
+from events.schema import FAILURE_REASONS, json_schema
+from events.store import LogUnavailable
+from ftrain.errors import Refused, UsageError
+from ftrain.launch_spec import STRATEGIES
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a usage error as one line and exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"{self.prog}: error: {message}\n")
+        raise SystemExit(2)
+
+
+def _run_id(text: str) -> str:
+    try:
+        return validate_run_id(text)
+    except InvalidRunId as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is negative")
+    return value
+
+
+def _positive(text: str) -> int:
+    value = _non_negative(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def _hours(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a non-negative number")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The whole command tree."""
+    parser = _Parser(
+        prog="ftrain", description="Fault-tolerant distributed training: launch, checkpoint, resume."
+    )
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    p = sub.add_parser("launch", help="launch a run through the scheduler's allocation")
+    p.add_argument("project", type=lambda t: _run_id_as(t, "project"))
+    p.add_argument("--nodes", type=_positive, required=True)
+    p.add_argument("--gpus-per-node", type=_positive, required=True)
+    p.add_argument("--strategy", choices=STRATEGIES, default="fsdp")
+    p.add_argument("--dataset-revision")
+    p.add_argument("--checkpoint-every", metavar="10min|500steps")
+    p.add_argument(
+        "--nodelist", help="comma list or Slurm hostlist (default: SLURM_JOB_NODELIST, PBS_NODEFILE)"
+    )
+    p.add_argument("--rdzv-port", type=_positive, default=29500)
+    p.add_argument("--run-id", type=_run_id)
+    p.add_argument("--tp", type=_positive, default=1, help="megatron tensor-parallel size")
+    p.add_argument("--pp", type=_positive, default=1, help="megatron pipeline-parallel size")
+    p.add_argument("--deepspeed-config", default="ds_config.json", help="zero: DeepSpeed config path")
+
+    p = sub.add_parser("checkpoint", help="record a checkpoint (writes it under $FTRAIN_STORAGE)")
+    p.add_argument("run_id", type=_run_id)
+    p.add_argument("--step", type=_non_negative, required=True)
+    p.add_argument("--epoch", type=_non_negative, required=True)
+    p.add_argument("--shards", type=_positive, required=True)
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--state", help="training state as JSON")
+    source.add_argument("--state-file", type=Path)
+    source.add_argument("--path", type=Path, help="a directory of checkpoint files (e.g. DCP shards)")
+
+    p = sub.add_parser("resume", help="resume from the newest valid checkpoint")
+    p.add_argument("run_id", type=_run_id)
+    p.add_argument("--force", action="store_true", help="resume a run the log still thinks is running")
+
+    p = sub.add_parser("fail", help="record a failure or preemption")
+    p.add_argument("run_id", type=_run_id)
+    p.add_argument("--reason", choices=FAILURE_REASONS, default="preempted")
+    p.add_argument("--exit-code", type=int)
+    p.add_argument("--message", default="")
+
+    p = sub.add_parser("complete", help="record completion and cost")
+    p.add_argument("run_id", type=_run_id)
+    p.add_argument("--cost-gpu-hours", type=_hours)
+
+    p = sub.add_parser("status", help="one run's state")
+    p.add_argument("run_id", type=_run_id)
+    p.add_argument("--json", action="store_true")
+
+    for name, text in (("list", "runs, optionally of one project"), ("cost", "GPU-hours per run")):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("project", nargs="?", type=lambda t: _run_id_as(t, "project"))
+        p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("audit", help="verify the hash chains")
+    audit = p.add_subparsers(dest="audit_command", required=True, parser_class=_Parser)
+    p = audit.add_parser("verify")
+    p.add_argument("run_id", nargs="?", type=_run_id)
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("replay", help="the timeline, oldest first; --rebuild rebuilds the read model")
+    p.add_argument("run_id", nargs="?", type=_run_id)
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--rebuild", action="store_true")
+
+    p = sub.add_parser("events", help="the event schema for stream consumers")
+    p.add_subparsers(dest="events_command", required=True, parser_class=_Parser).add_parser("schema")
+
+    p = sub.add_parser("server", help="the embedded nats-server")
+    p.add_argument("action", choices=("start", "stop", "status"))
+
+    sub.add_parser("demo", help="play the preemption-and-resume scenario against the log")
+    return parser
+
+
+def _run_id_as(text: str, what: str) -> str:
+    try:
+        return validate_run_id(text, what=what)
+    except InvalidRunId as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def _split_train_cmd(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    args = list(argv)
+    if "--" in args:
+        cut = args.index("--")
+        return args[:cut], args[cut + 1 :]
+    return args, []
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `ftrain` console script."""
+    from ftrain.logs import configure
+
+    configure()
+    args_list, train_cmd = _split_train_cmd(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(args_list)
+    if train_cmd and args.command != "launch":
+        _fail(2, f"ftrain {args.command}: error: unexpected arguments after --")
+    args.train_cmd = train_cmd
+    try:
+        return _dispatch(args)
+    except UsageError as exc:
+        _fail(2, f"ftrain {args.command}: error: {exc}")
+    except (Refused, LogUnavailable) as exc:
+        _fail(1, f"ftrain {args.command}: {exc}")
+    except KeyboardInterrupt:
+        _fail(130, f"ftrain {args.command}: interrupted")
+
+
+def _fail(code: int, line: str) -> NoReturn:
+    sys.stderr.write(line.replace("\n", " ") + "\n")
+    raise SystemExit(code)
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    if args.command == "events":
+        sys.stdout.write(msgspec.json.format(msgspec.json.encode(json_schema())).decode() + "\n")
+        return 0
+    if args.command == "server":
+        from ftrain.server_cmd import server_command
+
+        return server_command(args.action, os.environ)
+    if args.command == "demo":
+        from ftrain.demo import run_demo
+
+        return run_demo()
+    return asyncio.run(_async_dispatch(args))
+
+
+async def _async_dispatch(args: argparse.Namespace) -> int:
+    from ftrain.commands import COMMANDS
+    from ftrain.service import Ftrain
+
+    command = COMMANDS[args.command]
+    prepared = command.prepare(args)
+    async with Ftrain.open() as app:
+        return await command.run(app, args, prepared)

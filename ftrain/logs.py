@@ -1,0 +1,29 @@
+"""structlog set-up: key-value lines on stderr for a terminal, JSON otherwise; quiet unless asked."""
+
+import logging
+import os
+import sys
+
+import structlog
+
+
+def configure(level: str | None = None) -> None:
+    """Send structlog to stderr at `level` (default $FTRAIN_LOG_LEVEL or warning) so stdout stays the output."""
+    name = (level or os.environ.get("FTRAIN_LOG_LEVEL") or "warning").upper()
+    renderer: structlog.typing.Processor = (
+        structlog.dev.ConsoleRenderer(colors=False)
+        if sys.stderr.isatty()
+        else structlog.processors.JSONRenderer()
+    )
+    structlog.configure(
+        processors=[
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(
+            logging.getLevelNamesMapping().get(name, logging.WARNING)
+        ),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        cache_logger_on_first_use=True,
+    )

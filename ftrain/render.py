@@ -1,0 +1,122 @@
+"""Human-readable lines for the CLI; the wording follows the product's reference documents."""
+
+import sys
+from datetime import datetime
+from typing import Any
+
+import msgspec
+
+from events.schema import AnyEvent, Checkpointed, Completed, CorruptSkipped, Failed, Launched, Resumed
+from ftrain.launch_spec import format_command
+from projections.audit import Finding
+from projections.state import RunState
+
+
+def short_hash(digest: str) -> str:
+    """The first four hex digits, as the reference output shows them."""
+    return f"{digest[:4]}…"
+
+
+def launched(event: Launched) -> list[str]:
+    """`ftrain launch` output."""
+    return [
+        f"Launched {event.run_id} — {event.nodes}×{event.gpus_per_node} GPUs, {event.strategy}, "
+        f"rdzv {event.rdzv_endpoint}",
+        f"  {format_command(event.command)}",
+    ]
+
+
+def checkpointed(event: Checkpointed) -> str:
+    """`ftrain checkpoint` output."""
+    return (
+        f"Checkpoint step {event.step} epoch {event.epoch} → {event.uri} "
+        f"(hash {short_hash(event.checkpoint_hash)}, {event.shards} shard(s))"
+    )
+
+
+def skipped(event: CorruptSkipped) -> str:
+    """One line per checkpoint a resume refused."""
+    return f"checkpoint step {event.step} {event.reason} → skipped"
+
+
+def resumed(event: Resumed) -> list[str]:
+    """`ftrain resume` output."""
+    return [
+        f"Resuming {event.run_id} from step {event.step} epoch {event.epoch} ({event.uri}) — "
+        "optimizer state preserved.",
+        f"  {format_command(event.command)}",
+    ]
+
+
+def failed(event: Failed, state: RunState) -> str:
+    """`ftrain fail` output."""
+    code = f", exit code {event.exit_code}" if event.exit_code is not None else ""
+    return f"Marked {event.run_id} failed ({event.reason}{code}) — failure {state.failures}"
+
+
+def completed(event: Completed) -> str:
+    """`ftrain complete` output."""
+    source = "reported" if event.cost_source == "reported" else "running wall time × GPUs"
+    return f"Completed {event.run_id} — {event.cost_gpu_hours:.2f} GPU-hours ({source})"
+
+
+def status(state: RunState, moment: datetime) -> list[str]:
+    """`ftrain status` output."""
+    valid = next(iter(state.valid_checkpoints()), None)
+    last = (
+        f"step {valid.step} epoch {valid.epoch} {valid.uri} (hash {short_hash(valid.checkpoint_hash)})"
+        if valid
+        else "none"
+    )
+    launch = state.launch
+    failures = f"{state.failures}" + (f" (last: {state.last_failure})" if state.last_failure else "")
+    return [
+        f"run         {state.run_id} (project {state.project})",
+        f"state       {state.status}",
+        f"step        {state.step} (epoch {state.epoch})",
+        f"checkpoint  {last}",
+        f"launch      {launch.nodes}×{launch.gpus_per_node} GPUs, {launch.strategy}, rdzv {launch.rdzv_endpoint}",
+        f"resumes     {state.resume_count}",
+        f"failures    {failures}",
+        f"gpu-hours   {state.gpu_hours_at(moment):.2f}",
+        f"chain head  seq {state.head.seq} {short_hash(state.head.hash)} (stream seq {state.head.stream_seq})",
+    ]
+
+
+def table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
+    """Left-aligned columns."""
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    return [
+        "  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in [header, *rows]
+    ]
+
+
+def finding(item: Finding) -> str:
+    """One broken chain."""
+    return f"BROKEN {item.describe()}"
+
+
+def summary(event: AnyEvent) -> str:
+    """The gist of an event, for `replay`."""
+    if isinstance(event, Launched):
+        return f"{event.nodes}×{event.gpus_per_node} {event.strategy} rdzv {event.rdzv_endpoint}"
+    if isinstance(event, Checkpointed):
+        return f"step {event.step} epoch {event.epoch} hash {short_hash(event.checkpoint_hash)} {event.uri}"
+    if isinstance(event, Failed):
+        return event.reason + (f" exit {event.exit_code}" if event.exit_code is not None else "")
+    if isinstance(event, Resumed):
+        return f"#{event.resume_count} from step {event.step}" + (" (forced)" if event.forced else "")
+    if isinstance(event, CorruptSkipped):
+        return f"step {event.step}: {event.reason}"
+    return f"{event.cost_gpu_hours:.2f} GPU-hours ({event.cost_source})"
+
+
+def emit(lines: str | list[str]) -> None:
+    """Print output lines."""
+    sys.stdout.write(("\n".join(lines) if isinstance(lines, list) else lines) + "\n")
+    sys.stdout.flush()
+
+
+def emit_json(value: Any) -> None:
+    """Print one JSON document."""
+    sys.stdout.write(msgspec.json.encode(value).decode() + "\n")

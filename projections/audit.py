@@ -1,0 +1,47 @@
+"""One record through the chain check and the fold: shared by the projector and `audit verify`."""
+
+import msgspec
+
+from events.chain import Broken, ChainHead, check_link
+from events.schema import AnyEvent
+from events.store import StoredRecord
+from projections.state import IllegalTransition, RunState, apply
+
+
+class Finding(msgspec.Struct, frozen=True):
+    """The first event of a run that breaks its chain or its state machine."""
+
+    run_id: str
+    stream_seq: int
+    seq: int | None
+    event_type: str
+    reason: str
+
+    def describe(self) -> str:
+        """One line naming run, sequence and what broke."""
+        at = f"seq {self.seq}" if self.seq is not None else "an unsequenced event"
+        return f"run {self.run_id}: {at} ({self.event_type}, stream seq {self.stream_seq}): {self.reason}"
+
+
+class Folded(msgspec.Struct, frozen=True):
+    """A record that extended its run: the decoded event, its hash, and the run's new state."""
+
+    event: AnyEvent
+    hash: str
+    state: RunState
+
+
+def fold_record(state: RunState | None, record: StoredRecord) -> Folded | Finding:
+    """Check `record` against the run's chain head and state machine, and fold it in if both accept it."""
+    head = state.head if state is not None else ChainHead()
+    link = check_link(head, record.run_id, record.event_type, record.payload)
+    if isinstance(link, Broken):
+        return Finding(
+            record.run_id, record.stream_seq, link.seq, link.event_type or record.event_type, link.reason
+        )
+    try:
+        new_state = apply(state, link.event, ChainHead(link.event.seq, link.hash, record.stream_seq))
+    except IllegalTransition as exc:
+        reason = f"illegal transition: {exc}"
+        return Finding(record.run_id, record.stream_seq, link.event.seq, record.event_type, reason)
+    return Folded(link.event, link.hash, new_state)

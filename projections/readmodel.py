@@ -1,0 +1,208 @@
+"""The SQLite read model: runs, checkpoints, an audit index of every event, and chain breaks.
+
+The last applied stream sequence is stored in the same transaction as the rows it produced, and a batch
+commits only if that sequence is still the one it started from, so applying is exactly-once across crashes,
+redeliveries and two processes catching up at once.
+"""
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+import aiosqlite
+import msgspec
+
+from projections.audit import Finding
+from projections.state import CheckpointRef, RunState
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS runs (
+    run_id TEXT PRIMARY KEY, project TEXT NOT NULL, status TEXT NOT NULL,
+    updated_at TEXT NOT NULL, state BLOB NOT NULL);
+CREATE INDEX IF NOT EXISTS runs_by_project ON runs (project, run_id);
+CREATE TABLE IF NOT EXISTS checkpoints (
+    run_id TEXT NOT NULL, seq INTEGER NOT NULL, step INTEGER NOT NULL, epoch INTEGER NOT NULL,
+    shards INTEGER NOT NULL, uri TEXT NOT NULL, checkpoint_hash TEXT NOT NULL, size_bytes INTEGER NOT NULL,
+    status TEXT NOT NULL, reason TEXT, time TEXT NOT NULL, PRIMARY KEY (run_id, seq));
+CREATE TABLE IF NOT EXISTS audit (
+    stream_seq INTEGER PRIMARY KEY, run_id TEXT NOT NULL, seq INTEGER, type TEXT NOT NULL, time TEXT,
+    actor TEXT, hash TEXT, prev_hash TEXT, status TEXT NOT NULL, reason TEXT);
+CREATE INDEX IF NOT EXISTS audit_by_run ON audit (run_id, seq);
+CREATE TABLE IF NOT EXISTS broken_runs (
+    run_id TEXT PRIMARY KEY, stream_seq INTEGER NOT NULL, seq INTEGER, reason TEXT NOT NULL);
+"""
+TABLES = ("runs", "checkpoints", "audit", "broken_runs")
+
+_state_decoder = msgspec.json.Decoder(RunState)
+_encoder = msgspec.json.Encoder()
+
+
+class AuditRow(msgspec.Struct, frozen=True, array_like=True):
+    """One row of the audit index, in column order."""
+
+    stream_seq: int
+    run_id: str
+    seq: int | None
+    type: str
+    time: str | None
+    actor: str | None
+    hash: str | None
+    prev_hash: str | None
+    status: str
+    reason: str | None
+
+
+class Batch(msgspec.Struct):
+    """What one projector batch changes, written in one transaction."""
+
+    runs: dict[str, RunState] = msgspec.field(default_factory=dict)
+    checkpoints: dict[tuple[str, int], CheckpointRef] = msgspec.field(default_factory=dict)
+    audit: list[AuditRow] = msgspec.field(default_factory=list)
+    broken: dict[str, Finding] = msgspec.field(default_factory=dict)
+
+
+def _checkpoint_row(run_id: str, c: CheckpointRef) -> tuple[Any, ...]:
+    return (
+        run_id,
+        c.seq,
+        c.step,
+        c.epoch,
+        c.shards,
+        c.uri,
+        c.checkpoint_hash,
+        c.size_bytes,
+        c.status,
+        c.reason,
+        c.time.isoformat(),
+    )
+
+
+class ReadModel:
+    """An open read-model database."""
+
+    def __init__(self, db: aiosqlite.Connection, path: Path) -> None:
+        self._db = db
+        self.path = path
+
+    @classmethod
+    async def open(cls, path: Path) -> "ReadModel":
+        """Open (creating) the database at `path` in WAL mode."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        db = await aiosqlite.connect(path, timeout=30.0, isolation_level=None)
+        await db.execute("PRAGMA journal_mode=WAL")
+        await db.execute("PRAGMA synchronous=NORMAL")
+        await db.executescript(SCHEMA)
+        return cls(db, path)
+
+    async def close(self) -> None:
+        """Close the connection."""
+        await self._db.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def meta(self, key: str) -> str | None:
+        """A value of the meta table."""
+        async with self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)) as cur:
+            row = await cur.fetchone()
+        return None if row is None else str(row[0])
+
+    async def last_seq(self) -> int:
+        """The last stream sequence applied."""
+        return int(await self.meta("last_seq") or 0)
+
+    async def reset(self, stream_id: str) -> None:
+        """Empty every view and bind the model to the stream identified by `stream_id`."""
+        await self._db.execute("BEGIN IMMEDIATE")
+        for table in (*TABLES, "meta"):
+            await self._db.execute(f"DELETE FROM {table}")
+        await self._db.executemany(
+            "INSERT INTO meta (key, value) VALUES (?, ?)", [("last_seq", "0"), ("stream_id", stream_id)]
+        )
+        await self._db.execute("COMMIT")
+
+    async def commit(self, expected_last: int, new_last: int, batch: Batch) -> bool:
+        """Write `batch` and advance last_seq, unless another process already applied past `expected_last`."""
+        db = self._db
+        await db.execute("BEGIN IMMEDIATE")
+        try:
+            if await self.last_seq() != expected_last:
+                await db.execute("ROLLBACK")
+                return False
+            await db.executemany(
+                "INSERT OR REPLACE INTO runs (run_id, project, status, updated_at, state) VALUES (?, ?, ?, ?, ?)",
+                [
+                    (s.run_id, s.project, s.status, s.updated_at.isoformat(), _encoder.encode(s))
+                    for s in batch.runs.values()
+                ],
+            )
+            await db.executemany(
+                "INSERT OR REPLACE INTO checkpoints VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [_checkpoint_row(run_id, c) for (run_id, _), c in batch.checkpoints.items()],
+            )
+            await db.executemany(
+                "INSERT OR REPLACE INTO audit VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [msgspec.structs.astuple(row) for row in batch.audit],
+            )
+            await db.executemany(
+                "INSERT OR IGNORE INTO broken_runs VALUES (?, ?, ?, ?)",
+                [(f.run_id, f.stream_seq, f.seq, f.reason) for f in batch.broken.values()],
+            )
+            await db.execute("UPDATE meta SET value = ? WHERE key = 'last_seq'", (str(new_last),))
+            await db.execute("COMMIT")
+        except BaseException:
+            await db.execute("ROLLBACK")
+            raise
+        return True
+
+    async def run(self, run_id: str) -> RunState | None:
+        """The folded state of one run."""
+        async with self._db.execute("SELECT state FROM runs WHERE run_id = ?", (run_id,)) as cur:
+            row = await cur.fetchone()
+        return None if row is None else _state_decoder.decode(row[0])
+
+    async def runs_of(self, run_ids: Iterable[str]) -> dict[str, RunState]:
+        """States of several runs at once (missing ones are absent)."""
+        ids = list(run_ids)
+        if not ids:
+            return {}
+        marks = ",".join("?" * len(ids))
+        async with self._db.execute(f"SELECT state FROM runs WHERE run_id IN ({marks})", ids) as cur:
+            rows = await cur.fetchall()
+        states = (_state_decoder.decode(r[0]) for r in rows)
+        return {s.run_id: s for s in states}
+
+    async def runs(self, project: str | None = None) -> list[RunState]:
+        """All runs, or one project's, ordered by run id."""
+        where, args = ("WHERE project = ?", (project,)) if project is not None else ("", ())
+        rows = await self._fetch(f"SELECT state FROM runs {where} ORDER BY run_id", args)
+        return [_state_decoder.decode(r[0]) for r in rows]
+
+    async def taken(self, run_id: str) -> bool:
+        """Whether any event, accepted or not, was ever stored for `run_id`."""
+        return bool(await self._fetch("SELECT 1 FROM audit WHERE run_id = ? LIMIT 1", (run_id,)))
+
+    async def broken(self, run_id: str) -> Finding | None:
+        """The first chain or state-machine break recorded for a run."""
+        rows = await self._fetch(
+            "SELECT run_id, stream_seq, seq, reason FROM broken_runs WHERE run_id = ?", (run_id,)
+        )
+        if not rows:
+            return None
+        audit = await self._fetch("SELECT type FROM audit WHERE stream_seq = ?", (rows[0][1],))
+        return Finding(rows[0][0], rows[0][1], rows[0][2], audit[0][0] if audit else "?", rows[0][3])
+
+    async def dump(self) -> dict[str, list[tuple[Any, ...]]]:
+        """Every row of every view, ordered: two models built from one log must dump equal."""
+        return {t: await self._fetch(f"SELECT * FROM {t} ORDER BY 1, 2") for t in TABLES}
+
+    async def _fetch(self, query: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        async with self._db.execute(query, args) as cur:
+            return [tuple(r) for r in await cur.fetchall()]

@@ -1,0 +1,179 @@
+"""A checkpoint directory on a file system (local, NFS, Lustre, GPFS): write it whole, verify it, set it aside.
+
+Layout: `<root>/<run_id>/step-<N>/` holding the data files, `manifest.json`, and `.complete` (written last).
+A checkpoint is assembled in a hidden temporary directory and renamed into place, so `step-<N>` either does
+not exist or holds a complete checkpoint; two writers of the same step cannot both succeed.
+"""
+
+import os
+import shutil
+import uuid
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+import msgspec
+
+from workers.files import copy_hashing, fsync_dir, hash_files, write_atomic, write_file
+from workers.manifest import (
+    MANIFEST,
+    MARKER,
+    FileEntry,
+    Manifest,
+    Marker,
+    decode_manifest,
+    decode_marker,
+    digest,
+    encode_manifest,
+)
+
+
+class StorageError(ValueError):
+    """A storage location ftrain cannot use."""
+
+
+class CheckpointExists(FileExistsError):
+    """`step-<N>` is already there (another writer, or an interrupted earlier attempt)."""
+
+
+class WrittenCheckpoint(msgspec.Struct, frozen=True):
+    """A complete checkpoint: where it is and the digest that identifies its manifest."""
+
+    path: Path
+    uri: str
+    manifest: Manifest
+    digest: str
+
+
+def storage_root(text: str) -> Path:
+    """The directory behind a storage location: a path or a `file://` URI."""
+    parsed = urlparse(text)
+    if parsed.scheme in ("", "file"):
+        path = Path(unquote(parsed.path) if parsed.scheme else text).expanduser()
+        if not path.is_absolute():
+            path = Path.cwd() / path
+        return path
+    raise StorageError(f"storage {text!r}: scheme {parsed.scheme!r} is not supported (use a path or file://)")
+
+
+def checkpoint_path(root: Path, run_id: str, step: int) -> Path:
+    """Where the checkpoint of `run_id` at `step` lives."""
+    return root / run_id / f"step-{step}"
+
+
+def path_uri(path: Path) -> str:
+    """The `file://` URI of a path."""
+    return path.absolute().as_uri()
+
+
+def uri_path(uri: str) -> Path:
+    """The path behind a `file://` URI."""
+    return storage_root(uri)
+
+
+def write_checkpoint(
+    root: Path,
+    *,
+    run_id: str,
+    step: int,
+    epoch: int,
+    shards: int,
+    sources: Sequence[tuple[str, bytes | Path]],
+    world_size: int = 1,
+    dataset_revision: str | None = None,
+    extra: dict[str, Any] | None = None,
+) -> WrittenCheckpoint:
+    """Write data files, manifest and marker, then rename the directory into place."""
+    final = checkpoint_path(root, run_id, step)
+    if final.exists():
+        raise CheckpointExists(f"{final} already exists")
+    tmp = final.with_name(f".{final.name}.tmp-{uuid.uuid4().hex[:12]}")
+    tmp.mkdir(parents=True)
+    try:
+        entries = [_write_source(tmp / name, src, name) for name, src in sources]
+        manifest = Manifest(
+            run_id=run_id,
+            step=step,
+            epoch=epoch,
+            shards=shards,
+            world_size=world_size,
+            dataset_revision=dataset_revision,
+            created_at=datetime.now(UTC),
+            files=tuple(entries),
+            extra=extra or {},
+        )
+        raw = encode_manifest(manifest)
+        write_file(tmp / MANIFEST, raw)
+        manifest_digest = digest(raw)
+        write_atomic(tmp / MARKER, msgspec.json.encode(Marker(manifest_digest, step)))
+        try:
+            os.rename(tmp, final)
+        except OSError as exc:
+            raise CheckpointExists(f"{final} already exists") from exc
+        fsync_dir(final.parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return WrittenCheckpoint(final, path_uri(final), decode_manifest(raw), manifest_digest)
+
+
+def _write_source(dst: Path, src: bytes | Path, name: str) -> FileEntry:
+    size, sha = write_file(dst, src) if isinstance(src, bytes) else copy_hashing(src, dst)
+    return FileEntry(name, size, sha)
+
+
+def verify_checkpoint(path: Path, expected_digest: str) -> str | None:
+    """None when the checkpoint at `path` is valid for `expected_digest`, else why it is not."""
+    if not path.is_dir():
+        return "directory missing"
+    try:
+        marker = decode_marker((path / MARKER).read_bytes())
+    except FileNotFoundError:
+        return "completion marker missing"
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError):
+        return "completion marker unreadable"
+    try:
+        raw = (path / MANIFEST).read_bytes()
+        manifest = decode_manifest(raw)
+    except FileNotFoundError:
+        return "manifest missing"
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError):
+        return "manifest unreadable"
+    actual = digest(raw)
+    if actual != expected_digest:
+        return "hash mismatch"
+    if marker.manifest_sha256 != actual:
+        return "completion marker does not match the manifest"
+    return _verify_files(path, manifest)
+
+
+def _verify_files(path: Path, manifest: Manifest) -> str | None:
+    results = hash_files([path / f.name for f in manifest.files])
+    for entry, result in zip(manifest.files, results, strict=True):
+        if isinstance(result, FileNotFoundError):
+            return f"file {entry.name} missing"
+        if isinstance(result, OSError):
+            return f"file {entry.name} unreadable"
+        size, sha = result
+        if size != entry.size:
+            return f"file {entry.name} is {size} bytes, manifest says {entry.size}"
+        if sha != entry.sha256:
+            return f"file {entry.name} hash mismatch"
+    return None
+
+
+def quarantine(path: Path, tag: str) -> Path | None:
+    """Move an invalid checkpoint aside (`step-<N>.corrupt-<tag>`), freeing its name; None if it is gone."""
+    if not path.exists():
+        return None
+    target = path.with_name(f"{path.name}.corrupt-{tag}")
+    os.rename(path, target)
+    fsync_dir(path.parent)
+    return target
+
+
+def remove_checkpoint(path: Path) -> None:
+    """Delete a checkpoint directory this process wrote and could not record."""
+    shutil.rmtree(path, ignore_errors=True)
