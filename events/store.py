@@ -163,7 +163,7 @@ class EventStore:
             seq=head.seq + 1,
             prev_hash=head.hash,
             id=event.id or uuid.uuid4().hex,
-            time=now(),
+            time=event.time if event.id else now(),  # a retried event keeps its stamps, so its bytes
             actor=event.actor or self.actor,
         )
         payload, digest = seal(encode_event(stamped), head.hash)
@@ -185,9 +185,9 @@ class EventStore:
             except BadRequestError as exc:
                 if exc.err_code != WRONG_LAST_SEQUENCE:
                     raise
-                landed = await self._landed_as_head(stamped.run_id, stamped.id)
-                if landed is not None:  # an earlier try of ours landed; its retry now looks stale
-                    return Appended(stamped, digest, landed)
+                found = await self.head(stamped.run_id)
+                if found is not None and found[1] == stamped.id:  # an earlier try of ours landed
+                    return Appended(stamped, found[0].hash, found[0].stream_seq)
                 raise AppendConflict(stamped.run_id, head) from exc
             except _RETRYABLE as exc:
                 if time.monotonic() + delay > give_up:
@@ -195,12 +195,6 @@ class EventStore:
                 log.warning("append_retry", run_id=stamped.run_id, error=type(exc).__name__, delay=delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)
-
-    async def _landed_as_head(self, run_id: str, msg_id: str) -> int | None:
-        found = await self.head(run_id)
-        if found is not None and found[1] == msg_id:
-            return found[0].stream_seq
-        return None
 
     async def read(
         self, from_seq: int = 1, *, run_id: str | None = None, batch: int = 2000

@@ -120,6 +120,9 @@ def write_checkpoint(
 
 
 def _write_source(dst: Path, src: bytes | Path, name: str) -> FileEntry:
+    if Path(name).is_absolute() or ".." in Path(name).parts or name in (MANIFEST, MARKER):
+        raise StorageError(f"checkpoint file name {name!r} is not allowed")
+    dst.parent.mkdir(parents=True, exist_ok=True)
     size, sha = write_file(dst, src) if isinstance(src, bytes) else copy_hashing(src, dst)
     return FileEntry(name, size, sha)
 

@@ -1,0 +1,25 @@
+# The two set-up commands of the README: `make demo` and `make test`. Each creates what it needs.
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: demo test lint bench
+
+$(BIN)/ftrain: pyproject.toml
+	python3 -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@
+
+demo: $(BIN)/ftrain
+	$(BIN)/ftrain demo
+
+lint: $(BIN)/ftrain
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+test: lint
+	$(BIN)/pytest -q
+
+bench: $(BIN)/ftrain
+	$(BIN)/python scripts/bench_events.py

@@ -1,0 +1,696 @@
+"""Benchmark ftrain's event path against raw JetStream, on a throwaway nats-server (``sync_interval: always``).
+
+Run: ``.venv/bin/python scripts/bench_events.py [--events N] [--json out.json]``.
+
+Measures in one run, side by side:
+
+1. sequential appends on one run: raw acked ``js.publish`` (no headers) vs ``EventStore.append`` (hash chain,
+   compare-and-set, ``Nats-Msg-Id``), interleaved in alternating blocks;
+2. the same from 8 runs at once (8 tasks on one connection);
+3. projection catch-up of a fresh SQLite read model over the whole stream, beside the raw read-back rate;
+4. ``audit verify`` (``Ftrain.verify``) over the same stream, beside the raw read-back rate;
+5. wall time of a ``ftrain status RUN`` process, beside the interpreter-start floor.
+
+Every event it writes, raw or not, is a legal, correctly chained event, so the projector must accept all of
+them; the script checks that it did.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import importlib.metadata
+import json
+import math
+import os
+import platform
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import nats
+from nats.aio.client import Client as NATS
+from nats.js import JetStreamContext
+
+from events.chain import ChainHead, seal
+from events.nats_server import nats_server_binary, throwaway_server
+from events.schema import (
+    Actor,
+    AnyEvent,
+    Checkpointed,
+    CheckpointPolicy,
+    Completed,
+    CorruptSkipped,
+    Failed,
+    Launched,
+    Resumed,
+    encode_event,
+    now,
+)
+from events.store import EventStore, process_actor, run_subject
+from ftrain.logs import configure as configure_logs
+from ftrain.service import Ftrain
+from projections.state import RunState, apply
+
+CONCURRENT_RUNS = 8
+SEQ_BLOCKS = 10
+CONC_BLOCKS = 4
+WARMUP = 50
+READ_REPEATS = 3
+
+# ---------------------------------------------------------------------------------------------- events
+
+
+class ChainBuilder:
+    """One run's legal event sequence: unstamped templates, or payloads sealed as EventStore.append would."""
+
+    def __init__(self, run_id: str, rng: random.Random, actor: Actor) -> None:
+        self.run_id = run_id
+        self.rng = rng
+        self.actor = actor
+        self.state: RunState | None = None  # only tracked for chains this builder seals itself
+        self.step = 0
+        nodes = rng.choice((1, 2, 4, 8, 16))
+        self.nodes, self.gpus = nodes, rng.choice((4, 8))
+
+    # -- templates (what a caller hands to EventStore.append) --------------------------------------------
+
+    def launched(self) -> Launched:
+        """A realistic `launched`: hosts, a torchrun command line, storage and a checkpoint policy."""
+        hosts = tuple(f"node{i:03d}" for i in range(1, self.nodes + 1))
+        command = (
+            "torchrun", f"--nnodes={self.nodes}", f"--nproc-per-node={self.gpus}", "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={hosts[0]}:29500", f"--rdzv-id={self.run_id}", "--max-restarts=0",
+            "train.py", "--config", "configs/llm-7b.yaml", "--strategy", "fsdp",
+        )  # fmt: skip
+        return Launched(
+            run_id=self.run_id,
+            project="JPCP",
+            strategy="fsdp",
+            nodes=self.nodes,
+            gpus_per_node=self.gpus,
+            hosts=hosts,
+            allocation_source="slurm",
+            rdzv_endpoint=f"{hosts[0]}:29500",
+            command=command,
+            storage="file:///shared/ftrain/checkpoints",
+            dataset_revision="A1-rev-42",
+            checkpoint_policy=CheckpointPolicy(text="10min", seconds=600.0),
+        )
+
+    def checkpointed(self) -> Checkpointed:
+        """The next checkpoint, at a strictly higher step."""
+        self.step += self.rng.randint(100, 1000)
+        return Checkpointed(
+            run_id=self.run_id,
+            step=self.step,
+            epoch=self.step // 5000,
+            shards=self.nodes * self.gpus,
+            uri=f"file:///shared/ftrain/checkpoints/{self.run_id}/step-{self.step:09d}",
+            checkpoint_hash=hashlib.sha256(f"{self.run_id}/{self.step}".encode()).hexdigest(),
+            size_bytes=self.rng.randint(10**9, 5 * 10**10),
+        )
+
+    # -- sealed chains (built here, published raw) -----------------------------------------------------------
+
+    def seal_next(self, event: AnyEvent) -> tuple[str, bytes]:
+        """Stamp and seal `event` as the next link (as EventStore.append does) and fold it (must be legal)."""
+        head = self.state.head if self.state is not None else ChainHead()
+        stamped = msgspec.structs.replace(
+            event, seq=head.seq + 1, prev_hash=head.hash, id=uuid.uuid4().hex, time=now(), actor=self.actor
+        )
+        payload, digest = seal(encode_event(stamped), head.hash)
+        self.state = apply(self.state, stamped, ChainHead(stamped.seq, digest, 0))
+        return run_subject(self.run_id, str(stamped.__struct_config__.tag)), payload
+
+    def next_mixed(self) -> AnyEvent:
+        """A realistic next event: mostly checkpoints, sometimes a failure, then corrupt skips and a resume."""
+        state = self.state
+        if state is None:
+            return self.launched()
+        valid = state.valid_checkpoints()
+        if state.status == "running":
+            if len(valid) >= 2 and self.rng.random() < 0.04:
+                reason = self.rng.choice(("preempted", "preempted", "node-failure", "oom", "exit-code"))
+                return Failed(
+                    run_id=self.run_id, reason=reason, exit_code=None if reason == "preempted" else 1
+                )
+            return self.checkpointed()
+        newest = valid[0]  # failed runs here always keep ≥ 1 valid checkpoint
+        if len(valid) >= 2 and self.rng.random() < 0.25:
+            return CorruptSkipped(
+                run_id=self.run_id,
+                checkpoint_seq=newest.seq,
+                step=newest.step,
+                uri=newest.uri,
+                reason="manifest digest mismatch: shard 3 of 8 altered",
+            )
+        return Resumed(
+            run_id=self.run_id,
+            checkpoint_seq=newest.seq,
+            step=newest.step,
+            epoch=newest.epoch,
+            uri=newest.uri,
+            checkpoint_hash=newest.checkpoint_hash,
+            resume_count=state.resume_count + 1,
+            command=state.launch.command,
+        )
+
+    def completed(self) -> Completed:
+        """Completion with wall-time cost (only legal while running)."""
+        assert self.state is not None
+        seconds = self.state.running_seconds_at(now())
+        return Completed(
+            run_id=self.run_id,
+            cost_gpu_hours=seconds * self.nodes * self.gpus / 3600,
+            running_seconds=seconds,
+            cost_source="wall-time",
+        )
+
+    def sealed_mixed(self, count: int, complete: bool) -> list[tuple[str, bytes]]:
+        """`count` sealed events of a mixed lifecycle, ending in `completed` when asked and still running."""
+        out = [self.seal_next(self.next_mixed()) for _ in range(count - 1)]
+        assert self.state is not None
+        last = self.completed() if complete and self.state.status == "running" else self.next_mixed()
+        out.append(self.seal_next(last))
+        return out
+
+    def sealed_checkpoints(self, count: int) -> list[tuple[str, bytes]]:
+        """`launched` then `count` checkpoints, sealed (the raw publisher's payloads)."""
+        return [self.seal_next(self.launched())] + [self.seal_next(self.checkpointed()) for _ in range(count)]
+
+
+# ----------------------------------------------------------------------------------------------- stats
+
+
+def percentile(sorted_values: Sequence[float], p: float) -> float:
+    """Nearest-rank percentile of already sorted values."""
+    if not sorted_values:
+        return math.nan
+    return sorted_values[max(0, min(len(sorted_values) - 1, math.ceil(p / 100 * len(sorted_values)) - 1))]
+
+
+@dataclass
+class Series:
+    """Latencies (s) of one kind of operation, and the wall time its blocks took."""
+
+    latencies: list[float] = field(default_factory=list)
+    wall: float = 0.0
+
+    def summary(self) -> dict[str, float]:
+        """p50/p90/p99/mean in ms and events/s over the blocks' wall time."""
+        lat = sorted(self.latencies)
+        return {
+            "count": len(lat),
+            "p50_ms": percentile(lat, 50) * 1e3,
+            "p90_ms": percentile(lat, 90) * 1e3,
+            "p99_ms": percentile(lat, 99) * 1e3,
+            "mean_ms": statistics.fmean(lat) * 1e3 if lat else math.nan,
+            "events_per_s": len(lat) / self.wall if self.wall else math.nan,
+        }
+
+
+# ---------------------------------------------------------------------------------- 1. sequential appends
+
+
+async def bench_sequential(
+    js: JetStreamContext, store: EventStore, n: int, rng: random.Random
+) -> dict[str, Any]:
+    """Raw acked publish vs EventStore.append on one run each, in alternating blocks of n / SEQ_BLOCKS."""
+    per_block = max(1, n // SEQ_BLOCKS)
+    raw_builder = ChainBuilder("bench-seq-raw", rng, store.actor)
+    raw_chain = raw_builder.sealed_checkpoints(WARMUP + per_block * SEQ_BLOCKS)
+    ft_builder = ChainBuilder("bench-seq-ftrain", rng, store.actor)
+    first = await store.append(ft_builder.launched(), ChainHead())
+    head = first.head
+    raw_iter = iter(raw_chain)
+
+    async def raw_op() -> None:
+        subject, payload = next(raw_iter)
+        await js.publish(subject, payload)
+
+    sizes: list[int] = []
+
+    async def ftrain_op() -> float:
+        nonlocal head
+        event = ft_builder.checkpointed()
+        prev = head.hash
+        t0 = time.perf_counter()
+        appended = await store.append(event, head)
+        elapsed = time.perf_counter() - t0
+        head = appended.head
+        if len(sizes) < 100:
+            sizes.append(len(seal(encode_event(appended.event), prev)[0]))
+        return elapsed
+
+    await raw_op()  # the raw run's `launched`
+    for _ in range(WARMUP):
+        await raw_op()
+        await ftrain_op()
+
+    raw, ftrain = Series(), Series()
+
+    async def raw_block() -> None:
+        start = time.perf_counter()
+        for _ in range(per_block):
+            t0 = time.perf_counter()
+            await raw_op()
+            raw.latencies.append(time.perf_counter() - t0)
+        raw.wall += time.perf_counter() - start
+
+    async def ftrain_block() -> None:
+        start = time.perf_counter()
+        for _ in range(per_block):
+            ftrain.latencies.append(await ftrain_op())
+        ftrain.wall += time.perf_counter() - start
+
+    for block in range(SEQ_BLOCKS):
+        order = (raw_block, ftrain_block) if block % 2 == 0 else (ftrain_block, raw_block)
+        for run_block in order:
+            await run_block()
+    raw_sizes = [len(p) for _, p in raw_chain[1:101]]
+    return {
+        "raw": raw.summary(),
+        "ftrain": ftrain.summary(),
+        "payload_bytes_raw": statistics.fmean(raw_sizes),
+        "payload_bytes_ftrain": statistics.fmean(sizes),
+    }
+
+
+# ---------------------------------------------------------------------------------- 2. concurrent appends
+
+
+async def bench_concurrent(
+    js: JetStreamContext, store: EventStore, n: int, rng: random.Random
+) -> dict[str, Any]:
+    """CONCURRENT_RUNS tasks on one connection, each appending to its own run, raw vs ftrain, alternating."""
+    per_task = max(1, n // (CONCURRENT_RUNS * CONC_BLOCKS))
+    warm = 10
+    raw_chains = [
+        iter(
+            ChainBuilder(f"bench-conc-raw-{i}", rng, store.actor).sealed_checkpoints(
+                warm + per_task * CONC_BLOCKS
+            )
+        )
+        for i in range(CONCURRENT_RUNS)
+    ]
+    ft_builders = [ChainBuilder(f"bench-conc-ftrain-{i}", rng, store.actor) for i in range(CONCURRENT_RUNS)]
+    heads = [(await store.append(b.launched(), ChainHead())).head for b in ft_builders]
+    for chain in raw_chains:
+        subject, payload = next(chain)  # each raw run's `launched`
+        await js.publish(subject, payload)
+
+    async def raw_op(i: int) -> float:
+        subject, payload = next(raw_chains[i])
+        t0 = time.perf_counter()
+        await js.publish(subject, payload)
+        return time.perf_counter() - t0
+
+    async def ftrain_op(i: int) -> float:
+        event = ft_builders[i].checkpointed()
+        t0 = time.perf_counter()
+        appended = await store.append(event, heads[i])
+        elapsed = time.perf_counter() - t0
+        heads[i] = appended.head
+        return elapsed
+
+    async def block(op: Callable[[int], Awaitable[float]], count: int, series: Series | None) -> None:
+        async def worker(i: int) -> None:
+            for _ in range(count):
+                elapsed = await op(i)
+                if series is not None:
+                    series.latencies.append(elapsed)
+
+        start = time.perf_counter()
+        await asyncio.gather(*(worker(i) for i in range(CONCURRENT_RUNS)))
+        if series is not None:
+            series.wall += time.perf_counter() - start
+
+    await block(raw_op, warm, None)
+    await block(ftrain_op, warm, None)
+    raw, ftrain = Series(), Series()
+    for b in range(CONC_BLOCKS):
+        order = ((raw_op, raw), (ftrain_op, ftrain)) if b % 2 == 0 else ((ftrain_op, ftrain), (raw_op, raw))
+        for op, series in order:
+            await block(op, per_task, series)
+    return {"raw": raw.summary(), "ftrain": ftrain.summary(), "tasks": CONCURRENT_RUNS}
+
+
+# ------------------------------------------------------------------------------------------ population
+
+
+async def populate(js: JetStreamContext, actor: Actor, events: int, rng: random.Random) -> dict[str, Any]:
+    """`events` sealed, legal events over many runs (mixed lifecycles), interleaved, published pipelined."""
+    runs: list[list[tuple[str, bytes]]] = []
+    total = 0
+    index = 0
+    t_gen = time.perf_counter()
+    while total < events:
+        length = min(rng.randint(20, 180), events - total)
+        if length < 3:  # launched + enough checkpoints to be worth a run; pad the previous one instead
+            length = 3
+        builder = ChainBuilder(f"dist-JPCP-{index:04d}-8x8-fsdp", rng, actor)
+        runs.append(builder.sealed_mixed(length, complete=rng.random() < 0.3))
+        total += length
+        index += 1
+    # Random interleave across runs (each run's own order kept), as many trainers writing at once would.
+    cursors = [0] * len(runs)
+    active = list(range(len(runs)))
+    order: list[tuple[str, bytes]] = []
+    while active:
+        k = rng.randrange(len(active))
+        r = active[k]
+        order.append(runs[r][cursors[r]])
+        cursors[r] += 1
+        if cursors[r] == len(runs[r]):
+            active[k] = active[-1]
+            active.pop()
+    gen_s = time.perf_counter() - t_gen
+
+    start = time.perf_counter()
+    futures = [await js.publish_async(subject, payload) for subject, payload in order]
+    acks = await asyncio.gather(*futures)
+    pub_s = time.perf_counter() - start
+    assert len(acks) == len(order)
+    types: dict[str, int] = {}
+    for subject, _ in order:
+        kind = subject.rsplit(".", 1)[1]
+        types[kind] = types.get(kind, 0) + 1
+    return {
+        "events": len(order),
+        "runs": len(runs),
+        "by_type": types,
+        "generate_s": gen_s,
+        "publish_async_events_per_s": len(order) / pub_s,
+        "first_run": runs[0][0][0].split(".")[2],
+    }
+
+
+# ------------------------------------------------------------------------------ 3/4. projection & verify
+
+
+async def raw_read(store: EventStore) -> tuple[int, float]:
+    """Records read back via EventStore.read alone (no decode, no fold) and the seconds it took."""
+    count = 0
+    start = time.perf_counter()
+    async for records in store.read(1):
+        count += len(records)
+    return count, time.perf_counter() - start
+
+
+async def bench_readback(env: dict[str, str], expected_runs: int) -> dict[str, Any]:
+    """Projection catch-up (fresh model, then twice after a reset) and audit verify, beside raw reads."""
+    async with Ftrain.open(env) as app:
+        last = await app.store.last_seq()
+        reads: list[float] = []
+
+        async def read_once() -> None:
+            count, seconds = await raw_read(app.store)
+            assert count == last, f"read back {count} records, stream has {last}"
+            reads.append(count / seconds)
+
+        await read_once()  # also warms the server's block cache
+        projections: list[float] = []
+        for attempt in range(READ_REPEATS):
+            if attempt:
+                await app.model.reset(app.projector.stream_id)
+            start = time.perf_counter()
+            applied = await app.projector.catch_up()
+            seconds = time.perf_counter() - start
+            assert applied == last, f"projector applied {applied} of {last}"
+            projections.append(applied / seconds)
+        dump = await app.model.dump()
+        statuses: dict[str, int] = {}
+        for row in dump["audit"]:
+            statuses[row[8]] = statuses.get(row[8], 0) + 1
+        if statuses != {"ok": last} or dump["broken_runs"] or len(dump["runs"]) != expected_runs:
+            raise SystemExit(
+                f"projection did not accept everything: audit statuses {statuses} (expected ok={last}), "
+                f"{len(dump['broken_runs'])} broken run(s) {dump['broken_runs'][:3]}, "
+                f"{len(dump['runs'])} runs (expected {expected_runs})"
+            )
+        await read_once()
+        verifies: list[float] = []
+        for _ in range(READ_REPEATS):
+            start = time.perf_counter()
+            report = await app.verify()
+            seconds = time.perf_counter() - start
+            if not report.ok or report.events != last:
+                raise SystemExit(f"audit verify failed: {report.events} events, {report.findings[:3]}")
+            verifies.append(report.events / seconds)
+        await read_once()
+    return {
+        "stream_events": last,
+        "runs": len(dump["runs"]),
+        "audit_ok_rows": statuses.get("ok", 0),
+        "projection_events_per_s": statistics.median(projections),
+        "projection_fresh_events_per_s": projections[0],
+        "projection_all": projections,
+        "verify_events_per_s": statistics.median(verifies),
+        "verify_all": verifies,
+        "raw_read_events_per_s": statistics.median(reads),
+        "raw_read_all": reads,
+    }
+
+
+# ----------------------------------------------------------------------------------------- 5. processes
+
+
+def time_process(argv: list[str], env: dict[str, str], repeats: int) -> tuple[float, list[float]]:
+    """Median wall time (s) of running `argv` to completion, after one untimed run; fails on non-zero exit."""
+    samples: list[float] = []
+    for i in range(repeats + 1):
+        start = time.perf_counter()
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60, check=False)
+        elapsed = time.perf_counter() - start
+        if done.returncode != 0:
+            raise SystemExit(f"{' '.join(argv)} exited {done.returncode}: {done.stderr.strip()[-500:]}")
+        if i:
+            samples.append(elapsed)
+    return statistics.median(samples), samples
+
+
+def bench_processes(env: dict[str, str], run_id: str, repeats: int = 5) -> dict[str, Any]:
+    """`ftrain status RUN` against the caught-up read model, beside `python -c pass` and the import cost."""
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("FTRAIN_")} | env
+    script = str(Path(sys.executable).with_name("ftrain"))
+    status, status_all = time_process([script, "status", run_id], full_env, repeats)
+    floor, floor_all = time_process([sys.executable, "-c", "pass"], full_env, repeats)
+    imports, imports_all = time_process(
+        [sys.executable, "-c", "import ftrain.cli, ftrain.commands, ftrain.service"], full_env, repeats
+    )
+    return {
+        "status_s": status,
+        "status_all": status_all,
+        "python_floor_s": floor,
+        "python_floor_all": floor_all,
+        "import_s": imports,
+        "import_all": imports_all,
+        "run_id": run_id,
+    }
+
+
+# ---------------------------------------------------------------------------------------------- report
+
+
+def machine() -> dict[str, Any]:
+    """Cores, CPU, Python, nats-py, nats-server, date."""
+    version = subprocess.run(
+        [str(nats_server_binary()), "--version"], capture_output=True, text=True, check=False
+    ).stdout.strip()
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "cores": os.cpu_count(),
+        "cpu": cpu,
+        "python": platform.python_version(),
+        "nats_py": importlib.metadata.version("nats-py"),
+        "nats_server": version,
+        "platform": platform.platform(),
+    }
+
+
+def fs_type(path: Path) -> str:
+    """The filesystem type holding `path`, from /proc/mounts (longest mount-point prefix)."""
+    best, kind = "", "?"
+    try:
+        for line in Path("/proc/mounts").read_text().splitlines():
+            parts = line.split()
+            if len(parts) >= 3 and str(path).startswith(parts[1]) and len(parts[1]) > len(best):
+                best, kind = parts[1], parts[2]
+    except OSError:
+        pass
+    return kind
+
+
+def rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """(figure, value, target, verdict) rows of the table."""
+    out: list[tuple[str, str, str, str]] = []
+
+    def row(name: str, value: str, target: str = "", ok: bool | None = None) -> None:
+        out.append((name, value, target, "" if ok is None else ("PASS" if ok else "MISS")))
+
+    seq = r["sequential"]
+    raw, ft = seq["raw"], seq["ftrain"]
+    for key in ("p50_ms", "p90_ms", "p99_ms"):
+        row(f"1 seq append {key[:3]} ms  raw | ftrain", f"{raw[key]:.3f} | {ft[key]:.3f}")
+    row(
+        "1 seq append ev/s       raw | ftrain",
+        f"{raw['events_per_s']:,.0f} | {ft['events_per_s']:,.0f}",
+    )
+    ratio = ft["p50_ms"] / raw["p50_ms"]
+    row("1 seq ftrain p50 / raw p50", f"{ratio:.2f}x", "<= 1.5", ratio <= 1.5)
+    conc = r["concurrent"]
+    raw, ft = conc["raw"], conc["ftrain"]
+    row(
+        f"2 {conc['tasks']} runs agg ev/s      raw | ftrain",
+        f"{raw['events_per_s']:,.0f} | {ft['events_per_s']:,.0f}",
+    )
+    row(f"2 {conc['tasks']} runs p50 ms        raw | ftrain", f"{raw['p50_ms']:.3f} | {ft['p50_ms']:.3f}")
+    ratio = ft["p50_ms"] / raw["p50_ms"]
+    row(f"2 {conc['tasks']} runs ftrain p50 / raw p50", f"{ratio:.2f}x", "<= 1.5 (as 1)", ratio <= 1.5)
+    tratio = raw["events_per_s"] / ft["events_per_s"]
+    row(f"2 {conc['tasks']} runs raw ev/s / ftrain ev/s", f"{tratio:.2f}x")
+    rb = r["readback"]
+    row(
+        "3 projection catch-up ev/s",
+        f"{rb['projection_events_per_s']:,.0f}",
+        ">= 20,000",
+        rb["projection_events_per_s"] >= 20_000,
+    )
+    row("3/4 raw read-back ev/s (EventStore.read)", f"{rb['raw_read_events_per_s']:,.0f}", "(bound)")
+    row(
+        "4 audit verify ev/s",
+        f"{rb['verify_events_per_s']:,.0f}",
+        ">= 50,000",
+        rb["verify_events_per_s"] >= 50_000,
+    )
+    pr = r["processes"]
+    row("5 `ftrain status RUN` median s", f"{pr['status_s']:.3f}", "< 0.5", pr["status_s"] < 0.5)
+    row("5 `python -c pass` median s (floor)", f"{pr['python_floor_s']:.3f}")
+    row("5 `python -c 'import ftrain...'` median s", f"{pr['import_s']:.3f}")
+    return out
+
+
+def print_report(r: dict[str, Any]) -> None:
+    """The compact table, machine and workload lines."""
+    m = r["machine"]
+    print(f"\nftrain event benchmark  {m['date']}")
+    print(
+        f"machine: {m['cores']} cores ({m['cpu']}), Python {m['python']}, nats-py {m['nats_py']}, "
+        f"{m['nats_server']}, store on {r['store_fs']} (sync_interval: always)"
+    )
+    seq, pop, rb = r["sequential"], r["population"], r["readback"]
+    print(
+        f"workload: {seq['raw']['count']}+{seq['ftrain']['count']} sequential appends "
+        f"(payload {seq['payload_bytes_raw']:.0f} B raw, {seq['payload_bytes_ftrain']:.0f} B ftrain), "
+        f"{r['concurrent']['raw']['count']}+{r['concurrent']['ftrain']['count']} concurrent; "
+        f"stream {rb['stream_events']:,} events in {rb['runs']} runs "
+        f"({pop['events']:,} mixed: {', '.join(f'{k} {v}' for k, v in sorted(pop['by_type'].items()))}); "
+        f"all {rb['audit_ok_rows']:,} projected as ok"
+    )
+    table = rows(r)
+    widths = [max(len(t[i]) for t in table) for i in range(4)]
+    head = ("figure", "value", "target", "")
+    widths = [max(w, len(h)) for w, h in zip(widths, head, strict=True)]
+    for t in (head, *table):
+        print(
+            "  ".join(
+                c.ljust(w) if i != 1 else c.rjust(w) for i, (c, w) in enumerate(zip(t, widths, strict=True))
+            )
+        )
+    print(f"wall time {r['wall_s']:.1f} s")
+
+
+# ------------------------------------------------------------------------------------------------ main
+
+
+async def bench(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    """Every section against one throwaway server under `tmp`."""
+    rng = random.Random(args.seed)
+    result: dict[str, Any] = {"machine": machine(), "store_fs": fs_type(tmp)}
+    with throwaway_server(tmp / "server") as server:
+        env = {
+            "FTRAIN_HOME": str(tmp / "home"),
+            "FTRAIN_NATS_URL": server.url,
+            "FTRAIN_STORAGE": str(tmp / "ckpt"),
+        }
+        nc: NATS = await nats.connect(server.url)
+        try:
+            store = EventStore(nc, actor=process_actor())
+            await store.ensure_stream()
+            js = nc.jetstream(timeout=2.0)
+            print(f"[1/5] sequential appends: {args.events} raw + {args.events} ftrain", flush=True)
+            result["sequential"] = await bench_sequential(js, store, args.events, rng)
+            print(
+                f"[2/5] {CONCURRENT_RUNS} concurrent runs: {args.events} raw + {args.events} ftrain",
+                flush=True,
+            )
+            result["concurrent"] = await bench_concurrent(js, store, args.events, rng)
+            fill = max(args.stream_events - await store.last_seq(), 0)
+            print(f"      populating {fill:,} mixed events", flush=True)
+            result["population"] = await populate(js, store.actor, fill, rng)
+        finally:
+            await nc.close()
+        expected_runs = 2 + 2 * CONCURRENT_RUNS + result["population"]["runs"]
+        print("[3/5 4/5] projection catch-up, audit verify, raw read-back", flush=True)
+        result["readback"] = await bench_readback(env, expected_runs)
+        print("[5/5] `ftrain status` processes", flush=True)
+        result["processes"] = bench_processes(env, result["population"]["first_run"])
+    return result
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse arguments, run the benchmark in a temp dir, print the table, write --json."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--events", type=int, default=2000, help="appends per kind in sections 1 and 2")
+    parser.add_argument(
+        "--stream-events", type=int, default=30_000, help="fill the stream to this many events (>= 20k)"
+    )
+    parser.add_argument("--json", type=Path, help="write the figures here")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--keep", action="store_true", help="keep the temp dir")
+    args = parser.parse_args(argv)
+    configure_logs("warning")
+    tmp = Path(tempfile.mkdtemp(prefix="ftrain-bench-"))
+    start = time.perf_counter()
+    try:
+        result = asyncio.run(bench(args, tmp))
+    finally:
+        if args.keep:
+            print(f"kept {tmp}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    result["wall_s"] = time.perf_counter() - start
+    result["params"] = {"events": args.events, "stream_events": args.stream_events, "seed": args.seed}
+    result["table"] = [
+        dict(zip(("figure", "value", "target", "verdict"), t, strict=True)) for t in rows(result)
+    ]
+    print_report(result)
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2, default=str) + "\n")
+        print(f"figures written to {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

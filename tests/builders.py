@@ -1,0 +1,16 @@
+"""Event builders shared by tests."""
+
+from events.schema import Checkpointed, Launched
+
+
+def launched(run_id: str, project: str = "p") -> Launched:
+    """A minimal launched event."""
+    return Launched(run_id=run_id, project=project, strategy="fsdp", nodes=1, gpus_per_node=1, hosts=("localhost",),
+                    allocation_source="localhost", rdzv_endpoint="localhost:29500", command=("torchrun",),
+                    storage="file:///tmp")  # fmt: skip
+
+
+def checkpointed(run_id: str, step: int) -> Checkpointed:
+    """A checkpointed event pointing at no real files (the store and the fold do not look at them)."""
+    return Checkpointed(run_id=run_id, step=step, epoch=step // 10, shards=1, uri=f"file:///nowhere/step-{step}",
+                        checkpoint_hash=f"{step:064x}", size_bytes=step)  # fmt: skip

@@ -1,0 +1,60 @@
+"""The real console script in fresh processes: the embedded default, an external server, server management."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+from events.nats_server import ServerProcess
+from tests.conftest import ftrain_process
+
+
+def demo_checks(result: subprocess.CompletedProcess[str]) -> None:
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
+    out = result.stdout
+    assert "checkpoint step 1000 file state.json hash mismatch → skipped" in out
+    assert "from step 500 epoch 2 " in out and "— optimizer state preserved." in out
+    assert "state       completed" in out
+    assert "Verified 8 event(s) in 1 run(s): every chain intact" in out
+
+
+def test_demo_on_the_embedded_default_then_reuse_restart_and_stop(tmp_path: Path) -> None:
+    env = {"FTRAIN_HOME": str(tmp_path / "home"), "FTRAIN_NATS_URL": "", "FTRAIN_STORAGE": ""}
+    try:
+        demo_checks(ftrain_process(["demo"], env))
+        status = ftrain_process(["server", "status"], env)
+        assert status.returncode == 0 and status.stdout.startswith("nats-server running at nats://127.0.0.1:")
+        assert (tmp_path / "home" / "checkpoints").is_dir()  # FTRAIN_STORAGE defaults under FTRAIN_HOME
+        listing = ftrain_process(["list", "JPCP"], env)  # a later process reuses the same server
+        assert listing.returncode == 0 and len(listing.stdout.splitlines()) == 2
+        assert ftrain_process(["server", "stop"], env).stdout == "nats-server stopped\n"
+        stopped = ftrain_process(["server", "status"], env)
+        assert stopped.returncode == 3 and stopped.stdout.startswith("nats-server not running")
+        # the next command starts it again on the same store: every event survived
+        audit = ftrain_process(["audit", "verify"], env)
+        assert audit.stdout == "Verified 8 event(s) in 1 run(s): every chain intact\n"
+    finally:
+        ftrain_process(["server", "stop"], env)
+
+
+def test_demo_against_an_external_server(tmp_path: Path, server: ServerProcess) -> None:
+    env = {
+        "FTRAIN_HOME": str(tmp_path / "home"),
+        "FTRAIN_NATS_URL": server.url,
+        "FTRAIN_STORAGE": str(tmp_path / "s"),
+    }
+    demo_checks(ftrain_process(["demo"], env))
+    assert not (tmp_path / "home" / "nats").exists()  # no embedded server was started
+    refused = ftrain_process(["server", "start"], env)
+    assert refused.returncode == 2
+    assert (
+        refused.stderr == "ftrain server: error: FTRAIN_NATS_URL is set: ftrain does not manage that server\n"
+    )
+
+
+def test_the_control_plane_never_imports_torch() -> None:
+    code = (
+        "import sys, ftrain.cli, ftrain.commands, ftrain.service, ftrain.demo, events.store, projections.projector;"
+        "bad = [m for m in sys.modules if m == 'torch' or m.startswith('torch.')]; assert not bad, bad"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,0 +1,103 @@
+"""The run state machine, pure: which transitions are legal and what each one changes."""
+
+import re
+from datetime import UTC, datetime, timedelta
+
+import msgspec
+import pytest
+
+from events.chain import ChainHead
+from events.schema import AnyEvent, Checkpointed, Completed, CorruptSkipped, Failed, Launched, Resumed
+from projections.state import IllegalTransition, RunState, apply
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def at(event: AnyEvent, seq: int, minutes: float) -> AnyEvent:
+    return msgspec.structs.replace(event, seq=seq, time=T0 + timedelta(minutes=minutes))
+
+
+def launched() -> Launched:
+    return Launched(
+        run_id="r", project="p", strategy="fsdp", nodes=2, gpus_per_node=4, hosts=("a", "b"),
+        allocation_source="nodelist", rdzv_endpoint="a:29500", command=("torchrun",), storage="file:///s",
+    )  # fmt: skip
+
+
+def ckpt(step: int) -> Checkpointed:
+    return Checkpointed(run_id="r", step=step, epoch=step // 100, shards=2, uri=f"u{step}", checkpoint_hash=f"h{step}",
+                        size_bytes=10)  # fmt: skip
+
+
+def fold(*events: AnyEvent) -> RunState:
+    state: RunState | None = None
+    for i, event in enumerate(events, start=1):
+        state = apply(state, at(event, i, minutes=10 * i), ChainHead(i, f"hash{i}", i))
+    assert state is not None
+    return state
+
+
+def resumed_from(seq: int, step: int, count: int = 1, forced: bool = False) -> Resumed:
+    return Resumed(run_id="r", checkpoint_seq=seq, step=step, epoch=step // 100, uri=f"u{step}",
+                   checkpoint_hash=f"h{step}", resume_count=count, forced=forced)  # fmt: skip
+
+
+def test_full_lifecycle_folds_step_resumes_failures_and_wall_time() -> None:
+    state = fold(launched(), ckpt(500), ckpt(1000), Failed(run_id="r", reason="preempted"),
+                 CorruptSkipped(run_id="r", checkpoint_seq=3, step=1000, uri="u1000", reason="hash mismatch"),
+                 resumed_from(2, 500), ckpt(600))  # fmt: skip
+    assert (state.status, state.step, state.resume_count, state.failures) == ("running", 600, 1, 1)
+    assert [(c.step, c.status) for c in state.checkpoints] == [
+        (500, "valid"),
+        (1000, "corrupt"),
+        (600, "valid"),
+    ]
+    assert [c.step for c in state.valid_checkpoints()] == [600, 500]
+    # running 10→40 min (launched at 10, failed at 40), then again from 60 (resumed)
+    assert state.running_seconds == 30 * 60
+    assert state.running_seconds_at(T0 + timedelta(minutes=90)) == 60 * 60
+    assert state.gpu_hours_at(T0 + timedelta(minutes=90)) == pytest.approx(8.0)
+    assert state.head == ChainHead(7, "hash7", 7)
+
+
+def test_completed_records_reported_cost_and_nothing_may_follow() -> None:
+    done = fold(
+        launched(), Completed(run_id="r", cost_gpu_hours=12.5, running_seconds=60, cost_source="reported")
+    )
+    assert (done.status, done.gpu_hours_at(T0), done.cost_source) == ("completed", 12.5, "reported")
+    for event in (ckpt(1), Failed(run_id="r", reason="oom"), resumed_from(2, 1, forced=True), launched()):
+        with pytest.raises(IllegalTransition):
+            apply(done, at(event, 3, 30), ChainHead(3, "x", 3))
+
+
+@pytest.mark.parametrize(
+    ("history", "event", "message"),
+    [
+        ((), ckpt(1), "run r does not exist; it cannot be checkpointed"),
+        ((launched(),), launched(), "run r already exists (running)"),
+        ((launched(), ckpt(500)), ckpt(500), "run r is at step 500; checkpoint step 500 does not advance it"),
+        ((launched(), ckpt(500)), ckpt(400), "does not advance it"),
+        ((launched(), Failed(run_id="r", reason="oom")), ckpt(1), "run r is failed; it cannot be checkpointed"),
+        ((launched(), Failed(run_id="r", reason="oom")), Failed(run_id="r", reason="oom"), "run r is failed"),
+        ((launched(), ckpt(5)), resumed_from(2, 5), "run r is running; resume follows a failure"),
+        ((launched(), ckpt(5), ckpt(6), Failed(run_id="r", reason="x")), resumed_from(2, 5), "newest valid"),
+        ((launched(), ckpt(5), Failed(run_id="r", reason="x")), resumed_from(2, 5, count=2), "resume count must be 1"),
+        ((launched(), ckpt(5), Failed(run_id="r", reason="x")),
+         CorruptSkipped(run_id="r", checkpoint_seq=9, step=5, uri="u", reason="x"), "no valid checkpoint at seq 9"),
+        ((launched(), Failed(run_id="r", reason="x")),
+         Completed(run_id="r", cost_gpu_hours=1, running_seconds=1, cost_source="reported"), "resume it first"),
+    ],
+)  # fmt: skip
+def test_illegal_transitions_name_the_current_state(
+    history: tuple[AnyEvent, ...], event: AnyEvent, message: str
+) -> None:
+    state = fold(*history) if history else None
+    with pytest.raises(IllegalTransition, match=re.escape(message)):
+        apply(state, at(event, len(history) + 1, 99), ChainHead())
+
+
+def test_forced_resume_from_running_and_first_checkpoint_at_step_zero() -> None:
+    state = fold(launched(), ckpt(0), resumed_from(2, 0, forced=True))
+    assert (state.status, state.resume_count, state.step) == ("running", 1, 0)
+    with pytest.raises(IllegalTransition, match="does not advance"):
+        apply(state, at(ckpt(0), 4, 99), ChainHead())

@@ -1,0 +1,93 @@
+"""The JetStream event store against a real nats-server: stream config, CAS appends, heads, batched reads."""
+
+import asyncio
+
+import nats
+import pytest
+
+from events.chain import GENESIS, ChainHead
+from events.nats_server import ServerProcess
+from events.store import STREAM, AppendConflict, EventStore, parse_subject, run_subject
+from tests.builders import checkpointed, launched
+
+
+@pytest.fixture
+async def store(server: ServerProcess) -> EventStore:
+    nc = await nats.connect(server.url)
+    event_store = EventStore(nc)
+    await event_store.ensure_stream()
+    yield event_store
+    await nc.close()
+
+
+async def test_stream_is_file_backed_append_only_and_deduplicating(store: EventStore) -> None:
+    info = await store._js.stream_info(STREAM)
+    config = info.config
+    assert config.subjects == ["ftrain.run.>"]
+    assert (config.deny_delete, config.deny_purge, config.duplicate_window) == (True, True, 120.0)
+    assert config.storage == "file"
+    assert await store.ensure_stream() == str(info.created)  # idempotent, same identity
+
+
+async def test_append_stamps_and_chains_and_head_reads_it_back(store: EventStore) -> None:
+    first = await store.append(launched("r1"), ChainHead())
+    assert (first.event.seq, first.event.prev_hash, first.stream_seq) == (1, GENESIS, 1)
+    assert first.event.actor is not None and first.event.id and first.event.time.year >= 2026
+    second = await store.append(checkpointed("r1", 10), first.head)
+    assert (second.event.seq, second.event.prev_hash) == (2, first.hash)
+    found = await store.head("r1")
+    assert found == (second.head, second.event.id)
+    assert await store.head("nobody") is None
+
+
+async def test_stale_head_is_a_conflict_and_nothing_is_stored(store: EventStore) -> None:
+    first = await store.append(launched("r1"), ChainHead())
+    await store.append(checkpointed("r1", 10), first.head)
+    with pytest.raises(AppendConflict):
+        await store.append(checkpointed("r1", 20), first.head)
+    with pytest.raises(AppendConflict):  # a new run id that already exists
+        await store.append(launched("r1"), ChainHead())
+    assert await store.last_seq() == 2
+
+
+async def test_racing_writers_on_one_run_exactly_one_wins(store: EventStore) -> None:
+    head = (await store.append(launched("r1"), ChainHead())).head
+    results = await asyncio.gather(
+        *(store.append(checkpointed("r1", 10 + i), head) for i in range(8)), return_exceptions=True
+    )
+    winners = [r for r in results if not isinstance(r, BaseException)]
+    assert len(winners) == 1
+    assert all(isinstance(r, AppendConflict) for r in results if isinstance(r, BaseException))
+    assert await store.last_seq() == 2
+
+
+async def test_retry_of_a_landed_publish_returns_the_original(store: EventStore) -> None:
+    head = (await store.append(launched("r1"), ChainHead())).head
+    first = await store.append(checkpointed("r1", 10), head)
+    # the same event (same id) retried with the same, now stale, expected head: 10071, but it is ours
+    again = await store.append(first.event, head)
+    assert (again.stream_seq, again.hash) == (first.stream_seq, first.hash)
+    assert await store.last_seq() == 2
+
+
+async def test_read_batches_cover_the_stream_and_filter_by_run(store: EventStore) -> None:
+    heads = {r: (await store.append(launched(r), ChainHead())).head for r in ("a", "b")}
+    for step in range(1, 60):
+        for run_id in ("a", "b"):
+            heads[run_id] = (await store.append(checkpointed(run_id, step), heads[run_id])).head
+    batches = [b async for b in store.read(1, batch=25)]
+    records = [r for b in batches for r in b]
+    assert [r.stream_seq for r in records] == list(range(1, 121))
+    assert max(len(b) for b in batches) == 25
+    only_b = [r async for b in store.read(1, run_id="b") for r in b]
+    assert [r.run_id for r in only_b] == ["b"] * 60
+    assert only_b[0].event_type == "launched" and only_b[-1].event_type == "checkpointed"
+    assert [r async for b in store.read(121) for r in b] == []
+
+
+def test_subjects() -> None:
+    assert run_subject("r1") == "ftrain.run.r1.*"
+    assert run_subject("r1", "failed") == "ftrain.run.r1.failed"
+    assert parse_subject("ftrain.run.r1.failed") == ("r1", "failed")
+    assert parse_subject("ftrain.run.r1") is None
+    assert parse_subject("other.run.r1.failed") is None
