@@ -1,5 +1,6 @@
 """Where the log lives: the embedded nats-server by default, or the server or cluster in FTRAIN_NATS_URL."""
 
+import asyncio
 import os
 import ssl
 from collections.abc import AsyncIterator, Mapping
@@ -8,10 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-import nats
 import nats.errors
 import structlog
 
+from events.nats_client import Nats
 from events.store import EventStore, LogUnavailable
 
 log = structlog.get_logger(__name__)
@@ -93,24 +94,31 @@ async def _quiet_error(exc: Exception) -> None:
 
 @asynccontextmanager
 async def open_store(
-    settings: NatsSettings, *, connect_timeout: float = 2.0, deadline: float = 30.0
+    settings: NatsSettings,
+    *,
+    connect_timeout: int = 2,
+    connect_deadline: float = 5.0,
+    deadline: float = 30.0,
 ) -> AsyncIterator[EventStore]:
     """A connected EventStore whose stream exists; raises LogUnavailable when no server answers."""
     urls = server_urls(settings)
     try:
-        nc = await nats.connect(
-            servers=urls,
-            connect_timeout=connect_timeout,
-            max_reconnect_attempts=-1,
-            reconnect_time_wait=0.2,
-            allow_reconnect=True,
-            error_cb=_quiet_error,
-            **_connect_options(settings),
+        nc = Nats()
+        await asyncio.wait_for(
+            nc.connect(
+                servers=urls,
+                connect_timeout=connect_timeout,
+                max_reconnect_attempts=-1,
+                reconnect_time_wait=1,
+                allow_reconnect=True,
+                error_cb=_quiet_error,
+                **_connect_options(settings),
+            ),
+            timeout=connect_deadline,
         )
     except (OSError, nats.errors.Error, TimeoutError) as exc:
-        raise LogUnavailable(
-            f"event log unreachable at {','.join(urls)}: {exc or type(exc).__name__}"
-        ) from exc
+        reason = str(exc) or f"no answer within {connect_deadline:g} s"
+        raise LogUnavailable(f"event log unreachable at {','.join(urls)}: {reason}") from exc
     try:
         store = EventStore(nc, replicas=settings.replicas, deadline=deadline)
         yield store

@@ -205,13 +205,23 @@ class EventStore:
         a consumer in nats-py. With `run_id`, only that run's events.
         """
         last = await self.last_seq()
-        seq = from_seq
-        while seq <= last:
-            records = await self._direct_batch(seq, batch, run_subject(run_id) if run_id else None)
-            if not records:
-                return
-            yield records
-            seq = records[-1].stream_seq + 1
+        if from_seq > last:
+            return
+        subject = run_subject(run_id) if run_id else None
+        pending = asyncio.ensure_future(self._direct_batch(from_seq, batch, subject))
+        try:
+            while True:
+                records = await pending
+                if not records:
+                    return
+                seq = records[-1].stream_seq + 1
+                if seq <= last:  # fetch the next batch while the caller works on this one
+                    pending = asyncio.ensure_future(self._direct_batch(seq, batch, subject))
+                yield records
+                if seq > last:
+                    return
+        finally:
+            pending.cancel()
 
     async def _direct_batch(self, seq: int, batch: int, subject: str | None) -> list[StoredRecord]:
         records: list[StoredRecord] = []

@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import NoReturn
 
 import msgspec
+import nats.errors
 
+from events.nats_server import NatsServerError
 from events.run_id import InvalidRunId, validate_run_id
 from events.schema import FAILURE_REASONS, json_schema
 from events.store import LogUnavailable
@@ -169,8 +171,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _dispatch(args)
     except UsageError as exc:
         _fail(2, f"ftrain {args.command}: error: {exc}")
-    except (Refused, LogUnavailable) as exc:
+    except (Refused, LogUnavailable, NatsServerError) as exc:
         _fail(1, f"ftrain {args.command}: {exc}")
+    except nats.errors.Error as exc:
+        _fail(1, f"ftrain {args.command}: event log error: {exc}")
+    except OSError as exc:
+        _fail(
+            1, f"ftrain {args.command}: {exc.strerror or exc}" + (f": {exc.filename}" if exc.filename else "")
+        )
     except KeyboardInterrupt:
         _fail(130, f"ftrain {args.command}: interrupted")
 

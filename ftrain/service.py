@@ -9,10 +9,8 @@ import hashlib
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
-from datetime import datetime
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 import msgspec
 import structlog
@@ -31,7 +29,7 @@ from events.schema import (
 )
 from events.store import AppendConflict, Appended, EventStore, StoredRecord
 from ftrain.errors import Refused, UsageError
-from projections.audit import Finding, Folded, fold_record
+from projections.audit import Finding, fold_record
 from projections.projector import Projector
 from projections.readmodel import ReadModel
 from projections.state import CheckpointRef, IllegalTransition, RunState, check
@@ -147,9 +145,8 @@ class Ftrain:
     async def verify(self, run_id: str | None = None) -> AuditReport:
         """Re-verify every chain from the stream itself: hashes, links, sequence, and legal transitions."""
         events, states, findings = 0, {}, {}
-        async for entry in self._fold_stream(run_id, states, findings):
+        async for _ in self._fold_stream(run_id, states, findings):
             events += 1
-            del entry
         return AuditReport(events, len(states.keys() | findings.keys()), list(findings.values()))
 
     async def timeline(self, run_id: str | None = None) -> list[TimelineEntry]:
@@ -238,7 +235,6 @@ class Ftrain:
         epoch: int,
         shards: int,
         sources: list[tuple[str, bytes | Path]],
-        extra: dict[str, Any] | None = None,
     ) -> Checkpointed:
         """Write the checkpoint directory (manifest and marker last), then append `checkpointed`."""
         state = await self.run(run_id)
@@ -268,7 +264,6 @@ class Ftrain:
                 sources=sources,
                 world_size=shards,
                 dataset_revision=state.launch.dataset_revision,
-                extra=extra,
             )
         except CheckpointExists as exc:
             raise Refused(
@@ -339,7 +334,7 @@ class Ftrain:
                 if appended is not None:
                     assert isinstance(appended.event, CorruptSkipped)
                     skipped.append(appended.event)
-                    quarantine(uri_path(candidate.uri), f"{appended.event.seq}")
+                    _set_aside(uri_path(candidate.uri), appended.event.seq)
                     if on_skip is not None:
                         await on_skip(appended.event)
             state = await self.run(run_id)
@@ -375,9 +370,9 @@ def _skip(state: RunState | None, ref: CheckpointRef, reason: str) -> CorruptSki
     )
 
 
-def gpu_hours(state: RunState, moment: datetime | None = None) -> float:
-    """GPU-hours of a run so far."""
-    return state.gpu_hours_at(moment or now())
-
-
-__all__ = ["AuditReport", "Folded", "Ftrain", "ResumeOutcome", "TimelineEntry", "gpu_hours"]
+def _set_aside(path: Path, seq: int) -> None:
+    """Quarantine a skipped checkpoint; failing to move it never undoes the skip the log recorded."""
+    try:
+        quarantine(path, str(seq))
+    except OSError as exc:
+        log.warning("quarantine_failed", path=str(path), error=str(exc))

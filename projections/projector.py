@@ -55,6 +55,8 @@ class Projector:
         self.store = store
         self.model = model
         self.stream_id = stream_id
+        self._states: dict[str, RunState] = {}  # as of stream seq `_states_at`; saves re-reading them
+        self._states_at = -1
 
     async def catch_up(self) -> int:
         """Apply everything up to the stream's current end; returns the number of records applied."""
@@ -75,20 +77,26 @@ class Projector:
         return await self.catch_up()
 
     async def _apply_from(self, start: int) -> int | None:
+        if self._states_at != start:
+            self._states, self._states_at = {}, start
         applied, last = 0, start
         async for records in self.store.read(start + 1):
             batch = await self._fold_batch(records)
             if not await self.model.commit(last, records[-1].stream_seq, batch):
+                self._states_at = -1
                 return None
             last = records[-1].stream_seq
+            self._states.update(batch.runs)
+            self._states_at = last
             applied += len(records)
         return applied
 
     async def _fold_batch(self, records: list[StoredRecord]) -> Batch:
         batch = Batch()
         touched = {r.run_id for r in records}
-        states: dict[str, RunState | None] = dict(await self.model.runs_of(touched))
-        broken = {run_id for run_id in touched if await self.model.broken(run_id) is not None}
+        states: dict[str, RunState | None] = {r: s for r in touched if (s := self._states.get(r)) is not None}
+        states.update(await self.model.runs_of(touched - states.keys()))
+        broken = await self.model.broken_among(touched)
         for record in records:
             run_id = record.run_id
             if run_id in broken:

@@ -6,6 +6,7 @@ redeliveries and two processes catching up at once.
 """
 
 from collections.abc import Iterable, Sequence
+from datetime import datetime
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
@@ -61,6 +62,26 @@ class Batch(msgspec.Struct):
     checkpoints: dict[tuple[str, int], CheckpointRef] = msgspec.field(default_factory=dict)
     audit: list[AuditRow] = msgspec.field(default_factory=list)
     broken: dict[str, Finding] = msgspec.field(default_factory=dict)
+
+
+def _encode_state(state: RunState) -> bytes:
+    """The state blob, without the checkpoints: they live in their own table, written only when they change."""
+    return _encoder.encode(msgspec.structs.replace(state, checkpoints=()))
+
+
+def _checkpoint_ref(row: Sequence[Any]) -> CheckpointRef:
+    return CheckpointRef(
+        seq=row[1],
+        step=row[2],
+        epoch=row[3],
+        shards=row[4],
+        uri=row[5],
+        checkpoint_hash=row[6],
+        size_bytes=row[7],
+        status=row[8],
+        reason=row[9],
+        time=datetime.fromisoformat(row[10]),
+    )
 
 
 def _checkpoint_row(run_id: str, c: CheckpointRef) -> tuple[Any, ...]:
@@ -164,9 +185,7 @@ class ReadModel:
 
     async def run(self, run_id: str) -> RunState | None:
         """The folded state of one run."""
-        async with self._db.execute("SELECT state FROM runs WHERE run_id = ?", (run_id,)) as cur:
-            row = await cur.fetchone()
-        return None if row is None else _state_decoder.decode(row[0])
+        return (await self.runs_of([run_id])).get(run_id)
 
     async def runs_of(self, run_ids: Iterable[str]) -> dict[str, RunState]:
         """States of several runs at once (missing ones are absent)."""
@@ -174,16 +193,26 @@ class ReadModel:
         if not ids:
             return {}
         marks = ",".join("?" * len(ids))
-        async with self._db.execute(f"SELECT state FROM runs WHERE run_id IN ({marks})", ids) as cur:
-            rows = await cur.fetchall()
-        states = (_state_decoder.decode(r[0]) for r in rows)
-        return {s.run_id: s for s in states}
+        return await self._states(f"WHERE run_id IN ({marks})", ids)
 
     async def runs(self, project: str | None = None) -> list[RunState]:
         """All runs, or one project's, ordered by run id."""
         where, args = ("WHERE project = ?", (project,)) if project is not None else ("", ())
-        rows = await self._fetch(f"SELECT state FROM runs {where} ORDER BY run_id", args)
-        return [_state_decoder.decode(r[0]) for r in rows]
+        return sorted((await self._states(where, args)).values(), key=lambda s: s.run_id)
+
+    async def _states(self, where: str, args: Sequence[Any]) -> dict[str, RunState]:
+        """Run states matching `where` on the runs table, each with its checkpoints in log order."""
+        rows = await self._fetch(f"SELECT run_id, state FROM runs {where}", args)
+        refs: dict[str, list[CheckpointRef]] = {str(r[0]): [] for r in rows}
+        query = f"SELECT * FROM checkpoints WHERE run_id IN (SELECT run_id FROM runs {where}) ORDER BY run_id, seq"
+        for row in await self._fetch(query, args):
+            refs[row[0]].append(_checkpoint_ref(row))
+        return {
+            str(r[0]): msgspec.structs.replace(
+                _state_decoder.decode(r[1]), checkpoints=tuple(refs[str(r[0])])
+            )
+            for r in rows
+        }
 
     async def taken(self, run_id: str) -> bool:
         """Whether any event, accepted or not, was ever stored for `run_id`."""
@@ -192,12 +221,20 @@ class ReadModel:
     async def broken(self, run_id: str) -> Finding | None:
         """The first chain or state-machine break recorded for a run."""
         rows = await self._fetch(
-            "SELECT run_id, stream_seq, seq, reason FROM broken_runs WHERE run_id = ?", (run_id,)
+            "SELECT b.run_id, b.stream_seq, b.seq, COALESCE(a.type, '?'), b.reason FROM broken_runs b "
+            "LEFT JOIN audit a ON a.stream_seq = b.stream_seq WHERE b.run_id = ?",
+            (run_id,),
         )
-        if not rows:
-            return None
-        audit = await self._fetch("SELECT type FROM audit WHERE stream_seq = ?", (rows[0][1],))
-        return Finding(rows[0][0], rows[0][1], rows[0][2], audit[0][0] if audit else "?", rows[0][3])
+        return Finding(*rows[0]) if rows else None
+
+    async def broken_among(self, run_ids: Iterable[str]) -> set[str]:
+        """Which of `run_ids` have a recorded break."""
+        ids = list(run_ids)
+        marks = ",".join("?" * len(ids))
+        return {
+            str(r[0])
+            for r in await self._fetch(f"SELECT run_id FROM broken_runs WHERE run_id IN ({marks})", ids)
+        }
 
     async def dump(self) -> dict[str, list[tuple[Any, ...]]]:
         """Every row of every view, ordered: two models built from one log must dump equal."""
