@@ -30,6 +30,8 @@ from pathlib import Path
 import msgspec
 import structlog
 
+from events.atomic_file import write_atomic
+
 __all__ = [
     "NatsServerError",
     "ServerProcess",
@@ -149,17 +151,7 @@ def write_config(path: Path, *, port: int, store_dir: Path, host: str = HOST) ->
             "",
         ]
     )
-    _atomic_write(path, text.encode())
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    """tmp + fsync + rename, so concurrent readers never see a torn file."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_atomic(path, text.encode())
 
 
 # ------------------------------------------------------------------------------------------- records
@@ -173,7 +165,7 @@ def _read_record(nats_dir: Path) -> ServerProcess | None:
 
 
 def _write_record(nats_dir: Path, proc: ServerProcess) -> None:
-    _atomic_write(_record_path(nats_dir), msgspec.json.encode(proc))
+    write_atomic(_record_path(nats_dir), msgspec.json.encode(proc))
 
 
 def _remove_record(nats_dir: Path) -> None:

@@ -11,8 +11,8 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
 
 import msgspec
 import nats.errors
@@ -21,7 +21,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import StorageType, StreamConfig
-from nats.js.errors import BadRequestError, NotFoundError
+from nats.js.errors import BadRequestError, NotFoundError, ServiceUnavailableError
 
 from events.chain import ChainHead, seal, unseal
 from events.schema import Actor, AnyEvent, decode_event, encode_event, now
@@ -36,9 +36,27 @@ _RETRYABLE = (
     nats.errors.NoRespondersError,
     nats.errors.ConnectionClosedError,
     nats.errors.ConnectionReconnectingError,
+    ServiceUnavailableError,
 )
 
 log = structlog.get_logger(__name__)
+T = TypeVar("T")
+
+
+class _Backoff:
+    """Retry pacing within a deadline: the log may be electing a leader, restarting, or reconnecting."""
+
+    def __init__(self, deadline: float) -> None:
+        self._give_up = time.monotonic() + deadline
+        self._delay = 0.05
+
+    async def wait(self, what: str, exc: BaseException) -> None:
+        """Sleep before the next try, or raise LogUnavailable once the deadline would pass."""
+        if time.monotonic() + self._delay > self._give_up:
+            raise LogUnavailable(f"event log unreachable ({what}: {type(exc).__name__})") from exc
+        log.warning("log_retry", what=what, error=type(exc).__name__, delay=self._delay)
+        await asyncio.sleep(self._delay)
+        self._delay = min(self._delay * 2, 1.0)
 
 
 def run_subject(run_id: str, event_type: str = "*") -> str:
@@ -118,10 +136,19 @@ class EventStore:
         self._timeout = timeout
         self._deadline = deadline
 
+    async def _retrying(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
+        """`call()`, retried on timeouts and unavailability (a leader election, a reconnect) until the deadline."""
+        backoff = _Backoff(self._deadline)
+        while True:
+            try:
+                return await call()
+            except _RETRYABLE as exc:
+                await backoff.wait(what, exc)
+
     async def ensure_stream(self) -> str:
         """Create the stream if absent; returns its creation time, which identifies it to read models."""
         try:
-            info = await self._js.stream_info(self.stream)
+            info = await self._retrying("stream info", lambda: self._js.stream_info(self.stream))
         except NotFoundError:
             config = StreamConfig(
                 name=self.stream,
@@ -142,13 +169,15 @@ class EventStore:
 
     async def last_seq(self) -> int:
         """The stream's last sequence, from the leader."""
-        info = await self._js.stream_info(self.stream)
+        info = await self._retrying("stream info", lambda: self._js.stream_info(self.stream))
         return int(info.state.last_seq)
 
     async def head(self, run_id: str) -> tuple[ChainHead, str | None] | None:
         """The run's last stored event as a chain head and its Nats-Msg-Id, read from the stream leader."""
         try:
-            msg = await self._js.get_last_msg(self.stream, run_subject(run_id))
+            msg = await self._retrying(
+                f"head of {run_id}", lambda: self._js.get_last_msg(self.stream, run_subject(run_id))
+            )
         except NotFoundError:
             return None
         parts = unseal(msg.data or b"")
@@ -173,8 +202,7 @@ class EventStore:
             "Nats-Expected-Last-Subject-Sequence-Subject": run_subject(stamped.run_id),
         }
         subject = run_subject(stamped.run_id, str(stamped.__struct_config__.tag))
-        give_up = time.monotonic() + self._deadline
-        delay = 0.05
+        backoff = _Backoff(self._deadline)
         while True:
             try:
                 ack = await asyncio.wait_for(
@@ -190,11 +218,7 @@ class EventStore:
                     return Appended(stamped, found[0].hash, found[0].stream_seq)
                 raise AppendConflict(stamped.run_id, head) from exc
             except _RETRYABLE as exc:
-                if time.monotonic() + delay > give_up:
-                    raise LogUnavailable(f"event log unreachable: {type(exc).__name__}") from exc
-                log.warning("append_retry", run_id=stamped.run_id, error=type(exc).__name__, delay=delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 1.0)
+                await backoff.wait(f"append to {stamped.run_id}", exc)
 
     async def read(
         self, from_seq: int = 1, *, run_id: str | None = None, batch: int = 2000
@@ -208,7 +232,7 @@ class EventStore:
         if from_seq > last:
             return
         subject = run_subject(run_id) if run_id else None
-        pending = asyncio.ensure_future(self._direct_batch(from_seq, batch, subject))
+        pending = asyncio.ensure_future(self._read_batch(from_seq, batch, subject))
         try:
             while True:
                 records = await pending
@@ -216,12 +240,15 @@ class EventStore:
                     return
                 seq = records[-1].stream_seq + 1
                 if seq <= last:  # fetch the next batch while the caller works on this one
-                    pending = asyncio.ensure_future(self._direct_batch(seq, batch, subject))
+                    pending = asyncio.ensure_future(self._read_batch(seq, batch, subject))
                 yield records
                 if seq > last:
                     return
         finally:
             pending.cancel()
+
+    async def _read_batch(self, seq: int, batch: int, subject: str | None) -> list[StoredRecord]:
+        return await self._retrying(f"read from seq {seq}", lambda: self._direct_batch(seq, batch, subject))
 
     async def _direct_batch(self, seq: int, batch: int, subject: str | None) -> list[StoredRecord]:
         records: list[StoredRecord] = []
@@ -247,8 +274,6 @@ class EventStore:
                 f"$JS.API.DIRECT.GET.{self.stream}", msgspec.json.encode(request), reply=inbox
             )
             await asyncio.wait_for(done, self._timeout * 5)
-        except _RETRYABLE as exc:
-            raise LogUnavailable(f"event log read failed: {type(exc).__name__}") from exc
         finally:
             await sub.unsubscribe()
         return records

@@ -69,3 +69,35 @@ def ftrain_process(
         timeout=timeout,
         check=False,
     )
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_configured_server(directory: Path, config: str, port: int) -> subprocess.Popen[bytes]:
+    """A nats-server with a hand-written config (auth, TLS, cluster); returns once its client port accepts."""
+    import socket
+    import time
+
+    from events.nats_server import nats_server_binary
+
+    directory.mkdir(parents=True, exist_ok=True)
+    conf = directory / "server.conf"
+    conf.write_text(config)
+    log = open(directory / "server.log", "wb")  # noqa: SIM115 - handed to the child process
+    proc = subprocess.Popen([str(nats_server_binary()), "-c", str(conf)], stdout=log, stderr=log)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return proc
+        except OSError:
+            time.sleep(0.02)
+    proc.kill()
+    raise RuntimeError(f"nats-server did not start: {(directory / 'server.log').read_text()[-2000:]}")

@@ -16,7 +16,8 @@ from urllib.parse import unquote, urlparse
 
 import msgspec
 
-from workers.files import copy_hashing, fsync_dir, hash_files, write_atomic, write_file
+from events.atomic_file import fsync_dir, write_atomic
+from workers.files import copy_hashing, hash_files, write_file
 from workers.manifest import (
     MANIFEST,
     MARKER,

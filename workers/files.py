@@ -1,4 +1,4 @@
-"""Durable file primitives: hashing copies, atomic writes, and directory fsyncs."""
+"""Durable file primitives for checkpoints: hashing writes and copies, parallel hashing."""
 
 import hashlib
 import os
@@ -7,26 +7,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 CHUNK = 8 << 20
-
-
-def fsync_dir(path: Path) -> None:
-    """Make a rename or create inside `path` durable."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write `data` to `path` so readers see the old file or the whole new one: temp, fsync, rename."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
 
 
 def write_file(path: Path, data: bytes) -> tuple[int, str]:
