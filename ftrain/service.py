@@ -27,9 +27,9 @@ from events.schema import (
     Resumed,
     now,
 )
-from events.store import AppendConflict, Appended, EventStore, StoredRecord
+from events.store import AppendConflict, Appended, EventStore
 from ftrain.errors import Refused, UsageError
-from projections.audit import Finding, fold_record
+from projections.audit import ChainWalk, Finding
 from projections.projector import Projector
 from projections.readmodel import ReadModel
 from projections.state import CheckpointRef, IllegalTransition, RunState, check
@@ -144,37 +144,28 @@ class Ftrain:
 
     async def verify(self, run_id: str | None = None) -> AuditReport:
         """Re-verify every chain from the stream itself: hashes, links, sequence, and legal transitions."""
-        events, states, findings = 0, {}, {}
-        async for _ in self._fold_stream(run_id, states, findings):
+        walk, events = ChainWalk(), 0
+        async for _ in self._walk(run_id, walk):
             events += 1
-        return AuditReport(events, len(states.keys() | findings.keys()), list(findings.values()))
+        return AuditReport(events, len(walk.states.keys() | walk.broken), list(walk.findings.values()))
 
     async def timeline(self, run_id: str | None = None) -> list[TimelineEntry]:
         """Every event in stream order, each with its verdict."""
-        return [entry async for entry in self._fold_stream(run_id, {}, {})]
+        return [entry async for entry in self._walk(run_id, ChainWalk())]
 
-    async def _fold_stream(
-        self, run_id: str | None, states: dict[str, RunState | None], findings: dict[str, Finding]
-    ) -> AsyncIterator[TimelineEntry]:
+    async def _walk(self, run_id: str | None, walk: ChainWalk) -> AsyncIterator[TimelineEntry]:
         async for records in self.store.read(1, run_id=run_id):
             for record in records:
-                yield self._fold_one(record, states, findings)
-
-    @staticmethod
-    def _fold_one(
-        record: StoredRecord, states: dict[str, RunState | None], findings: dict[str, Finding]
-    ) -> TimelineEntry:
-        if record.run_id in findings:
-            after = Finding(record.run_id, record.stream_seq, None, record.event_type, "after a chain break")
-            return TimelineEntry(record.stream_seq, record.run_id, record.event_type, None, None, after)
-        outcome = fold_record(states.get(record.run_id), record)
-        if isinstance(outcome, Finding):
-            findings[record.run_id] = outcome
-            return TimelineEntry(record.stream_seq, record.run_id, record.event_type, None, None, outcome)
-        states[record.run_id] = outcome.state
-        return TimelineEntry(
-            record.stream_seq, record.run_id, record.event_type, outcome.event, outcome.hash, None
-        )
+                outcome = walk.feed(record)
+                if isinstance(outcome, Finding):
+                    yield TimelineEntry(
+                        record.stream_seq, record.run_id, record.event_type, None, None, outcome
+                    )
+                else:
+                    event, digest = outcome.event, outcome.hash
+                    yield TimelineEntry(
+                        record.stream_seq, record.run_id, record.event_type, event, digest, None
+                    )
 
     # -- the command loop ----------------------------------------------------------------------------------
 

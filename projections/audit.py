@@ -45,3 +45,30 @@ def fold_record(state: RunState | None, record: StoredRecord) -> Folded | Findin
         reason = f"illegal transition: {exc}"
         return Finding(record.run_id, record.stream_seq, link.event.seq, record.event_type, reason)
     return Folded(link.event, link.hash, new_state)
+
+
+class ChainWalk:
+    """Folds records of many runs in stream order, keeping each run's state and its first break.
+
+    After a run's first break every later record of that run is refused too: its chain cannot be trusted.
+    """
+
+    def __init__(
+        self, states: dict[str, RunState | None] | None = None, broken: set[str] | None = None
+    ) -> None:
+        self.states: dict[str, RunState | None] = states if states is not None else {}
+        self.broken: set[str] = broken if broken is not None else set()
+        self.findings: dict[str, Finding] = {}
+
+    def feed(self, record: StoredRecord) -> Folded | Finding:
+        """Check and fold one record."""
+        run_id = record.run_id
+        if run_id in self.broken:
+            return Finding(run_id, record.stream_seq, None, record.event_type, "after a chain break")
+        outcome = fold_record(self.states.get(run_id), record)
+        if isinstance(outcome, Finding):
+            self.broken.add(run_id)
+            self.findings[run_id] = outcome
+        else:
+            self.states[run_id] = outcome.state
+        return outcome

@@ -4,7 +4,7 @@ import structlog
 
 from events.schema import AnyEvent, Checkpointed, CorruptSkipped
 from events.store import EventStore, StoredRecord
-from projections.audit import Finding, Folded, fold_record
+from projections.audit import ChainWalk, Finding, Folded
 from projections.readmodel import AuditRow, Batch, ReadModel
 from projections.state import RunState
 
@@ -96,32 +96,21 @@ class Projector:
         touched = {r.run_id for r in records}
         states: dict[str, RunState | None] = {r: s for r in touched if (s := self._states.get(r)) is not None}
         states.update(await self.model.runs_of(touched - states.keys()))
-        broken = await self.model.broken_among(touched)
+        walk = ChainWalk(states, await self.model.broken_among(touched))
         for record in records:
-            run_id = record.run_id
-            if run_id in broken:
-                batch.audit.append(
-                    _rejected_row(
-                        record,
-                        Finding(run_id, record.stream_seq, None, record.event_type, "after a chain break"),
-                    )
-                )
-                continue
-            outcome = fold_record(states.get(run_id), record)
+            outcome = walk.feed(record)
             if isinstance(outcome, Finding):
-                broken.add(run_id)
-                batch.broken[run_id] = outcome
                 batch.audit.append(_rejected_row(record, outcome))
-                log.warning("chain_break", finding=outcome.describe())
                 continue
-            states[run_id] = batch.runs[run_id] = outcome.state
+            batch.runs[record.run_id] = outcome.state
             batch.audit.append(_accepted_row(record, outcome))
-            if isinstance(outcome.event, Checkpointed | CorruptSkipped):
-                ref = outcome.state.checkpoint(
-                    outcome.event.checkpoint_seq
-                    if isinstance(outcome.event, CorruptSkipped)
-                    else outcome.event.seq
-                )
+            event = outcome.event
+            if isinstance(event, Checkpointed | CorruptSkipped):
+                seq = event.checkpoint_seq if isinstance(event, CorruptSkipped) else event.seq
+                ref = outcome.state.checkpoint(seq)
                 if ref is not None:
-                    batch.checkpoints[(run_id, ref.seq)] = ref
+                    batch.checkpoints[(record.run_id, seq)] = ref
+        for finding in walk.findings.values():
+            batch.broken[finding.run_id] = finding
+            log.warning("chain_break", finding=finding.describe())
         return batch
