@@ -120,7 +120,9 @@ async def open_store(
         reason = str(exc) or f"no answer within {connect_deadline:g} s"
         raise LogUnavailable(f"event log unreachable at {','.join(urls)}: {reason}") from exc
     try:
-        store = EventStore(nc, replicas=settings.replicas, deadline=deadline)
-        yield store
+        yield EventStore(nc, replicas=settings.replicas, deadline=deadline)
     finally:
-        await nc.close()
+        try:
+            await nc.close()
+        except (OSError, nats.errors.Error) as exc:  # the broker died: never mask the error that says so
+            log.debug("nats_close_failed", error=f"{type(exc).__name__}: {exc}")

@@ -7,6 +7,7 @@ event log unreachable); 2 usage or bad input. Errors are one line on stderr and 
 import argparse
 import asyncio
 import os
+import sqlite3
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -173,6 +174,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         _fail(2, f"ftrain {args.command}: error: {exc}")
     except (Refused, LogUnavailable, NatsServerError) as exc:
         _fail(1, f"ftrain {args.command}: {exc}")
+    except sqlite3.Error as exc:
+        _fail(1, f"ftrain {args.command}: read model error: {exc}")
     except nats.errors.Error as exc:
         _fail(1, f"ftrain {args.command}: event log error: {exc}")
     except OSError as exc:

@@ -7,6 +7,16 @@ import sys
 import structlog
 
 
+class _Stderr:
+    """Whatever sys.stderr is at the moment of writing (it is replaced by test harnesses and daemons)."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
 def configure(level: str | None = None) -> None:
     """Send structlog to stderr at `level` (default $FTRAIN_LOG_LEVEL or warning) so stdout stays the output."""
     name = (level or os.environ.get("FTRAIN_LOG_LEVEL") or "warning").upper()
@@ -24,6 +34,6 @@ def configure(level: str | None = None) -> None:
         wrapper_class=structlog.make_filtering_bound_logger(
             logging.getLevelNamesMapping().get(name, logging.WARNING)
         ),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(_Stderr()),  # type: ignore[arg-type]
         cache_logger_on_first_use=True,
     )

@@ -1,6 +1,7 @@
 """Human-readable lines for the CLI; the wording follows the product's reference documents."""
 
 import sys
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -83,7 +84,7 @@ def status(state: RunState, moment: datetime) -> list[str]:
     ]
 
 
-def table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
+def table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> list[str]:
     """Left-aligned columns."""
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     return [

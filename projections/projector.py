@@ -86,6 +86,8 @@ class Projector:
                 self._states_at = -1
                 return None
             last = records[-1].stream_seq
+            for finding in batch.broken.values():  # logged once committed: a refused batch was re-checked
+                log.warning("chain_break", finding=finding.describe())
             self._states.update(batch.runs)
             self._states_at = last
             applied += len(records)
@@ -110,7 +112,5 @@ class Projector:
                 ref = outcome.state.checkpoint(seq)
                 if ref is not None:
                     batch.checkpoints[(record.run_id, seq)] = ref
-        for finding in walk.findings.values():
-            batch.broken[finding.run_id] = finding
-            log.warning("chain_break", finding=finding.describe())
+        batch.broken = walk.findings
         return batch

@@ -5,6 +5,10 @@ commits only if that sequence is still the one it started from, so applying is e
 redeliveries and two processes catching up at once.
 """
 
+import asyncio
+import os
+import sqlite3
+import time
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -13,6 +17,7 @@ from typing import Any, Self
 
 import aiosqlite
 import msgspec
+import structlog
 
 from projections.audit import Finding
 from projections.state import CheckpointRef, RunState
@@ -35,6 +40,8 @@ CREATE TABLE IF NOT EXISTS broken_runs (
     run_id TEXT PRIMARY KEY, stream_seq INTEGER NOT NULL, seq INTEGER, reason TEXT NOT NULL);
 """
 TABLES = ("runs", "checkpoints", "audit", "broken_runs")
+OPEN_ATTEMPTS = 10
+log = structlog.get_logger(__name__)
 
 _state_decoder = msgspec.json.Decoder(RunState)
 _encoder = msgspec.json.Encoder()
@@ -62,6 +69,15 @@ class Batch(msgspec.Struct):
     checkpoints: dict[tuple[str, int], CheckpointRef] = msgspec.field(default_factory=dict)
     audit: list[AuditRow] = msgspec.field(default_factory=list)
     broken: dict[str, Finding] = msgspec.field(default_factory=dict)
+
+
+def _set_aside(path: Path, exc: Exception) -> None:
+    """Move an unreadable read model (and its WAL files) out of the way so it is rebuilt from the log."""
+    target = path.with_name(f"{path.name}.unreadable-{int(time.time())}")
+    log.warning("readmodel_unreadable", path=str(path), error=str(exc), moved_to=str(target))
+    os.replace(path, target)
+    for suffix in ("-wal", "-shm"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
 
 
 def _encode_state(state: RunState) -> bytes:
@@ -109,13 +125,28 @@ class ReadModel:
 
     @classmethod
     async def open(cls, path: Path) -> "ReadModel":
-        """Open (creating) the database at `path` in WAL mode."""
+        """Open (creating) the database at `path` in WAL mode.
+
+        The read model is derived data: a file that is not a database any more is set aside and rebuilt
+        from the log. Two processes creating it at once can briefly see it locked; that is retried.
+        """
         path.parent.mkdir(parents=True, exist_ok=True)
-        db = await aiosqlite.connect(path, timeout=30.0, isolation_level=None)
-        await db.execute("PRAGMA journal_mode=WAL")
-        await db.execute("PRAGMA synchronous=NORMAL")
-        await db.executescript(SCHEMA)
-        return cls(db, path)
+        for attempt in range(OPEN_ATTEMPTS):
+            db = await aiosqlite.connect(path, timeout=30.0, isolation_level=None)
+            try:
+                await db.execute("PRAGMA journal_mode=WAL")
+                await db.execute("PRAGMA synchronous=NORMAL")
+                await db.executescript(SCHEMA)
+                return cls(db, path)
+            except sqlite3.OperationalError as exc:
+                await db.close()
+                if "locked" not in str(exc) or attempt == OPEN_ATTEMPTS - 1:
+                    raise
+                await asyncio.sleep(0.05 * (attempt + 1))
+            except sqlite3.DatabaseError as exc:
+                await db.close()
+                _set_aside(path, exc)
+        raise sqlite3.OperationalError(f"could not open the read model {path}")
 
     async def close(self) -> None:
         """Close the connection."""
