@@ -11,7 +11,7 @@ import hashlib
 
 import msgspec
 
-from events.schema import AnyEvent, decode_event
+from events.schema import AnyEvent, decode_event, event_type
 
 GENESIS = "0" * 64
 _PREFIX = b',"hash":"'
@@ -66,8 +66,8 @@ def unseal(payload: bytes) -> tuple[bytes, str] | None:
     return payload[:cut] + b"}", claimed
 
 
-def check_link(head: ChainHead, run_id: str, event_type: str, payload: bytes) -> Linked | Broken:
-    """Whether `payload`, stored under `ftrain.run.<run_id>.<event_type>`, is the next link after `head`."""
+def check_link(head: ChainHead, run_id: str, subject_type: str, payload: bytes) -> Linked | Broken:
+    """Whether `payload`, stored under `ftrain.run.<run_id>.<subject_type>`, is the next link after `head`."""
     parts = unseal(payload)
     if parts is None:
         return Broken("payload carries no hash")
@@ -76,10 +76,10 @@ def check_link(head: ChainHead, run_id: str, event_type: str, payload: bytes) ->
         event = decode_event(body)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         return Broken(f"undecodable payload ({exc})")
-    seq, etype = event.seq, event.__struct_config__.tag
-    if event.run_id != run_id or etype != event_type:
+    seq, etype = event.seq, event_type(event)
+    if event.run_id != run_id or etype != subject_type:
         return Broken(
-            f"stored under run {run_id!r} type {event_type!r} but says {event.run_id!r} {etype!r}", seq
+            f"stored under run {run_id!r} type {subject_type!r} but says {event.run_id!r} {etype!r}", seq
         )
     if link_hash(event.prev_hash, body) != claimed:
         return Broken("hash mismatch: the payload was altered", seq, str(etype))

@@ -10,7 +10,8 @@ import re
 
 from nats.aio.client import Client
 
-_WHITESPACE = re.compile(r"\s")
+# what str.isspace() calls whitespace among ASCII bytes: \t \n \v \f \r, \x1c-\x1f and space
+_WHITESPACE = re.compile(rb"[\t-\r\x1c-\x20]")
 _CRLF = b"\r\n"
 
 
@@ -19,15 +20,10 @@ def parse_header_lines(raw: bytes) -> dict[str, str]:
     out: dict[str, str] = {}
     for line in raw.split(_CRLF):
         name, sep, value = line.partition(b":")
-        if not sep:
-            continue
-        try:
-            key = name.strip().decode("ascii")
-        except UnicodeDecodeError:
-            continue
-        if _WHITESPACE.search(key):
-            continue
-        out[key] = value.strip().decode("utf-8", "replace")
+        if sep:
+            key = name.strip()
+            if key.isascii() and not _WHITESPACE.search(key):
+                out[key.decode()] = value.strip().decode("utf-8", "replace")
     return out
 
 

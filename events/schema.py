@@ -5,6 +5,7 @@ ignored on decode, so adding a field never breaks an older reader (and never an 
 the stored bytes, see `events.chain`).
 """
 
+import typing
 from datetime import UTC, datetime
 from typing import Literal
 
@@ -111,8 +112,14 @@ class Completed(Event, frozen=True, kw_only=True, tag="completed"):
 
 AnyEvent = Launched | Checkpointed | Failed | Resumed | CorruptSkipped | Completed
 
+_TYPES: dict[type, str] = {cls: str(cls.__struct_config__.tag) for cls in typing.get_args(AnyEvent)}
 _decoder = msgspec.json.Decoder(AnyEvent)
 _encoder = msgspec.json.Encoder()
+
+
+def event_type(event: AnyEvent) -> str:
+    """The event's `type` tag (a dict lookup: reading `__struct_config__` builds an object each time)."""
+    return _TYPES[type(event)]
 
 
 def encode_event(event: AnyEvent) -> bytes:

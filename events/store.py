@@ -24,7 +24,7 @@ from nats.js.api import StorageType, StreamConfig
 from nats.js.errors import BadRequestError, NotFoundError, ServiceUnavailableError
 
 from events.chain import ChainHead, seal, unseal
-from events.schema import Actor, AnyEvent, decode_event, encode_event, now
+from events.schema import Actor, AnyEvent, decode_event, encode_event, event_type, now
 
 STREAM = "FTRAIN_EVENTS"
 SUBJECT_ROOT = "ftrain.run"
@@ -201,7 +201,7 @@ class EventStore:
             "Nats-Expected-Last-Subject-Sequence": str(head.stream_seq),
             "Nats-Expected-Last-Subject-Sequence-Subject": run_subject(stamped.run_id),
         }
-        subject = run_subject(stamped.run_id, str(stamped.__struct_config__.tag))
+        subject = run_subject(stamped.run_id, event_type(stamped))
         backoff = _Backoff(self._deadline)
         while True:
             try:

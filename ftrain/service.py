@@ -25,6 +25,7 @@ from events.schema import (
     Failed,
     Launched,
     Resumed,
+    event_type,
     now,
 )
 from events.store import AppendConflict, Appended, EventStore
@@ -145,8 +146,10 @@ class Ftrain:
     async def verify(self, run_id: str | None = None) -> AuditReport:
         """Re-verify every chain from the stream itself: hashes, links, sequence, and legal transitions."""
         walk, events = ChainWalk(), 0
-        async for _ in self._walk(run_id, walk):
-            events += 1
+        async for records in self.store.read(1, run_id=run_id):
+            for record in records:
+                walk.feed(record)
+            events += len(records)
         return AuditReport(events, len(walk.states.keys() | walk.broken), list(walk.findings.values()))
 
     async def timeline(self, run_id: str | None = None) -> list[TimelineEntry]:
@@ -189,9 +192,7 @@ class Ftrain:
             except AppendConflict:
                 log.info("append_conflict", run_id=run_id)
                 continue
-            log.info(
-                "appended", run_id=run_id, type=appended.event.__struct_config__.tag, seq=appended.event.seq
-            )
+            log.info("appended", run_id=run_id, type=event_type(appended.event), seq=appended.event.seq)
             return appended
         raise Refused(f"run {run_id}: gave up after {CONFLICT_RETRIES} conflicting concurrent appends")
 

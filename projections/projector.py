@@ -1,5 +1,7 @@
 """The projector: folds the stream into the read model, from its last applied sequence to the stream's end."""
 
+import asyncio
+
 import structlog
 
 from events.schema import AnyEvent, Checkpointed, CorruptSkipped
@@ -55,8 +57,10 @@ class Projector:
         self.store = store
         self.model = model
         self.stream_id = stream_id
-        self._states: dict[str, RunState] = {}  # as of stream seq `_states_at`; saves re-reading them
-        self._states_at = -1
+        # Run states and broken runs as of stream seq `_cache_at`, so each batch need not re-read them.
+        self._states: dict[str, RunState] = {}
+        self._broken: set[str] = set()
+        self._cache_at = -1
 
     async def catch_up(self) -> int:
         """Apply everything up to the stream's current end; returns the number of records applied."""
@@ -77,28 +81,47 @@ class Projector:
         return await self.catch_up()
 
     async def _apply_from(self, start: int) -> int | None:
-        if self._states_at != start:
-            self._states, self._states_at = {}, start
+        """Apply from `start`; None if another process got there first. Folding batch N+1 overlaps
+        committing batch N (SQLite works in its own thread); the fold reads the cached states, which
+        already include batch N."""
+        if self._cache_at != start:
+            self._states, self._broken, self._cache_at = {}, set(), start
         applied, last = 0, start
-        async for records in self.store.read(start + 1):
-            batch = await self._fold_batch(records)
-            if not await self.model.commit(last, records[-1].stream_seq, batch):
-                self._states_at = -1
+        in_flight: asyncio.Future[bool] | None = None
+        findings: list[Finding] = []
+        try:
+            async for records in self.store.read(start + 1):
+                batch = await self._fold_batch(records)
+                if in_flight is not None and not await self._landed(in_flight, findings):
+                    return None
+                in_flight = asyncio.ensure_future(self.model.commit(last, records[-1].stream_seq, batch))
+                findings = list(batch.broken.values())
+                last = self._cache_at = records[-1].stream_seq
+                self._states.update(batch.runs)
+                self._broken.update(batch.broken)
+                applied += len(records)
+            if in_flight is not None and not await self._landed(in_flight, findings):
                 return None
-            last = records[-1].stream_seq
-            for finding in batch.broken.values():  # logged once committed: a refused batch was re-checked
-                log.warning("chain_break", finding=finding.describe())
-            self._states.update(batch.runs)
-            self._states_at = last
-            applied += len(records)
+        finally:
+            if in_flight is not None and not in_flight.done():
+                await asyncio.wait([in_flight])  # let a valid commit finish even if reading failed
         return applied
+
+    async def _landed(self, commit: "asyncio.Future[bool]", findings: list[Finding]) -> bool:
+        """Whether a batch committed; its chain breaks are logged only then (a refused batch is re-checked)."""
+        if not await commit:
+            self._cache_at = -1
+            return False
+        for finding in findings:
+            log.warning("chain_break", finding=finding.describe())
+        return True
 
     async def _fold_batch(self, records: list[StoredRecord]) -> Batch:
         batch = Batch()
         touched = {r.run_id for r in records}
         states: dict[str, RunState | None] = {r: s for r in touched if (s := self._states.get(r)) is not None}
         states.update(await self.model.runs_of(touched - states.keys()))
-        walk = ChainWalk(states, await self.model.broken_among(touched))
+        walk = ChainWalk(states, self._broken | await self.model.broken_among(touched - self._broken))
         for record in records:
             outcome = walk.feed(record)
             if isinstance(outcome, Finding):
@@ -109,7 +132,11 @@ class Projector:
             event = outcome.event
             if isinstance(event, Checkpointed | CorruptSkipped):
                 seq = event.checkpoint_seq if isinstance(event, CorruptSkipped) else event.seq
-                ref = outcome.state.checkpoint(seq)
+                ref = (
+                    outcome.state.checkpoints[-1]
+                    if isinstance(event, Checkpointed)
+                    else outcome.state.checkpoint(seq)
+                )
                 if ref is not None:
                     batch.checkpoints[(record.run_id, seq)] = ref
         batch.broken = walk.findings

@@ -191,7 +191,7 @@ class ReadModel:
             await db.executemany(
                 "INSERT OR REPLACE INTO runs (run_id, project, status, updated_at, state) VALUES (?, ?, ?, ?, ?)",
                 [
-                    (s.run_id, s.project, s.status, s.updated_at.isoformat(), _encoder.encode(s))
+                    (s.run_id, s.project, s.status, s.updated_at.isoformat(), _encode_state(s))
                     for s in batch.runs.values()
                 ],
             )

@@ -14,6 +14,7 @@ from events.schema import (
     Failed,
     Launched,
     Resumed,
+    event_type,
 )
 
 RunStatus = Literal["running", "failed", "completed"]
@@ -83,13 +84,9 @@ class IllegalTransition(Exception):
     """The event is not legal in the run's current state; the message names that state."""
 
 
-def _type(event: AnyEvent) -> str:
-    return str(event.__struct_config__.tag)
-
-
 def check(state: RunState | None, event: AnyEvent) -> None:
     """Raise IllegalTransition unless `event` may follow `state` (None: the run does not exist yet)."""
-    kind = _type(event)
+    kind = event_type(event)
     if state is None:
         if not isinstance(event, Launched):
             raise IllegalTransition(f"run {event.run_id} does not exist; it cannot be {kind}")
