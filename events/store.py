@@ -24,6 +24,7 @@ from nats.js.api import StorageType, StreamConfig
 from nats.js.errors import BadRequestError, NotFoundError, ServiceUnavailableError
 
 from events.chain import ChainHead, seal, unseal
+from events.run_id import validate_run_id
 from events.schema import Actor, AnyEvent, decode_event, encode_event, event_type, now
 
 STREAM = "FTRAIN_EVENTS"
@@ -187,6 +188,7 @@ class EventStore:
 
     async def append(self, event: AnyEvent, head: ChainHead) -> Appended:
         """Append `event` as the link after `head`; raises AppendConflict if `head` is no longer the head."""
+        validate_run_id(event.run_id)  # it becomes a subject token: never publish an unchecked one
         stamped = msgspec.structs.replace(
             event,
             seq=head.seq + 1,

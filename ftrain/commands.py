@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 
 import msgspec
 
+from events.run_id import RUN_ID_MAX, InvalidRunId, validate_run_id
 from events.schema import CorruptSkipped, Launched, now
 from ftrain import render
 from ftrain.errors import Refused, UsageError
@@ -52,8 +53,6 @@ def prepare_launch(args: argparse.Namespace) -> LaunchPlan:
     except (HostlistError, ValueError) as exc:
         raise UsageError(str(exc)) from exc
     base_id = args.run_id or f"dist-{args.project}-{args.nodes}x{args.gpus_per_node}-{args.strategy}"
-    from events.run_id import RUN_ID_MAX, InvalidRunId, validate_run_id
-
     try:
         validate_run_id(base_id if args.run_id else base_id + "-99")
     except InvalidRunId as exc:

@@ -17,6 +17,7 @@ import structlog
 
 from events.chain import ChainHead
 from events.connection import NatsSettings, ftrain_home, open_store, settings_from_env
+from events.run_id import InvalidRunId, validate_run_id
 from events.schema import (
     AnyEvent,
     Checkpointed,
@@ -33,7 +34,13 @@ from ftrain.errors import Refused, UsageError
 from projections.audit import ChainWalk, Finding
 from projections.projector import Projector
 from projections.readmodel import ReadModel
-from projections.state import CheckpointRef, IllegalTransition, RunState, check
+from projections.state import (
+    CheckpointRef,
+    IllegalTransition,
+    RunState,
+    check,
+    resumed_event,
+)
 from workers.checkpoint_dir import (
     CheckpointExists,
     StorageError,
@@ -129,6 +136,10 @@ class Ftrain:
 
     async def run(self, run_id: str) -> RunState:
         """The caught-up state of a run; UsageError if the log has never heard of it."""
+        try:
+            validate_run_id(run_id)
+        except InvalidRunId as exc:
+            raise UsageError(str(exc)) from exc
         await self.projector.catch_up()
         state = await self.model.run(run_id)
         if state is None:
@@ -254,7 +265,7 @@ class Ftrain:
                 epoch=epoch,
                 shards=shards,
                 sources=sources,
-                world_size=shards,
+                world_size=state.gpus,
                 dataset_revision=state.launch.dataset_revision,
             )
         except CheckpointExists as exc:
@@ -338,17 +349,7 @@ def _resume_from(state: RunState | None, ref: CheckpointRef, force: bool) -> Res
     newest = next(iter(state.valid_checkpoints()), None)
     if newest is None or newest.seq != ref.seq:
         return None
-    return Resumed(
-        run_id=state.run_id,
-        checkpoint_seq=ref.seq,
-        step=ref.step,
-        epoch=ref.epoch,
-        uri=ref.uri,
-        checkpoint_hash=ref.checkpoint_hash,
-        resume_count=state.resume_count + 1,
-        forced=force and state.status == "running",
-        command=state.launch.command,
-    )
+    return resumed_event(state, ref, forced=force and state.status == "running")
 
 
 def _skip(state: RunState | None, ref: CheckpointRef, reason: str) -> CorruptSkipped | None:

@@ -189,3 +189,25 @@ def apply(state: RunState | None, event: AnyEvent, head: ChainHead) -> RunState:
             cost_source=event.cost_source,
         )
     return msgspec.structs.replace(state, **changes)
+
+
+def resumed_event(state: RunState, ref: CheckpointRef, *, forced: bool) -> Resumed:
+    """The `resumed` event for resuming `state` from checkpoint `ref`, relaunching the launch command."""
+    return Resumed(
+        run_id=state.run_id,
+        checkpoint_seq=ref.seq,
+        step=ref.step,
+        epoch=ref.epoch,
+        uri=ref.uri,
+        checkpoint_hash=ref.checkpoint_hash,
+        resume_count=state.resume_count + 1,
+        forced=forced,
+        command=state.launch.command,
+    )
+
+
+def corrupt_skipped_event(state: RunState, ref: CheckpointRef, reason: str) -> CorruptSkipped:
+    """The `corrupt_skipped` event refusing checkpoint `ref` for `reason`."""
+    return CorruptSkipped(
+        run_id=state.run_id, checkpoint_seq=ref.seq, step=ref.step, uri=ref.uri, reason=reason
+    )

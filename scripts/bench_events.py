@@ -55,17 +55,15 @@ from events.schema import (
     Checkpointed,
     CheckpointPolicy,
     Completed,
-    CorruptSkipped,
     Failed,
     Launched,
-    Resumed,
     encode_event,
     now,
 )
 from events.store import EventStore, process_actor, run_subject
 from ftrain.logs import configure as configure_logs
 from ftrain.service import Ftrain
-from projections.state import RunState, apply
+from projections.state import RunState, apply, corrupt_skipped_event, resumed_event
 
 CONCURRENT_RUNS = 8
 SEQ_BLOCKS = 10
@@ -170,23 +168,8 @@ class ChainBuilder:
             return self.checkpointed()
         newest = valid[0]  # failed runs here always keep ≥ 1 valid checkpoint
         if len(valid) >= 2 and self.rng.random() < 0.25:
-            return CorruptSkipped(
-                run_id=self.run_id,
-                checkpoint_seq=newest.seq,
-                step=newest.step,
-                uri=newest.uri,
-                reason="manifest digest mismatch: shard 3 of 8 altered",
-            )
-        return Resumed(
-            run_id=self.run_id,
-            checkpoint_seq=newest.seq,
-            step=newest.step,
-            epoch=newest.epoch,
-            uri=newest.uri,
-            checkpoint_hash=newest.checkpoint_hash,
-            resume_count=state.resume_count + 1,
-            command=state.launch.command,
-        )
+            return corrupt_skipped_event(state, newest, "manifest digest mismatch: shard 3 of 8 altered")
+        return resumed_event(state, newest, forced=False)
 
     def completed(self) -> Completed:
         """Completion with wall-time cost (only legal while running)."""

@@ -91,3 +91,12 @@ def test_subjects() -> None:
     assert parse_subject("ftrain.run.r1.failed") == ("r1", "failed")
     assert parse_subject("ftrain.run.r1") is None
     assert parse_subject("other.run.r1.failed") is None
+
+
+async def test_an_invalid_run_id_is_never_published(store: EventStore) -> None:
+    from events.run_id import InvalidRunId
+
+    for bad in ("a.b", "*", ">", "", "x" * 129):
+        with pytest.raises(InvalidRunId):
+            await store.append(launched(bad), ChainHead())
+    assert await store.last_seq() == 0
