@@ -4,11 +4,13 @@ Launch, two checkpoints, a preemption, the newest checkpoint corrupted on disk, 
 and falls back to the older one, a further checkpoint, completion, status, and an audit of the chain.
 """
 
+import contextlib
+import io
 import json
 import os
+import re
 import shlex
 import sys
-from datetime import UTC, datetime
 
 from ftrain.cli import main
 from ftrain.service import checkpoint_storage
@@ -23,6 +25,16 @@ def _ftrain(*argv: str) -> int:
         return int(exc.code or 0)
 
 
+def _launch(*argv: str) -> str | None:
+    """Run `ftrain launch`, showing its output, and return the run id it chose (None if it failed)."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = _ftrain(*argv)
+    sys.stdout.write(out.getvalue())
+    match = re.search(r"^Launched (\S+) ", out.getvalue(), re.MULTILINE)
+    return match.group(1) if code == 0 and match else None
+
+
 def _state(step: int) -> str:
     return json.dumps(
         {"optimizer": "adam", "lr": 0.0003, "step": step, "loss": round(4.0 / (1 + step / 500), 4)}
@@ -31,32 +43,34 @@ def _state(step: int) -> str:
 
 def run_demo() -> int:
     """Play the scenario; returns the first non-zero exit code, or 0."""
-    run_id = f"dist-JPCP-2x4-fsdp-demo-{datetime.now(UTC):%Y%m%d-%H%M%S}"
-    launch = ("launch", "JPCP", "--nodes", "2", "--gpus-per-node", "4", "--strategy", "fsdp",
-              "--nodelist", "node[07-08]", "--dataset-revision", "A1-rev-42", "--checkpoint-every", "10min",
-              "--run-id", run_id)  # fmt: skip
-    steps: list[tuple[str, ...]] = [
-        launch,
+    run_id = _launch("launch", "JPCP", "--nodes", "2", "--gpus-per-node", "4", "--strategy", "fsdp",
+                     "--nodelist", "node[07-08]", "--dataset-revision", "A1-rev-42", "--checkpoint-every", "10min")  # fmt: skip
+    if run_id is None:
+        return 1
+    code = _play(
         ("checkpoint", run_id, "--step", "500", "--epoch", "2", "--shards", "8", "--state", _state(500)),
         ("checkpoint", run_id, "--step", "1000", "--epoch", "5", "--shards", "8", "--state", _state(1000)),
         ("fail", run_id, "--reason", "preempted"),
-    ]
-    for argv in steps:
-        if code := _ftrain(*argv):
-            return code
+    )
+    if code:
+        return code
     victim = checkpoint_path(checkpoint_storage(os.environ), run_id, 1000) / "state.json"
     data = bytearray(victim.read_bytes())
     data[len(data) // 2] ^= 0x01
     victim.write_bytes(bytes(data))
     print(f"\n# flipped one bit of {victim} (silent corruption on the shared FS)", flush=True)
-    for argv in (
+    return _play(
         ("resume", run_id),
         ("checkpoint", run_id, "--step", "1500", "--epoch", "7", "--shards", "8", "--state", _state(1500)),
         ("complete", run_id),
         ("status", run_id),
         ("audit", "verify", run_id),
-    ):
+    )
+
+
+def _play(*commands: tuple[str, ...]) -> int:
+    """Run commands in order; the first non-zero exit code stops the scenario."""
+    for argv in commands:
         if code := _ftrain(*argv):
             return code
-    sys.stdout.flush()
     return 0
