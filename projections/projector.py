@@ -70,9 +70,10 @@ class Projector:
         applied = 0
         while True:
             start = await self.model.last_seq()
-            done = await self._apply_from(start)
-            if done is not None:
-                return applied + done
+            count, complete = await self._apply_from(start)
+            applied += count
+            if complete:
+                return applied
             log.debug("readmodel_raced", last_seq=start)  # another process applied first: resume after it
 
     async def rebuild(self) -> int:
@@ -80,32 +81,35 @@ class Projector:
         await self.model.reset(self.stream_id)
         return await self.catch_up()
 
-    async def _apply_from(self, start: int) -> int | None:
-        """Apply from `start`; None if another process got there first. Folding batch N+1 overlaps
-        committing batch N (SQLite works in its own thread); the fold reads the cached states, which
-        already include batch N."""
+    async def _apply_from(self, start: int) -> tuple[int, bool]:
+        """Apply from `start`: how many records this process applied, and False if another process got
+        ahead of it. Folding batch N+1 overlaps committing batch N (SQLite works in its own thread); the
+        fold reads the cached states, which already include batch N."""
         if self._cache_at != start:
             self._states, self._broken, self._cache_at = {}, set(), start
-        applied, last = 0, start
+        applied, last, pending = 0, start, 0
         in_flight: asyncio.Future[bool] | None = None
         findings: list[Finding] = []
         try:
             async for records in self.store.read(start + 1):
                 batch = await self._fold_batch(records)
-                if in_flight is not None and not await self._landed(in_flight, findings):
-                    return None
+                if in_flight is not None:
+                    if not await self._landed(in_flight, findings):
+                        return applied, False
+                    applied += pending
                 in_flight = asyncio.ensure_future(self.model.commit(last, records[-1].stream_seq, batch))
-                findings = list(batch.broken.values())
+                findings, pending = list(batch.broken.values()), len(records)
                 last = self._cache_at = records[-1].stream_seq
                 self._states.update(batch.runs)
                 self._broken.update(batch.broken)
-                applied += len(records)
-            if in_flight is not None and not await self._landed(in_flight, findings):
-                return None
+            if in_flight is not None:
+                if not await self._landed(in_flight, findings):
+                    return applied, False
+                applied += pending
         finally:
             if in_flight is not None and not in_flight.done():
                 await asyncio.wait([in_flight])  # let a valid commit finish even if reading failed
-        return applied
+        return applied, True
 
     async def _landed(self, commit: "asyncio.Future[bool]", findings: list[Finding]) -> bool:
         """Whether a batch committed; its chain breaks are logged only then (a refused batch is re-checked)."""
