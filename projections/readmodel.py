@@ -44,6 +44,7 @@ OPEN_ATTEMPTS = 10
 log = structlog.get_logger(__name__)
 
 _state_decoder = msgspec.json.Decoder(RunState)
+_rows_decoder = msgspec.json.Decoder(list[list[Any]])
 _encoder = msgspec.json.Encoder()
 
 
@@ -86,17 +87,19 @@ def _encode_state(state: RunState) -> bytes:
 
 
 def _checkpoint_ref(row: Sequence[Any]) -> CheckpointRef:
+    """A checkpoint from (seq, step, epoch, shards, uri, checkpoint_hash, size_bytes, status, reason, time)."""
+    seq, step, epoch, shards, uri, checkpoint_hash, size_bytes, status, reason, time_text = row
     return CheckpointRef(
-        seq=row[1],
-        step=row[2],
-        epoch=row[3],
-        shards=row[4],
-        uri=row[5],
-        checkpoint_hash=row[6],
-        size_bytes=row[7],
-        status=row[8],
-        reason=row[9],
-        time=datetime.fromisoformat(row[10]),
+        seq=seq,
+        step=step,
+        epoch=epoch,
+        shards=shards,
+        uri=uri,
+        checkpoint_hash=checkpoint_hash,
+        size_bytes=size_bytes,
+        status=status,
+        reason=reason,
+        time=datetime.fromisoformat(time_text),
     )
 
 
@@ -232,18 +235,20 @@ class ReadModel:
         return sorted((await self._states(where, args)).values(), key=lambda s: s.run_id)
 
     async def _states(self, where: str, args: Sequence[Any]) -> dict[str, RunState]:
-        """Run states matching `where` on the runs table, each with its checkpoints in log order."""
-        rows = await self._fetch(f"SELECT run_id, state FROM runs {where}", args)
-        refs: dict[str, list[CheckpointRef]] = {str(r[0]): [] for r in rows}
-        query = f"SELECT * FROM checkpoints WHERE run_id IN (SELECT run_id FROM runs {where}) ORDER BY run_id, seq"
-        for row in await self._fetch(query, args):
-            refs[row[0]].append(_checkpoint_ref(row))
-        return {
-            str(r[0]): msgspec.structs.replace(
-                _state_decoder.decode(r[1]), checkpoints=tuple(refs[str(r[0])])
-            )
-            for r in rows
-        }
+        """Run states matching `where` on the runs table, each with its checkpoints in log order.
+
+        One statement, so one snapshot: another process may commit between two separate reads."""
+        query = (
+            "SELECT r.state, (SELECT json_group_array(json_array(c.seq, c.step, c.epoch, c.shards, c.uri, "
+            "c.checkpoint_hash, c.size_bytes, c.status, c.reason, c.time)) FROM "
+            f"(SELECT * FROM checkpoints WHERE run_id = r.run_id ORDER BY seq) AS c) FROM runs AS r {where}"
+        )
+        states = {}
+        for blob, refs in await self._fetch(query, args):
+            state = _state_decoder.decode(blob)
+            checkpoints = tuple(_checkpoint_ref(row) for row in _rows_decoder.decode(refs))
+            states[state.run_id] = msgspec.structs.replace(state, checkpoints=checkpoints)
+        return states
 
     async def taken(self, run_id: str) -> bool:
         """Whether any event, accepted or not, was ever stored for `run_id`."""
