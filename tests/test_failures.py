@@ -719,3 +719,19 @@ async def test_a_retried_append_whose_first_try_landed_is_stored_once(
     assert (report.ok, report.events, report.runs) == (True, 4, 1)
     state = await app.run(run)
     assert (state.status, state.resume_count, state.failures, state.head) == ("running", 1, 1, resumed.head)
+
+
+async def test_an_event_filed_under_a_subject_ftrain_never_writes_is_reported(
+    app: Ftrain, env: dict[str, str], server: ServerProcess
+) -> None:
+    await launch(app, "good")
+    history = await stored(app, "good")
+    payload = encode_event(msgspec.structs.replace(history[0][1], seq=2, prev_hash=history[0][2]))
+    forged, _ = seal(payload, history[0][2])
+    await raw_publish(server.url, "ftrain.run.good.extra.failed", forged)
+    audit = await cli(env, "audit", "verify")
+    assert audit.returncode == 1
+    assert (
+        "BROKEN run good.extra: seq 2 (failed, stream seq 2): stored under run 'good.extra'" in audit.stdout
+    )
+    assert (await cli(env, "audit", "verify", "good")).returncode == 0  # the real run is intact
