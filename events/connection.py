@@ -87,11 +87,6 @@ def _connect_options(settings: NatsSettings) -> dict[str, Any]:
     return options
 
 
-async def _quiet_error(exc: Exception) -> None:
-    """Without an error callback nats-py prints a traceback per reconnect attempt."""
-    log.debug("nats_error", error=f"{type(exc).__name__}: {exc}")
-
-
 @asynccontextmanager
 async def open_store(
     settings: NatsSettings,
@@ -102,6 +97,14 @@ async def open_store(
 ) -> AsyncIterator[EventStore]:
     """A connected EventStore whose stream exists; raises LogUnavailable when no server answers."""
     urls = server_urls(settings)
+    errors: list[Exception] = []
+
+    async def remember(exc: Exception) -> None:
+        """Keep the client's errors (auth refusals, TLS failures) for the message; without an error callback
+        nats-py prints a traceback per reconnect attempt."""
+        errors.append(exc)
+        log.debug("nats_error", error=f"{type(exc).__name__}: {exc}")
+
     try:
         nc = Nats()
         await asyncio.wait_for(
@@ -111,13 +114,13 @@ async def open_store(
                 max_reconnect_attempts=-1,
                 reconnect_time_wait=1,
                 allow_reconnect=True,
-                error_cb=_quiet_error,
+                error_cb=remember,
                 **_connect_options(settings),
             ),
             timeout=connect_deadline,
         )
     except (OSError, nats.errors.Error, TimeoutError) as exc:
-        reason = str(exc) or f"no answer within {connect_deadline:g} s"
+        reason = str(exc) or (str(errors[-1]) if errors else f"no answer within {connect_deadline:g} s")
         raise LogUnavailable(f"event log unreachable at {','.join(urls)}: {reason}") from exc
     try:
         yield EventStore(nc, replicas=settings.replicas, deadline=deadline)

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import free_port, ftrain_process, start_configured_server
+from tests.nats_operator import operator_setup
 
 
 @pytest.fixture
@@ -54,6 +55,7 @@ def test_user_password_and_token(tmp_path: Path, servers: list[subprocess.Popen[
     denied = ftrain_process(["list"], {**env, "FTRAIN_NATS_USER": "trainer", "FTRAIN_NATS_PASSWORD": "wrong"})
     assert denied.returncode == 1
     assert denied.stderr.startswith("ftrain list: event log unreachable at nats://127.0.0.1:")
+    assert "Authorization Violation" in denied.stderr
     assert denied.stderr.count("\n") == 1
 
     token_port = free_port()
@@ -61,6 +63,19 @@ def test_user_password_and_token(tmp_path: Path, servers: list[subprocess.Popen[
     config += 'authorization { token: "t0ken" }\n'
     servers.append(start_configured_server(tmp_path / "srv2", config, token_port))
     scenario({**base_env(tmp_path / "t", f"nats://127.0.0.1:{token_port}"), "FTRAIN_NATS_TOKEN": "t0ken"})
+
+
+def test_creds_file_on_an_operator_mode_server(
+    tmp_path: Path, servers: list[subprocess.Popen[bytes]]
+) -> None:
+    port = free_port()
+    config, creds = operator_setup(tmp_path / "srv", port)
+    servers.append(start_configured_server(tmp_path / "srv", config, port))
+    env = base_env(tmp_path, f"nats://127.0.0.1:{port}")
+    scenario({**env, "FTRAIN_NATS_CREDS": str(creds)})
+    anonymous = ftrain_process(["list"], env)
+    assert anonymous.returncode == 1
+    assert "event log unreachable" in anonymous.stderr and "Authorization Violation" in anonymous.stderr
 
 
 def make_certificates(directory: Path) -> tuple[Path, Path, Path]:
