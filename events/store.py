@@ -17,13 +17,12 @@ from typing import Any, TypeVar
 import msgspec
 import nats.errors
 import structlog
-from nats.aio.client import Client as NATS
-from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import StorageType, StreamConfig
 from nats.js.errors import BadRequestError, NotFoundError, ServiceUnavailableError
 
 from events.chain import ChainHead, seal, unseal
+from events.nats_client import Nats, header_value, is_status
 from events.run_id import validate_run_id
 from events.schema import Actor, AnyEvent, decode_event, encode_event, event_type, now
 
@@ -123,7 +122,7 @@ class EventStore:
 
     def __init__(
         self,
-        nc: NATS,
+        nc: Nats,
         *,
         stream: str = STREAM,
         replicas: int = 1,
@@ -258,25 +257,25 @@ class EventStore:
         records: list[StoredRecord] = []
         done = asyncio.get_running_loop().create_future()
 
-        async def on_msg(msg: Msg) -> None:
-            hdrs = msg.headers or {}
-            if "Status" in hdrs or not hdrs.get("Nats-Sequence"):
+        def on_msg(headers: bytes | None, data: bytes) -> None:
+            if headers is None or is_status(headers):  # 204 end of batch, 404 nothing (more) to read
                 if not done.done():
                     done.set_result(None)
                 return
-            run_id, event_type = parse_subject(hdrs.get("Nats-Subject", ""))
-            records.append(StoredRecord(int(hdrs["Nats-Sequence"]), run_id, event_type, msg.data))
+            stream_seq = header_value(headers, b"Nats-Sequence")
+            run_id, event_type = parse_subject((header_value(headers, b"Nats-Subject") or b"").decode())
+            records.append(StoredRecord(int(stream_seq or 0), run_id, event_type, data))
 
         request: dict[str, Any] = {"seq": seq, "batch": batch}
         if subject:
             request["next_by_subj"] = subject
         inbox = self._nc.new_inbox()
-        sub = await self._nc.subscribe(inbox, cb=on_msg)
+        sub = await self._nc.raw_subscribe(inbox, on_msg)
         try:
             await self._nc.publish(
                 f"$JS.API.DIRECT.GET.{self.stream}", msgspec.json.encode(request), reply=inbox
             )
             await asyncio.wait_for(done, self._timeout * 5)
         finally:
-            await sub.unsubscribe()
+            await self._nc.raw_unsubscribe(sub)
         return records

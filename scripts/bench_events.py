@@ -43,11 +43,10 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import msgspec
-import nats
-from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
 from events.chain import ChainHead, seal
+from events.nats_client import Nats
 from events.nats_server import nats_server_binary, throwaway_server
 from events.schema import (
     Actor,
@@ -687,7 +686,8 @@ async def bench(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             "FTRAIN_NATS_URL": server.url,
             "FTRAIN_STORAGE": str(tmp / "ckpt"),
         }
-        nc: NATS = await nats.connect(server.url)
+        nc = Nats()
+        await nc.connect(server.url)
         try:
             store = EventStore(nc, actor=process_actor())
             await store.ensure_stream()

@@ -31,3 +31,15 @@ def test_same_result_as_nats_py_for_any_lines(lines: list[bytes]) -> None:
 
 def test_the_client_uses_it() -> None:
     assert Nats._parse_header_lines is parse_header_lines
+
+
+def test_raw_header_helpers_take_the_servers_value() -> None:
+    from events.nats_client import header_value, is_status
+
+    block = b"NATS/1.0\r\nNats-Sequence: 999\r\nX: 1\r\nNats-Sequence: 42\r\nNats-Subject: a.b\r\n\r\n"
+    assert header_value(block, b"Nats-Sequence") == b"42"
+    assert header_value(block, b"Nats-Subject") == b"a.b"
+    assert header_value(block, b"Missing") is None
+    assert is_status(b"NATS/1.0 204 EOB\r\nNats-Num-Pending: 0\r\n\r\n")
+    assert is_status(None)
+    assert not is_status(block)

@@ -2,10 +2,10 @@
 
 import asyncio
 
-import nats
 import pytest
 
 from events.chain import GENESIS, ChainHead
+from events.nats_client import Nats
 from events.nats_server import ServerProcess
 from events.store import STREAM, AppendConflict, EventStore, parse_subject, run_subject
 from tests.builders import checkpointed, launched
@@ -13,7 +13,8 @@ from tests.builders import checkpointed, launched
 
 @pytest.fixture
 async def store(server: ServerProcess) -> EventStore:
-    nc = await nats.connect(server.url)
+    nc = Nats()
+    await nc.connect(server.url)
     event_store = EventStore(nc)
     await event_store.ensure_stream()
     yield event_store
@@ -100,3 +101,16 @@ async def test_an_invalid_run_id_is_never_published(store: EventStore) -> None:
         with pytest.raises(InvalidRunId):
             await store.append(launched(bad), ChainHead())
     assert await store.last_seq() == 0
+
+
+async def test_stored_headers_cannot_impersonate_the_servers(store: EventStore) -> None:
+    head = (await store.append(launched("r1"), ChainHead())).head
+    spoof = {"Nats-Subject": "ftrain.run.r1.checkpointed", "Nats-Sequence": "1"}
+    await store._js.publish("ftrain.run.intruder.failed", b'{"type":"failed"}', headers=spoof)
+    await store.append(checkpointed("r1", 10), head)
+    records = [r async for b in store.read(1) for r in b]
+    assert [(r.stream_seq, r.run_id, r.event_type) for r in records] == [
+        (1, "r1", "launched"),
+        (2, "intruder", "failed"),
+        (3, "r1", "checkpointed"),
+    ]
