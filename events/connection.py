@@ -1,6 +1,7 @@
 """Where the log lives: the embedded nats-server by default, or the server or cluster in FTRAIN_NATS_URL."""
 
 import asyncio
+import contextlib
 import os
 import ssl
 from collections.abc import AsyncIterator, Mapping
@@ -87,6 +88,14 @@ def _connect_options(settings: NatsSettings) -> dict[str, Any]:
     return options
 
 
+def _refusal(errors: list[Exception]) -> str | None:
+    """A definitive refusal among the client's errors (bad credentials, an untrusted certificate), if any:
+    retrying cannot help, and it says more than the connection reset that follows it."""
+    definitive = (nats.errors.AuthorizationError, ssl.SSLCertVerificationError)
+    refused = (e for e in errors if isinstance(e, definitive) or "Authorization Violation" in str(e))
+    return next((str(e) for e in refused), None)
+
+
 @asynccontextmanager
 async def open_store(
     settings: NatsSettings,
@@ -98,30 +107,43 @@ async def open_store(
     """A connected EventStore whose stream exists; raises LogUnavailable when no server answers."""
     urls = server_urls(settings)
     errors: list[Exception] = []
+    refused = asyncio.Event()
 
     async def remember(exc: Exception) -> None:
-        """Keep the client's errors (auth refusals, TLS failures) for the message; without an error callback
-        nats-py prints a traceback per reconnect attempt."""
+        """Keep the client's errors for the message (without an error callback nats-py prints a traceback
+        per reconnect attempt); a refusal (bad credentials) ends the attempt at once."""
         errors.append(exc)
         log.debug("nats_error", error=f"{type(exc).__name__}: {exc}")
+        if _refusal([exc]):
+            refused.set()
 
-    try:
-        nc = Nats()
-        await asyncio.wait_for(
-            nc.connect(
-                servers=urls,
-                connect_timeout=connect_timeout,
-                max_reconnect_attempts=-1,
-                reconnect_time_wait=1,
-                allow_reconnect=True,
-                error_cb=remember,
-                **_connect_options(settings),
-            ),
-            timeout=connect_deadline,
+    nc = Nats()
+    connecting = asyncio.ensure_future(
+        nc.connect(
+            servers=urls,
+            connect_timeout=connect_timeout,
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=1,
+            allow_reconnect=True,
+            error_cb=remember,
+            **_connect_options(settings),
         )
-    except (OSError, nats.errors.Error, TimeoutError) as exc:
-        reason = str(exc) or (str(errors[-1]) if errors else f"no answer within {connect_deadline:g} s")
-        raise LogUnavailable(f"event log unreachable at {','.join(urls)}: {reason}") from exc
+    )
+    watching = asyncio.ensure_future(refused.wait())
+    await asyncio.wait({connecting, watching}, timeout=connect_deadline, return_when=asyncio.FIRST_COMPLETED)
+    watching.cancel()
+    failure = connecting.exception() if connecting.done() and not connecting.cancelled() else None
+    if not connecting.done() or failure is not None:
+        connecting.cancel()
+        await asyncio.gather(connecting, return_exceptions=True)
+        with contextlib.suppress(Exception):
+            await nc.close()
+        reason = (
+            _refusal(errors)
+            or (str(failure) if failure else "")
+            or (str(errors[-1]) if errors else f"no answer within {connect_deadline:g} s")
+        )
+        raise LogUnavailable(f"event log unreachable at {','.join(urls)}: {reason}") from failure
     try:
         yield EventStore(nc, replicas=settings.replicas, deadline=deadline)
     finally:

@@ -119,6 +119,7 @@ def test_tls_with_a_private_ca(tmp_path: Path, servers: list[subprocess.Popen[by
     scenario({**env, "FTRAIN_NATS_TLS_CA": str(ca)})
     untrusted = ftrain_process(["list"], env)  # the system trust store does not know this CA
     assert untrusted.returncode == 1 and "event log unreachable" in untrusted.stderr
+    assert "CERTIFICATE_VERIFY_FAILED" in untrusted.stderr, untrusted.stderr
 
 
 def test_three_node_cluster_with_replicated_stream(
