@@ -1,11 +1,10 @@
 """Where the log lives: the embedded nats-server by default, or the server or cluster in FTRAIN_NATS_URL."""
 
 import asyncio
-import contextlib
 import os
 import ssl
 from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -32,11 +31,6 @@ class NatsSettings(msgspec.Struct, frozen=True, kw_only=True):
     tls_cert: str | None = None
     tls_key: str | None = None
     replicas: int = 1
-
-    @property
-    def embedded(self) -> bool:
-        """True when ftrain runs the server itself."""
-        return self.url is None
 
 
 def ftrain_home(env: Mapping[str, str]) -> Path:
@@ -136,7 +130,7 @@ async def open_store(
     if not connecting.done() or failure is not None:
         connecting.cancel()
         await asyncio.gather(connecting, return_exceptions=True)
-        with contextlib.suppress(Exception):
+        with suppress(Exception):
             await nc.close()
         reason = (
             _refusal(errors)
