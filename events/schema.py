@@ -81,7 +81,8 @@ class Failed(Event, frozen=True, kw_only=True, tag="failed"):
 
 
 class Resumed(Event, frozen=True, kw_only=True, tag="resumed"):
-    """The run restarts from the checkpointed event `checkpoint_seq` (its newest valid checkpoint)."""
+    """The run restarts from the checkpointed event `checkpoint_seq` (its newest valid checkpoint), or from
+    step 0 when `checkpoint_seq` is 0: legal only for a run that never recorded a checkpoint."""
 
     checkpoint_seq: int
     step: int

@@ -118,6 +118,9 @@ def check(state: RunState | None, event: AnyEvent) -> None:
 def _check_resume(state: RunState, event: Resumed) -> None:
     if state.status == "running" and not event.forced:
         raise IllegalTransition(f"run {state.run_id} is running; resume follows a failure (or use --force)")
+    if event.checkpoint_seq == 0:
+        _check_restart(state, event)
+        return
     newest = next(iter(state.valid_checkpoints()), None)
     if newest is None or newest.seq != event.checkpoint_seq:
         raise IllegalTransition(
@@ -125,6 +128,19 @@ def _check_resume(state: RunState, event: Resumed) -> None:
         )
     if newest.step != event.step or newest.checkpoint_hash != event.checkpoint_hash:
         raise IllegalTransition(f"resumed event does not match checkpoint seq {event.checkpoint_seq}")
+    if event.resume_count != state.resume_count + 1:
+        raise IllegalTransition(f"resume count must be {state.resume_count + 1}, not {event.resume_count}")
+
+
+def _check_restart(state: RunState, event: Resumed) -> None:
+    """A restart from step 0 (`checkpoint_seq` 0) is legal only for a run that never recorded a checkpoint:
+    once one exists, losing them all must stop the run, never silently start it over."""
+    if state.checkpoints:
+        raise IllegalTransition(
+            f"run {state.run_id} has checkpoints; it resumes from one or not at all, never from step 0"
+        )
+    if event.step != 0 or event.epoch != 0 or event.uri or event.checkpoint_hash:
+        raise IllegalTransition("a restart from step 0 names no checkpoint")
     if event.resume_count != state.resume_count + 1:
         raise IllegalTransition(f"resume count must be {state.resume_count + 1}, not {event.resume_count}")
 
@@ -200,6 +216,21 @@ def resumed_event(state: RunState, ref: CheckpointRef, *, forced: bool) -> Resum
         epoch=ref.epoch,
         uri=ref.uri,
         checkpoint_hash=ref.checkpoint_hash,
+        resume_count=state.resume_count + 1,
+        forced=forced,
+        command=state.launch.command,
+    )
+
+
+def restart_event(state: RunState, *, forced: bool) -> Resumed:
+    """The `resumed` event restarting from step 0 a run that never checkpointed (preempted before its first)."""
+    return Resumed(
+        run_id=state.run_id,
+        checkpoint_seq=0,
+        step=0,
+        epoch=0,
+        uri="",
+        checkpoint_hash="",
         resume_count=state.resume_count + 1,
         forced=forced,
         command=state.launch.command,

@@ -8,7 +8,7 @@ import pytest
 
 from events.chain import ChainHead
 from events.schema import AnyEvent, Checkpointed, Completed, CorruptSkipped, Failed, Launched, Resumed
-from projections.state import IllegalTransition, RunState, apply
+from projections.state import IllegalTransition, RunState, apply, restart_event
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -101,3 +101,21 @@ def test_forced_resume_from_running_and_first_checkpoint_at_step_zero() -> None:
     assert (state.status, state.resume_count, state.step) == ("running", 1, 0)
     with pytest.raises(IllegalTransition, match="does not advance"):
         apply(state, at(ckpt(0), 4, 99), ChainHead())
+
+
+def test_a_run_that_never_checkpointed_restarts_from_step_zero_and_no_other_may() -> None:
+    failed = fold(launched(), Failed(run_id="r", reason="preempted"))
+    restarted = apply(failed, at(restart_event(failed, forced=False), 3, 99), ChainHead())
+    assert (restarted.status, restarted.step, restarted.resume_count) == ("running", 0, 1)
+    assert (
+        fold(launched(), Failed(run_id="r", reason="x"), restart_event(failed, forced=False), ckpt(5)).step
+        == 5
+    )
+
+    lost_all = fold(launched(), ckpt(5), Failed(run_id="r", reason="x"),
+                    CorruptSkipped(run_id="r", checkpoint_seq=2, step=5, uri="u5", reason="hash mismatch"))  # fmt: skip
+    with pytest.raises(IllegalTransition, match="never from step 0"):
+        apply(lost_all, at(restart_event(lost_all, forced=False), 5, 99), ChainHead())
+    naming = msgspec.structs.replace(restart_event(failed, forced=False), uri="u5")
+    with pytest.raises(IllegalTransition, match="names no checkpoint"):
+        apply(failed, at(naming, 3, 99), ChainHead())
