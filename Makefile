@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 $(BIN)/ftrain: pyproject.toml
 	python3 -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[dev,train]'
 	touch $@
 
 demo: $(BIN)/ftrain

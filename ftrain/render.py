@@ -37,7 +37,12 @@ def checkpointed(event: Checkpointed) -> str:
 
 def skipped(event: CorruptSkipped) -> str:
     """One line per checkpoint a resume refused."""
-    return f"checkpoint step {event.step} {event.reason} → skipped"
+    return skipped_line(event.step, event.reason)
+
+
+def skipped_line(step: int, reason: str) -> str:
+    """The line for a checkpoint refused at resume, from the CLI or from a trainer."""
+    return f"checkpoint step {step} {reason} → skipped"
 
 
 def resumed(event: Resumed) -> list[str]:

@@ -52,6 +52,7 @@ from workers.checkpoint_dir import (
     verify_checkpoint,
     write_checkpoint,
 )
+from workers.outbox import completed_event
 
 CONFLICT_RETRIES = 20
 log = structlog.get_logger(__name__)
@@ -289,20 +290,20 @@ class Ftrain:
         assert isinstance(event, Failed)
         return event
 
+    async def record(self, run_id: str, decide: Callable[[RunState], AnyEvent | None]) -> Appended | None:
+        """Append what `decide` makes of the run's current state; None when it says the state already
+        reflects it. For events wanted long before they are appended (the outbox): deciding happens here,
+        against the state at append time, and the fold still judges."""
+        await self.run(run_id)  # an unknown run is a usage error, a broken log a refusal
+        return await self._append(run_id, lambda state: None if state is None else decide(state))
+
     async def complete(self, run_id: str, *, cost_gpu_hours: float | None) -> Completed:
         """Record completion, with reported GPU-hours or running wall time × GPUs."""
         await self.run(run_id)
 
         def decide(state: RunState | None) -> Completed:
             assert state is not None
-            moment = now()
-            reported = cost_gpu_hours is not None
-            return Completed(
-                run_id=run_id,
-                cost_gpu_hours=cost_gpu_hours if cost_gpu_hours is not None else state.gpu_hours_at(moment),
-                running_seconds=state.running_seconds_at(moment),
-                cost_source="reported" if reported else "wall-time",
-            )
+            return completed_event(state, cost_gpu_hours, now())
 
         event = await self._append_event(run_id, decide)
         assert isinstance(event, Completed)

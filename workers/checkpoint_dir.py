@@ -105,18 +105,24 @@ def write_checkpoint(
             files=tuple(entries),
             extra=extra or {},
         )
-        raw = encode_manifest(manifest)
-        write_file(tmp / MANIFEST, raw)
-        manifest_digest = digest(raw)
-        write_atomic(tmp / MARKER, msgspec.json.encode(Marker(manifest_digest, step)))
-        try:
-            os.rename(tmp, final)
-        except OSError as exc:
-            raise CheckpointExists(f"{final} already exists") from exc
-        fsync_dir(final.parent)
+        return seal_checkpoint(tmp, final, manifest)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def seal_checkpoint(tmp: Path, final: Path, manifest: Manifest) -> WrittenCheckpoint:
+    """Finish an assembled directory whose data files are in place: manifest, marker (atomically, last),
+    then rename it to `final`. The caller removes `tmp` if this raises."""
+    raw = encode_manifest(manifest)
+    write_file(tmp / MANIFEST, raw)
+    manifest_digest = digest(raw)
+    write_atomic(tmp / MARKER, msgspec.json.encode(Marker(manifest_digest, manifest.step)))
+    try:
+        os.rename(tmp, final)
+    except OSError as exc:
+        raise CheckpointExists(f"{final} already exists") from exc
+    fsync_dir(final.parent)
     return WrittenCheckpoint(final, path_uri(final), decode_manifest(raw), manifest_digest)
 
 
@@ -128,8 +134,35 @@ def _write_source(dst: Path, src: bytes | Path, name: str) -> FileEntry:
     return FileEntry(name, size, sha)
 
 
+def complete_steps(run_dir: Path) -> list[int]:
+    """Steps of the checkpoints under `run_dir` that carry a completion marker, newest first (unverified)."""
+    steps = []
+    try:
+        entries = list(os.scandir(run_dir))
+    except FileNotFoundError:
+        return []
+    for entry in entries:
+        name = entry.name
+        if (
+            name.startswith("step-")
+            and name[5:].isdigit()
+            and os.path.exists(os.path.join(entry.path, MARKER))
+        ):
+            steps.append(int(name[5:]))
+    return sorted(steps, reverse=True)
+
+
 def verify_checkpoint(path: Path, expected_digest: str) -> str | None:
     """None when the checkpoint at `path` is valid for `expected_digest`, else why it is not."""
+    manifest = read_manifest(path, expected_digest)
+    if isinstance(manifest, str):
+        return manifest
+    return verify_files(path, manifest.files)
+
+
+def read_manifest(path: Path, expected_digest: str | None) -> Manifest | str:
+    """The checkpoint's manifest if its marker and digest check out (against `expected_digest`, or the
+    marker's own when None: the log is out of reach), else why not. Files are not read."""
     if not path.is_dir():
         return "directory missing"
     try:
@@ -146,16 +179,17 @@ def verify_checkpoint(path: Path, expected_digest: str) -> str | None:
     except (OSError, msgspec.DecodeError, msgspec.ValidationError):
         return "manifest unreadable"
     actual = digest(raw)
-    if actual != expected_digest:
+    if actual != (expected_digest or marker.manifest_sha256):
         return "hash mismatch"
     if marker.manifest_sha256 != actual:
         return "completion marker does not match the manifest"
-    return _verify_files(path, manifest)
+    return manifest
 
 
-def _verify_files(path: Path, manifest: Manifest) -> str | None:
-    results = hash_files([path / f.name for f in manifest.files])
-    for entry, result in zip(manifest.files, results, strict=True):
+def verify_files(path: Path, entries: Sequence[FileEntry]) -> str | None:
+    """None when every listed file under `path` has its size and SHA-256 (hashed in threads), else why not."""
+    results = hash_files([path / f.name for f in entries])
+    for entry, result in zip(entries, results, strict=True):
         if isinstance(result, FileNotFoundError):
             return f"file {entry.name} missing"
         if isinstance(result, OSError):

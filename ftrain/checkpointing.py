@@ -1,0 +1,192 @@
+"""The training-side checkpoint API: `load()` once at start-up, `save(step)` when `due(step)`, `close()` at the end.
+
+Every rank writes its own shards with torch.distributed.checkpoint, hashing them as they are written; rank 0
+gathers the file digests, seals the directory (manifest, then the completion marker, then the rename of
+`.step-N.tmp` to `step-N`) and records `checkpointed` through the durable outbox, so the log never stalls
+training. All checkpoint collectives run on a dedicated gloo group, never on the training group: the async
+pipeline runs them from a background thread, where a training-group collective would deadlock.
+"""
+
+import shutil
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import structlog
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+
+from ftrain.ckpt_config import CheckpointConfig
+from ftrain.faults import fault_point
+from ftrain.recorder import Recorder
+from ftrain.resume import ResumePoint, cleanup_stale, resume
+from ftrain.train_state import TrainState
+from workers.checkpoint_dir import CheckpointExists, checkpoint_path, path_uri, seal_checkpoint
+from workers.dcp_writer import HashingWriter
+from workers.fanout import fan_out
+from workers.manifest import FileEntry, Manifest
+from workers.outbox import CheckpointIntent
+from workers.retention import prune
+from workers.staging import StagingBuffers
+
+log = structlog.get_logger(__name__)
+
+
+class SaveTimes(msgspec.Struct, frozen=True):
+    """What a save cost the training loop: sync write, async stage, and waiting for the previous save."""
+
+    save_seconds: float = 0.0
+    stage_seconds: float = 0.0
+    drain_seconds: float = 0.0
+
+
+def tmp_path(ckpt_dir: Path, step: int) -> Path:
+    """Where the checkpoint of `step` is assembled before its rename to `step-N`."""
+    return ckpt_dir / f".step-{step}.tmp"
+
+
+class CheckpointManager:
+    """Saves and resumes one training job's state; one instance per rank."""
+
+    def __init__(self, config: CheckpointConfig, state: TrainState, recorder: Recorder | None) -> None:
+        self.config = config
+        self.state = state
+        self.recorder = recorder
+        self.rank = dist.get_rank()
+        self.world = dist.get_world_size()
+        self.group = dist.new_group(backend="gloo")
+        self._due_group = dist.new_group(backend="gloo") if config.every_seconds else None
+        self._last_save = time.monotonic()
+        self._buffers = StagingBuffers()
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ftrain-ckpt")
+        self._inflight: Future[None] | None = None
+        self.last_finalized: tuple[int, float] | None = None
+
+    @property
+    def stage_root(self) -> Path:
+        """This rank's node-local staging directory (async saves only)."""
+        assert self.config.stage_dir is not None
+        return self.config.stage_dir / f"rank-{self.rank}"
+
+    # -- start-up ------------------------------------------------------------------------------------------
+
+    def load(self) -> ResumePoint | None:
+        """Clean stale staging, then resume from the newest valid checkpoint (None: a fresh start).
+        Raises NoValidCheckpoint on every rank when checkpoints exist and none is valid."""
+        cleanup_stale(self.config.ckpt_dir, self.stage_root if self.config.async_save else None, self.rank)
+        dist.barrier(group=self.group)
+        return resume(self.config, self.state, self.recorder, self.group)
+
+    # -- saving --------------------------------------------------------------------------------------------
+
+    def due(self, step: int) -> bool:
+        """Whether a save is due after `step`: by interval, or by wall time as rank 0's clock says (every rank
+        makes the same decision, or their collectives would diverge)."""
+        if self.config.save_interval and step % self.config.save_interval == 0:
+            return True
+        if self._due_group is None or self.config.every_seconds is None:
+            return False
+        flag = torch.tensor(
+            [time.monotonic() - self._last_save >= self.config.every_seconds], dtype=torch.uint8
+        )
+        dist.broadcast(flag, src=0, group=self._due_group)
+        return bool(flag.item())
+
+    def save(self, step: int, epoch: int) -> SaveTimes:
+        """Checkpoint the state at `step`: synchronously, or staged and handed to the background pipeline."""
+        self.state.step, self.state.epoch = step, epoch
+        self._last_save = time.monotonic()
+        if not self.config.async_save:
+            start = time.perf_counter()
+            self._save_sync(step, epoch)
+            return SaveTimes(save_seconds=time.perf_counter() - start)
+        drain = self.drain()
+        start = time.perf_counter()
+        staged = self._buffers.stage(self.state.state_dict())
+        stage = time.perf_counter() - start
+        fault_point("stage", step)
+        self._inflight = self._worker.submit(self._save_async, step, epoch, staged)
+        return SaveTimes(stage_seconds=stage, drain_seconds=drain)
+
+    def drain(self) -> float:
+        """Wait for the save in flight (re-raising its error); returns the seconds waited."""
+        if self._inflight is None:
+            return 0.0
+        start = time.perf_counter()
+        try:
+            self._inflight.result()
+        finally:
+            self._inflight = None
+        return time.perf_counter() - start
+
+    def close(self) -> float:
+        """Finish the save in flight and stop the pipeline; returns the seconds waited."""
+        try:
+            return self.drain()
+        finally:
+            self._worker.shutdown(wait=True)
+
+    def _save_sync(self, step: int, epoch: int) -> None:
+        tmp = tmp_path(self.config.ckpt_dir, step)
+        writer = HashingWriter(tmp)
+        dcp_save({"app": self.state}, storage_writer=writer, process_group=self.group)
+        fault_point("write", step)
+        self._finalize(step, epoch, tmp, writer.entries())
+
+    def _save_async(self, step: int, epoch: int, staged: dict[str, Any]) -> None:
+        """The background half: rank-local write to the stage dir, fan-out to durable storage, finalize."""
+        local = self.stage_root / f"step-{step}"
+        shutil.rmtree(local, ignore_errors=True)
+        local.mkdir(parents=True)
+        writer = HashingWriter(local, sync_files=False)
+        dcp_save({"app": staged}, storage_writer=writer, process_group=self.group)
+        entries = writer.entries()
+        fault_point("write", step)
+        fan_out(local, tmp_path(self.config.ckpt_dir, step), entries)
+        local.rmdir()
+        fault_point("fanout", step)
+        self._finalize(step, epoch, tmp_path(self.config.ckpt_dir, step), entries)
+
+    def _finalize(self, step: int, epoch: int, tmp: Path, entries: list[FileEntry]) -> None:
+        """Gather every rank's file digests on rank 0, which seals the checkpoint and records it."""
+        gathered: list[list[FileEntry]] | None = [[] for _ in range(self.world)] if self.rank == 0 else None
+        dist.gather_object(entries, gathered, dst=0, group=self.group)
+        if gathered is None:
+            return
+        fault_point("finalize", step)
+        files = tuple(sorted((e for rank_files in gathered for e in rank_files), key=lambda e: e.name))
+        manifest = Manifest(
+            run_id=self.config.run_id or self.config.ckpt_dir.name,
+            step=step,
+            epoch=epoch,
+            shards=self.world,
+            world_size=self.world,
+            dataset_revision=self.config.dataset_revision,
+            created_at=datetime.now(UTC),
+            files=files,
+            extra={"format": "torch.distributed.checkpoint", "torch": str(torch.__version__)},
+        )
+        final = checkpoint_path(self.config.ckpt_dir.parent, self.config.ckpt_dir.name, step)
+        try:
+            written = seal_checkpoint(tmp, final, manifest)
+        except CheckpointExists:
+            log.error("checkpoint_exists", path=str(final))
+            raise
+        if self.recorder is not None:
+            self.recorder.record(
+                CheckpointIntent(
+                    step=step,
+                    epoch=epoch,
+                    shards=self.world,
+                    uri=path_uri(final),
+                    checkpoint_hash=written.digest,
+                    size_bytes=manifest.size_bytes,
+                )
+            )
+        self.last_finalized = (step, time.time())
+        log.info("checkpoint_finalized", step=step, path=str(final), bytes=manifest.size_bytes)
+        prune(self.config.ckpt_dir, self.config.keep)

@@ -1,0 +1,268 @@
+"""The reference trainer: a small transformer under FSDP2 with ftrain's checkpointing and automatic resume.
+
+    torchrun --nproc-per-node 2 -m ftrain.examples.train --ckpt-dir ./ckpts --save-interval 10 --train-iters 100
+
+Resumes by itself from the newest valid checkpoint (`--no-resume` starts fresh); under `ftrain run` it finds
+its run id and checkpoint directory in FTRAIN_RUN_ID / FTRAIN_CKPT_DIR. At the end rank 0 prints
+`FINAL step=N params_sha256=<hex>`, the SHA-256 of the full unsharded parameters in name order.
+"""
+
+import argparse
+import hashlib
+import os
+import sys
+import time
+from collections.abc import Sequence
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, NoReturn
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+
+from events.run_id import InvalidRunId, validate_run_id
+from ftrain.checkpointing import CheckpointManager, SaveTimes
+from ftrain.ckpt_config import CheckpointConfig
+from ftrain.examples.data import ResumableLoader, synthetic_tokens
+from ftrain.examples.model import MODELS, TinyGPT, parameter_count
+from ftrain.faults import fault_point
+from ftrain.logs import configure as configure_logging
+from ftrain.metrics import MetricsWriter, last_iter, metrics_path, process_start_time
+from ftrain.policy import parse_policy
+from ftrain.recorder import Recorder
+from ftrain.resume import NoValidCheckpoint, ResumeRefused
+from ftrain.train_state import TrainState
+
+META_INIT_AUTO_PARAMS = 6_000_000_000  # the seed's threshold: dense init stays exact for smaller models
+PROCESS_START = process_start_time()
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        _usage(message)
+
+
+def _usage(message: str) -> NoReturn:
+    if os.environ.get("RANK", "0") == "0":
+        print(f"train: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Flags in the seed's spirit; mistakes are one line and exit 2, before anything is written."""
+    p = _Parser(prog="python -m ftrain.examples.train", description=__doc__.split("\n")[0])
+    p.add_argument("--ckpt-dir", type=Path, default=os.environ.get("FTRAIN_CKPT_DIR"))
+    p.add_argument("--run-id", default=os.environ.get("FTRAIN_RUN_ID"))
+    p.add_argument("--save-interval", type=int, default=None, help="save every N steps")
+    p.add_argument(
+        "--checkpoint-every", default=None, help="save every duration (10min, 90s) or count (50steps)"
+    )
+    p.add_argument("--train-iters", type=int, default=100)
+    p.add_argument("--async-ckpt", action="store_true", help="stage to host memory, write and fan out behind")
+    p.add_argument("--ckpt-stage-dir", type=Path, default=None, help="node-local staging (async)")
+    p.add_argument("--no-resume", action="store_true", help="start fresh instead of resuming")
+    p.add_argument("--keep", type=int, default=3, help="complete checkpoints to keep (≥ 2)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--metrics-dir", type=Path, default=None, help="default: <ckpt-dir>/metrics")
+    p.add_argument("--model", choices=sorted(MODELS), default="debug")
+    p.add_argument("--layers", type=int, default=None, help="override the model's layer count")
+    p.add_argument("--dim", type=int, default=None, help="override the model's width")
+    p.add_argument("--meta-init", choices=("auto", "on", "off"), default="auto")
+    p.add_argument("--optimizer", choices=("adamw", "sgd"), default="adamw")
+    p.add_argument("--lr", type=float, default=3e-3)
+    args = p.parse_args(argv)
+    if args.ckpt_dir is None:
+        _usage("--ckpt-dir is required (or FTRAIN_CKPT_DIR)")
+    if args.keep < 2:
+        _usage(f"--keep {args.keep}: keep at least 2 (the newest may be the one that turns out corrupt)")
+    if args.train_iters < 1 or (args.save_interval is not None and args.save_interval < 1):
+        _usage("--train-iters and --save-interval must be ≥ 1")
+    if args.run_id is not None:
+        try:
+            validate_run_id(args.run_id)
+        except InvalidRunId as exc:
+            _usage(str(exc))
+    args.every_seconds = None
+    if args.checkpoint_every:
+        try:
+            policy = parse_policy(args.checkpoint_every)
+        except ValueError as exc:
+            _usage(str(exc))
+        args.every_seconds = policy.seconds
+        args.save_interval = args.save_interval or policy.steps
+    args.ckpt_dir = args.ckpt_dir.expanduser().absolute()
+    if args.ckpt_stage_dir is None:
+        job = (
+            os.environ.get("SLURM_JOB_ID") or os.environ.get("PBS_JOBID") or args.run_id or args.ckpt_dir.name
+        )
+        args.ckpt_stage_dir = Path("/tmp") / f"ftrain-ckpt-{job}"
+    args.metrics_dir = (args.metrics_dir or args.ckpt_dir / "metrics").expanduser().absolute()
+    return args
+
+
+def model_config(args: argparse.Namespace) -> dict[str, int]:
+    """The chosen model size with any overrides."""
+    config = dict(MODELS[args.model])
+    config.update({k: v for k, v in (("layers", args.layers), ("dim", args.dim)) if v is not None})
+    return config
+
+
+def build_model(config: dict[str, int], args: argparse.Namespace, device: torch.device, rank: int) -> TinyGPT:
+    """FSDP2-sharded model; with meta-init only this rank's shard is ever materialized."""
+    meta = args.meta_init == "on" or (
+        args.meta_init == "auto" and parameter_count(config) >= META_INIT_AUTO_PARAMS
+    )
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    dims = {k: config[k] for k in ("vocab", "dim", "layers", "heads", "seq")}
+    with torch.device("meta" if meta else device):
+        model = TinyGPT(**dims)
+    if not meta:
+        model.init_weights(args.seed, rank)
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    if meta:
+        model.to_empty(device=device)
+        model.init_weights(args.seed, rank)
+    return model
+
+
+def params_digest(model: torch.nn.Module) -> str | None:
+    """Rank 0: SHA-256 over the full unsharded parameters, in name order (name, dtype, shape, bytes)."""
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if dist.get_rank() != 0:
+        return None
+    digest = hashlib.sha256()
+    for name in sorted(full):
+        value = full[name]
+        assert isinstance(value, torch.Tensor)
+        tensor = value.detach().contiguous()
+        digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)};".encode())
+        digest.update(tensor.view(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _ckpt_metrics(times: SaveTimes, async_ckpt: bool) -> dict[str, float]:
+    if async_ckpt:
+        return {
+            "train/ckpt_stage_seconds": times.stage_seconds,
+            "train/ckpt_drain_seconds": times.drain_seconds,
+        }
+    return {"train/ckpt_save_seconds": times.save_seconds}
+
+
+def train(args: argparse.Namespace) -> int:
+    """Set up, resume, train to `--train-iters`, checkpointing on schedule; returns the exit code."""
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(minutes=10))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(args.seed)
+    config = model_config(args)
+    model = build_model(config, args, device, rank)
+    optimizer: torch.optim.Optimizer = (
+        torch.optim.AdamW(model.parameters(), lr=args.lr)
+        if args.optimizer == "adamw"
+        else torch.optim.SGD(model.parameters(), lr=args.lr)
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 20))
+    data = synthetic_tokens(4096, config["seq"] + 1, config["vocab"], args.seed)
+    loader = ResumableLoader(data, config["batch"], rank, world, args.seed)
+    state = TrainState(model, optimizer, scheduler, loader, rank)
+    recorder = Recorder(args.run_id) if args.run_id and rank == 0 else None
+    manager = CheckpointManager(
+        CheckpointConfig(
+            ckpt_dir=args.ckpt_dir,
+            run_id=args.run_id,
+            save_interval=args.save_interval,
+            every_seconds=args.every_seconds,
+            async_save=args.async_ckpt,
+            stage_dir=args.ckpt_stage_dir,
+            keep=args.keep,
+            resume=not args.no_resume,
+            dataset_revision=f"synthetic-v1-seed{args.seed}",
+        ),
+        state,
+        recorder,
+    )
+    try:
+        return _loop(args, manager, state, device)
+    except NoValidCheckpoint as exc:
+        _say(rank, f"train: {exc}")
+        return 1
+    except ResumeRefused as exc:
+        _say(rank, f"train: {exc}")
+        return 2
+    finally:
+        manager.close()
+        if recorder is not None:
+            recorder.close()
+        dist.destroy_process_group()
+
+
+def _loop(
+    args: argparse.Namespace, manager: CheckpointManager, state: TrainState, device: torch.device
+) -> int:
+    rank = dist.get_rank()
+    reached = last_iter(metrics_path(args.metrics_dir, rank))
+    point = manager.load()
+    metrics = MetricsWriter(args.metrics_dir, rank)
+    step = point.step if point else 0
+    first_after_resume = point is not None
+    model, loader, optimizer = state.model, state.loader, state.optimizer
+    assert isinstance(loader, ResumableLoader)
+    try:
+        while step < args.train_iters:
+            start = time.perf_counter()
+            inputs, targets = loader.next()
+            loss = model(inputs.to(device), targets.to(device))
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            state.scheduler.step()  # type: ignore[attr-defined]
+            step += 1
+            record: dict[str, Any] = {
+                "train/iter": step,
+                "train/loss": loss.item(),
+                "train/dt": time.perf_counter() - start,
+            }
+            if first_after_resume:
+                assert point is not None
+                record["train/restart_seconds"] = time.time() - PROCESS_START
+                record["train/lost_steps"] = max((reached or point.step) - point.step, 0)
+                first_after_resume = False
+            metrics.write(record)
+            fault_point("step", step)
+            if manager.due(step):
+                times = manager.save(step, loader.epoch)
+                metrics.write({"train/iter": step, **_ckpt_metrics(times, args.async_ckpt)})
+        drain = manager.close()
+        if args.async_ckpt:
+            metrics.write({"train/ckpt_drain_seconds": drain, "final": True})
+    finally:
+        metrics.close()
+    digest = params_digest(model)
+    if digest is not None:
+        print(f"FINAL step={step} params_sha256={digest}", flush=True)
+    return 0
+
+
+def _say(rank: int, line: str) -> None:
+    if rank == 0:
+        print(line, file=sys.stderr, flush=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point for torchrun."""
+    args = parse_args(argv)
+    configure_logging()
+    return train(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

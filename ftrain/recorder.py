@@ -1,0 +1,214 @@
+"""The recorder: trainers and the supervisor record lifecycle transitions without ever waiting on the log.
+
+`record` is a local SQLite commit into the outbox. A daemon thread, with its own event loop and NATS
+connection, appends the run's pending intents in order; while the log is unreachable it backs off and retries
+forever. Nothing the log does reaches the training thread: the log must never stall or kill training.
+"""
+
+import asyncio
+import contextlib
+import fcntl
+import os
+import threading
+import time
+from collections.abc import AsyncIterator, Mapping
+from functools import partial
+from types import TracebackType
+from typing import Self
+
+import msgspec
+import nats.errors
+import structlog
+
+from events.chain import unseal
+from events.nats_server import NatsServerError
+from events.store import LogUnavailable
+from ftrain.errors import Refused, UsageError
+from ftrain.service import Ftrain
+from workers.outbox import Intent, Outbox, decide, outbox_path
+
+PERIOD_S = 1.0
+BACKOFF_MIN_S = 0.5
+BACKOFF_MAX_S = 5.0
+POLL_S = 0.02
+STOP_WAIT_S = 5.0
+UNREACHABLE = (LogUnavailable, NatsServerError, nats.errors.Error, OSError)  # OSError covers TimeoutError
+log = structlog.get_logger(__name__)
+
+
+@contextlib.asynccontextmanager
+async def sole_drainer(outbox: Outbox) -> AsyncIterator[None]:
+    """Hold the outbox file's drain lock. Two drainers of one run (supervisor and trainer share the file)
+    would otherwise race: one could decide a row the other has appended but not yet marked done."""
+    fd = os.open(f"{outbox.path}.drain-lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                await asyncio.sleep(POLL_S)  # never block the loop: the holder may be this process
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+class _EventId(msgspec.Struct):
+    """Just the id of a stored event: enough to recognise our own, whatever its type or version."""
+
+    id: str = ""
+
+
+async def in_log(app: Ftrain, run_id: str, event_id: str) -> bool:
+    """Whether the run's log holds the event with this id."""
+    async for records in app.store.read(1, run_id=run_id):
+        for record in records:
+            parts = unseal(record.payload)
+            with contextlib.suppress(msgspec.DecodeError):  # not ours, whatever it is
+                if parts is not None and msgspec.json.decode(parts[0], type=_EventId).id == event_id:
+                    return True
+    return False
+
+
+async def drain(app: Ftrain, outbox: Outbox, run_id: str) -> int:
+    """Append the run's pending intents, oldest first; returns how many events were appended.
+
+    A row is marked done only once its event is in the log, and rows are appended one at a time, so only the
+    oldest pending row can be in the log already (a crash, or a lost ack, between append and done): it is
+    looked up by id, since re-deciding it against a state that moved on could record it twice. An intent the
+    fold refuses is moved to `rejected`. The log's errors propagate, leaving the rest pending, in order."""
+    appended = 0
+    async with sole_drainer(outbox):
+        rows = outbox.pending(run_id)
+        if rows and await in_log(app, run_id, rows[0].intent_id):
+            outbox.done(rows.pop(0).row_id)
+        for row in rows:
+            try:
+                event = await app.record(
+                    run_id, partial(decide, intent=row.intent, intent_id=row.intent_id, at=row.created_at)
+                )
+            except (Refused, UsageError) as exc:
+                log.error(
+                    "outbox_intent_rejected",
+                    run_id=run_id,
+                    intent_id=row.intent_id,
+                    intent=msgspec.to_builtins(row.intent),
+                    reason=str(exc),
+                )
+                outbox.reject(row.row_id, str(exc))
+                continue
+            outbox.done(row.row_id)
+            appended += event is not None
+    return appended
+
+
+class Recorder:
+    """Records one run's lifecycle intents from training code: durable at once, in the log when it answers."""
+
+    def __init__(self, run_id: str, env: Mapping[str, str] = os.environ) -> None:
+        self.run_id = run_id
+        self._env = dict(env)
+        self._outbox = Outbox(outbox_path(env))
+        self._wake = asyncio.Event()
+        self._stop = threading.Event()
+        self._closing = threading.Lock()
+        self._flushed_at_close: bool | None = None
+        self._loop = asyncio.new_event_loop()
+        self._task = self._loop.create_task(self._serve())
+        self._thread = threading.Thread(target=self._run, name=f"ftrain-recorder-{run_id}", daemon=True)
+        self._thread.start()
+
+    def record(self, intent: Intent) -> str:
+        """Put `intent` in the outbox (committed and fsynced on return) and wake the appender; returns the
+        intent id, which becomes the event's id. Never touches NATS; raises only if the local file fails."""
+        intent_id = self._outbox.put(self.run_id, intent)
+        self._poke()
+        return intent_id
+
+    def flush(self, timeout: float) -> bool:
+        """Wait until no intent of this run is pending (each appended, or refused and set aside): True, or
+        False after `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        self._poke()
+        while self._outbox.pending(self.run_id):
+            if time.monotonic() >= deadline or not self._thread.is_alive():
+                return False
+            time.sleep(POLL_S)
+        return True
+
+    def close(self, timeout: float = 10.0) -> bool:
+        """Flush for up to `timeout` seconds, then stop the appender. Idempotent; returns the flush result.
+        Intents still pending stay in the outbox for the next recorder of the run."""
+        with self._closing:
+            if self._flushed_at_close is None:
+                self._flushed_at_close = self.flush(timeout)
+                self._stop.set()  # asyncio.wait_for (3.11) can swallow a cancel; the flag cannot be missed
+                self._poke()
+                with contextlib.suppress(RuntimeError):  # the loop already stopped
+                    self._loop.call_soon_threadsafe(self._task.cancel)
+                self._thread.join(STOP_WAIT_S)
+                self._outbox.close()
+            return self._flushed_at_close
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def _poke(self) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is closed: the rows wait for the next recorder
+            self._loop.call_soon_threadsafe(self._wake.set)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        with contextlib.suppress(asyncio.CancelledError):
+            self._loop.run_until_complete(self._task)
+        self._loop.run_until_complete(self._loop.shutdown_asyncgens())
+        self._loop.close()
+
+    async def _idle(self) -> None:
+        """Until `record` (or `flush`) wakes us, or PERIOD_S passes: rows of other processes are found too."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(PERIOD_S):
+                await self._wake.wait()
+        self._wake.clear()
+
+    async def _serve(self) -> None:
+        """Drain whenever there is something to append, connecting only then; while that fails, back off
+        (0.5 s doubling to 5 s) and retry, forever. Only `close` ends it."""
+        outbox = Outbox(self._outbox.path)  # this thread's own connection
+        backoff = 0.0  # > 0 while draining fails
+        try:
+            while not self._stop.is_set():
+                await (asyncio.sleep(backoff) if backoff else self._idle())
+                try:
+                    if not outbox.pending(self.run_id):
+                        backoff = 0.0  # another process drained them
+                        continue
+                    async with Ftrain.open(self._env) as app:
+                        while not self._stop.is_set():
+                            await drain(app, outbox, self.run_id)
+                            if backoff:
+                                log.info("event_log_reachable", run_id=self.run_id)
+                                backoff = 0.0
+                            await self._idle()
+                except Exception as exc:
+                    if not backoff:  # once per outage
+                        self._report(exc)
+                    backoff = min(backoff * 2, BACKOFF_MAX_S) if backoff else BACKOFF_MIN_S
+        finally:
+            outbox.close()
+
+    def _report(self, exc: Exception) -> None:
+        if isinstance(exc, UNREACHABLE):
+            log.warning(
+                "event_log_unreachable_intents_kept",
+                run_id=self.run_id,
+                outbox=str(self._outbox.path),
+                error=f"{type(exc).__name__}: {exc}",
+            )
+        else:
+            log.error("outbox_drain_failed", run_id=self.run_id, exc_info=exc)

@@ -1,0 +1,255 @@
+"""Automatic resume at trainer start-up: every rank agrees on one checkpoint, verified by all of them.
+
+Rank 0 lists the candidates, newest first: the checkpoints the log says are valid (after flushing what the
+previous attempt left in the outbox), or, with the log out of reach, the directories whose marker and
+manifest agree. Rank 0 checks a candidate's marker and manifest, each rank hashes the shards it owns
+(threads), and the verdicts are combined, so all ranks fall back together. An invalid checkpoint is recorded
+as `corrupt_skipped` and set aside; when checkpoints exist and none is valid, every rank raises
+NoValidCheckpoint (never a silent fresh start).
+"""
+
+import os
+import re
+import shutil
+import time
+from pathlib import Path
+from typing import TypeVar, cast
+
+import msgspec
+import structlog
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+
+from ftrain.ckpt_config import CheckpointConfig
+from ftrain.errors import Refused, UsageError
+from ftrain.recorder import Recorder
+from ftrain.render import skipped_line
+from ftrain.run_log import read_run
+from ftrain.train_state import TrainState
+from projections.state import RunState
+from workers.checkpoint_dir import (
+    complete_steps,
+    quarantine,
+    read_manifest,
+    uri_path,
+    verify_files,
+)
+from workers.manifest import MARKER, FileEntry, Manifest, decode_marker
+from workers.outbox import FailIntent, ResumeIntent, SkipIntent
+
+FLUSH_TIMEOUT = 15.0
+LOG_TIMEOUT = 15.0
+_SHARD = re.compile(r"__(\d+)_\d+\.distcp$")
+log = structlog.get_logger(__name__)
+T = TypeVar("T")
+
+
+class NoValidCheckpoint(RuntimeError):
+    """Checkpoints exist and none of them verified: the job must stop, not start over."""
+
+
+class ResumeRefused(RuntimeError):
+    """The start-up request contradicts the log (e.g. --no-resume on a run that has checkpoints)."""
+
+
+class ResumePoint(msgspec.Struct, frozen=True):
+    """Where training continues: the checkpoint's step and epoch."""
+
+    step: int
+    epoch: int
+    path: str
+
+
+class Candidate(msgspec.Struct, frozen=True):
+    """A checkpoint to try, with the manifest digest it must have (the log's, or its own marker's)."""
+
+    step: int
+    path: str
+    digest: str | None
+
+
+class Plan(msgspec.Struct, frozen=True):
+    """Rank 0's decision, broadcast to every rank."""
+
+    candidates: list[Candidate]
+    had_checkpoints: bool
+    restart: bool = False
+    refused: str | None = None
+
+
+def cleanup_stale(ckpt_dir: Path, stage_root: Path | None, rank: int) -> None:
+    """Remove what an interrupted save left: `.step-N.tmp` directories (with their `.partial` files) of the
+    run, by rank 0, and each rank's node-local staging directory."""
+    if rank == 0 and ckpt_dir.is_dir():
+        for stale in ckpt_dir.glob(".step-*"):
+            log.info("stale_staging_removed", path=str(stale))
+            shutil.rmtree(stale, ignore_errors=True)
+    if stage_root is not None:
+        shutil.rmtree(stage_root, ignore_errors=True)
+
+
+def resume(
+    config: CheckpointConfig, state: TrainState, recorder: Recorder | None, group: dist.ProcessGroup
+) -> ResumePoint | None:
+    """Load the newest valid checkpoint into `state` on every rank; None when there is none to resume."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    plan = _broadcast(_safe_plan(config, recorder) if rank == 0 else None, group)
+    if plan.refused:
+        raise ResumeRefused(plan.refused)
+    for candidate in plan.candidates:
+        path = Path(candidate.path)
+        header = cast(
+            Manifest | str, _broadcast(read_manifest(path, candidate.digest) if rank == 0 else None, group)
+        )
+        reason = header if isinstance(header, str) else verify_files(path, owned(header.files, rank, world))
+        verdicts: list[str | None] = [None] * world
+        dist.all_gather_object(verdicts, reason, group=group)
+        reason = next((r for r in verdicts if r), None)
+        if reason is None:
+            assert isinstance(header, Manifest)
+            return _load(path, header, candidate, state, recorder, group)
+        if rank == 0:
+            _skip(candidate, reason, recorder)
+    if plan.had_checkpoints:
+        raise NoValidCheckpoint(
+            f"no valid checkpoint among {len(plan.candidates)} candidate(s) in {config.ckpt_dir}; "
+            "refusing to start over"
+        )
+    if plan.restart and recorder is not None:
+        recorder.record(ResumeIntent(checkpoint_hash=None, step=0))
+    return None
+
+
+def owned(files: tuple[FileEntry, ...], rank: int, world: int) -> list[FileEntry]:
+    """The files `rank` verifies: the shards `__<r>_*.distcp` it wrote (r mod world), rank 0 the rest."""
+    mine = []
+    for entry in files:
+        match = _SHARD.search(entry.name)
+        owner = int(match.group(1)) % world if match else 0
+        if owner == rank:
+            mine.append(entry)
+    return mine
+
+
+def _load(
+    path: Path,
+    manifest: Manifest,
+    candidate: Candidate,
+    state: TrainState,
+    recorder: Recorder | None,
+    group: dist.ProcessGroup,
+) -> ResumePoint:
+    same_world = manifest.world_size == dist.get_world_size()
+    if not same_world:
+        log.warning("world_size_changed", saved=manifest.world_size, now=dist.get_world_size())
+    state.restore_rng = same_world  # per-rank RNG streams exist only for the ranks that saved them
+    try:
+        dcp_load({"app": state}, checkpoint_id=path, process_group=group)
+    finally:
+        state.restore_rng = True
+    point = ResumePoint(state.step, state.epoch, str(path))
+    if dist.get_rank() == 0:
+        if recorder is not None:
+            digest = candidate.digest or _marker_digest(path) or ""
+            recorder.record(ResumeIntent(checkpoint_hash=digest, step=point.step))
+        print(f"RESUMED from step={point.step} (epoch={point.epoch})", flush=True)
+    return point
+
+
+def _skip(candidate: Candidate, reason: str, recorder: Recorder | None) -> None:
+    path = Path(candidate.path)
+    digest = candidate.digest or _marker_digest(path) or ""
+    if recorder is not None:
+        recorder.record(SkipIntent(checkpoint_hash=digest, step=candidate.step, reason=reason))
+    try:
+        quarantine(path, f"{int(time.time())}")
+    except OSError as exc:
+        log.warning("quarantine_failed", path=str(path), error=str(exc))
+    print(skipped_line(candidate.step, reason), flush=True)
+
+
+def _safe_plan(config: CheckpointConfig, recorder: Recorder | None) -> Plan:
+    """Rank 0's plan; a refusal travels to every rank (raising here alone would leave the others waiting)."""
+    try:
+        return _plan(config, recorder)
+    except (UsageError, Refused) as exc:
+        return Plan([], False, refused=str(exc))
+
+
+def _plan(config: CheckpointConfig, recorder: Recorder | None) -> Plan:
+    """Rank 0: the candidates, from the log when it answers, else from the directory."""
+    run_dir: Path = config.ckpt_dir
+    state = _run_state(config, recorder)
+    if not config.resume:
+        return _fresh(run_dir, state)
+    if state is None:
+        steps = complete_steps(run_dir)
+        candidates = [
+            Candidate(s, str(run_dir / f"step-{s}"), _marker_digest(run_dir / f"step-{s}")) for s in steps
+        ]
+        return Plan(candidates, bool(candidates))
+    restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    failed = state.status == "failed"
+    if state.status == "running" and restarts > 0 and recorder is not None:
+        recorder.record(
+            FailIntent(
+                reason="exit-code",
+                message=f"torchrun restarted the workers (TORCHELASTIC_RESTART_COUNT={restarts})",
+            )
+        )
+        failed = True
+    _set_aside_unrecorded(run_dir, state)
+    candidates = [
+        Candidate(c.step, str(uri_path(c.uri)), c.checkpoint_hash) for c in state.valid_checkpoints()
+    ]
+    return Plan(candidates, bool(state.checkpoints), restart=failed and not state.checkpoints)
+
+
+def _run_state(config: CheckpointConfig, recorder: Recorder | None) -> RunState | None:
+    if config.run_id is None or recorder is None:
+        return None
+    if not recorder.flush(FLUSH_TIMEOUT):
+        log.warning("outbox_not_flushed", run_id=config.run_id)
+        return None
+    return read_run(config.run_id, os.environ, LOG_TIMEOUT)
+
+
+def _fresh(run_dir: Path, state: RunState | None) -> Plan:
+    """--no-resume: a run the log knows has checkpoints cannot start over; on disk, older checkpoints are
+    renamed `step-N.superseded-<time>` (kept, never deleted) so the fresh run owns the step names."""
+    if state is not None and state.checkpoints:
+        return Plan(
+            [], False, refused=f"run {state.run_id} has checkpoints; --no-resume needs a new --run-id"
+        )
+    stamp = int(time.time())
+    for step in complete_steps(run_dir):
+        path = run_dir / f"step-{step}"
+        path.rename(path.with_name(f"{path.name}.superseded-{stamp}"))
+    return Plan([], False, restart=state is not None and state.status == "failed")
+
+
+def _set_aside_unrecorded(run_dir: Path, state: RunState) -> None:
+    """A complete directory newer than anything the log knows was sealed but never recorded (killed between
+    the rename and the outbox): nothing vouches for it, so it is set aside, not trusted."""
+    known = {uri_path(c.uri) for c in state.checkpoints}
+    newest = max((c.step for c in state.checkpoints), default=-1)
+    for step in complete_steps(run_dir):
+        path = run_dir / f"step-{step}"
+        if step > newest and path not in known:
+            log.warning("unrecorded_checkpoint_set_aside", path=str(path))
+            quarantine(path, f"unrecorded-{int(time.time())}")
+
+
+def _marker_digest(path: Path) -> str | None:
+    try:
+        return decode_marker((path / MARKER).read_bytes()).manifest_sha256
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError):
+        return None
+
+
+def _broadcast(value: T | None, group: dist.ProcessGroup) -> T:
+    """Rank 0's `value` on every rank."""
+    box: list[T | None] = [value]
+    dist.broadcast_object_list(box, src=0, group=group)
+    assert box[0] is not None
+    return box[0]

@@ -1,0 +1,93 @@
+"""Everything that shapes a training trajectory, as one DCP state dict: exact resume needs all of it.
+
+Model and optimizer go through `get_state_dict`/`set_state_dict` (sharded DTensors, no gather); the LR
+scheduler, the data position and the step are replicated; the RNG states (python, numpy, torch, CUDA) differ
+per rank and live under a per-rank key, so each rank saves and restores its own.
+"""
+
+import pickle
+import random
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+from torch import nn
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.stateful import Stateful
+
+
+class Resumable(Protocol):
+    """Anything with a state dict (LR scheduler, data loader)."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None: ...
+
+
+def rng_state() -> dict[str, Any]:
+    """This process's random number generators (python and numpy pickled: DCP stores bytes as they are)."""
+    state: dict[str, Any] = {
+        "python": pickle.dumps(random.getstate()),
+        "numpy": pickle.dumps(np.random.get_state()),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what `rng_state` captured."""
+    random.setstate(pickle.loads(state["python"]))
+    np.random.set_state(pickle.loads(state["numpy"]))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+class TrainState(Stateful):
+    """The full training state of one rank; `step`/`epoch` are the position the state corresponds to."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scheduler: Resumable,
+        loader: Resumable,
+        rank: int,
+    ) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.loader = loader
+        self.rank = rank
+        self.step = 0
+        self.epoch = 0
+        self.restore_rng = True
+
+    def state_dict(self) -> dict[str, Any]:
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        state = {
+            "model": model_sd,
+            "optim": optim_sd,
+            "scheduler": self.scheduler.state_dict(),
+            "loader": self.loader.state_dict(),
+            "progress": {"step": self.step, "epoch": self.epoch},
+        }
+        if self.restore_rng:
+            state[f"rng/{self.rank}"] = rng_state()
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        set_state_dict(
+            self.model,
+            self.optimizer,
+            model_state_dict=state_dict["model"],
+            optim_state_dict=state_dict["optim"],
+        )
+        self.scheduler.load_state_dict(state_dict["scheduler"])
+        self.loader.load_state_dict(state_dict["loader"])
+        self.step = int(state_dict["progress"]["step"])
+        self.epoch = int(state_dict["progress"]["epoch"])
+        if self.restore_rng:
+            set_rng_state(state_dict[f"rng/{self.rank}"])

@@ -1,0 +1,384 @@
+"""The durable local outbox and the recorder: the log must never stall or kill training.
+
+Deciding is pure and tested without a server. The rest runs against a real nats-server that is killed and
+restarted, real SQLite outbox files, and real processes: one that SIGKILLs itself with intents pending, two
+that record into one outbox file at once.
+"""
+
+import asyncio
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from functools import partial
+from pathlib import Path
+
+import msgspec
+import pytest
+import structlog
+
+from events.chain import ChainHead, unseal
+from events.nats_server import ServerProcess, kill_server, restart_server
+from events.schema import (
+    AnyEvent,
+    Checkpointed,
+    Completed,
+    CorruptSkipped,
+    Failed,
+    Launched,
+    Resumed,
+    decode_event,
+)
+from ftrain.recorder import Recorder, drain
+from ftrain.service import Ftrain
+from projections.state import IllegalTransition, RunState, apply, check
+from tests.builders import launched
+from tests.conftest import free_port
+from workers.outbox import (
+    CheckpointIntent,
+    CompleteIntent,
+    FailIntent,
+    Intent,
+    Outbox,
+    ResumeIntent,
+    SkipIntent,
+    decide,
+    outbox_path,
+)
+
+RUN = "run-outbox"
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+AT = T0 + timedelta(hours=1)
+FAST_S = 0.1
+FLUSH_S = 30.0
+UNREACHABLE_WARNING = "event_log_unreachable_intents_kept"
+SECOND_ATTEMPT_S = 6.0  # the first back-off (0.5 s) and another connection attempt (5 s deadline)
+
+
+def ckpt(step: int) -> CheckpointIntent:
+    return CheckpointIntent(step=step, epoch=step // 100, shards=1, uri=f"file:///nowhere/step-{step}",
+                            checkpoint_hash=f"{step:064x}", size_bytes=step)  # fmt: skip
+
+
+def recorded(intent: CheckpointIntent) -> Checkpointed:
+    """The checkpointed event an intent becomes, unstamped, for building states."""
+    fields = msgspec.structs.asdict(intent)
+    return Checkpointed(run_id=RUN, **fields)
+
+
+def fold(*events: AnyEvent) -> RunState:
+    """The state after `events`, the n-th stamped seq n at T0 + n minutes."""
+    state: RunState | None = None
+    for n, event in enumerate(events, start=1):
+        stamped = msgspec.structs.replace(event, seq=n, time=T0 + timedelta(minutes=n))
+        state = apply(state, stamped, ChainHead(n, f"{n:064x}", n))
+    assert state is not None
+    return state
+
+
+def decided(state: RunState, intent: Intent) -> AnyEvent | None:
+    return decide(state, intent, "intent-1", AT)
+
+
+FAILED = Failed(run_id=RUN, reason="preempted")
+
+
+# -- deciding, pure ------------------------------------------------------------------------------------------
+
+
+def test_checkpoint_becomes_checkpointed_stamped_with_the_intent_id_and_time() -> None:
+    state = fold(launched(RUN))
+    event = decided(state, ckpt(100))
+    assert event == msgspec.structs.replace(recorded(ckpt(100)), id="intent-1", time=AT)
+    check(state, event)
+
+
+def test_checkpoint_already_in_the_log_decides_nothing() -> None:
+    assert decided(fold(launched(RUN), recorded(ckpt(100))), ckpt(100)) is None
+
+
+def test_skip_marks_the_valid_checkpoint_with_that_hash_and_only_once() -> None:
+    state = fold(launched(RUN), recorded(ckpt(100)), recorded(ckpt(200)), FAILED)
+    event = decided(
+        state, SkipIntent(checkpoint_hash=ckpt(200).checkpoint_hash, step=200, reason="hash mismatch")
+    )
+    assert isinstance(event, CorruptSkipped)
+    assert (event.checkpoint_seq, event.step, event.reason, event.id) == (3, 200, "hash mismatch", "intent-1")
+    check(state, event)
+    skipped = apply(state, msgspec.structs.replace(event, seq=5), ChainHead(5, "5" * 64, 5))
+    assert (
+        decided(skipped, SkipIntent(checkpoint_hash=ckpt(200).checkpoint_hash, step=200, reason="x")) is None
+    )
+
+
+def test_skip_of_a_checkpoint_the_log_never_recorded_is_refused_by_the_fold() -> None:
+    state = fold(launched(RUN), recorded(ckpt(100)))
+    event = decided(state, SkipIntent(checkpoint_hash="f" * 64, step=300, reason="hash mismatch"))
+    assert event is not None
+    with pytest.raises(IllegalTransition, match="no valid checkpoint"):
+        check(state, event)
+
+
+def test_resume_from_the_newest_valid_checkpoint_after_a_failure_is_not_forced() -> None:
+    state = fold(launched(RUN), recorded(ckpt(100)), recorded(ckpt(200)), FAILED)
+    event = decided(state, ResumeIntent(checkpoint_hash=ckpt(200).checkpoint_hash, step=200))
+    assert isinstance(event, Resumed)
+    assert (event.checkpoint_seq, event.step, event.resume_count, event.forced) == (3, 200, 1, False)
+    assert event.command == state.launch.command
+    check(state, event)
+
+
+def test_resume_while_the_log_says_running_is_forced() -> None:
+    state = fold(launched(RUN), recorded(ckpt(100)))
+    event = decided(state, ResumeIntent(checkpoint_hash=ckpt(100).checkpoint_hash, step=100))
+    assert isinstance(event, Resumed)
+    assert event.forced
+    check(state, event)
+
+
+@pytest.mark.parametrize("checkpoint_hash", [ckpt(100).checkpoint_hash, "e" * 64])
+def test_resume_from_anything_but_the_newest_valid_checkpoint_is_refused_never_redirected(
+    checkpoint_hash: str,
+) -> None:
+    """The trainer loaded `checkpoint_hash` (older, or unknown to the log): the log must not claim it resumed
+    from the newest one instead."""
+    state = fold(launched(RUN), recorded(ckpt(100)), recorded(ckpt(200)), FAILED)
+    event = decided(state, ResumeIntent(checkpoint_hash=checkpoint_hash, step=100))
+    assert isinstance(event, Resumed)
+    assert event.checkpoint_hash == checkpoint_hash
+    with pytest.raises(IllegalTransition):
+        check(state, event)
+
+
+def test_restart_from_step_0_is_legal_only_for_a_run_that_never_checkpointed() -> None:
+    never = fold(launched(RUN), FAILED)
+    event = decided(never, ResumeIntent(checkpoint_hash=None, step=0))
+    assert isinstance(event, Resumed)
+    assert (event.checkpoint_seq, event.step, event.resume_count) == (0, 0, 1)
+    check(never, event)
+    had_one = fold(launched(RUN), recorded(ckpt(100)), FAILED)
+    refused = decided(had_one, ResumeIntent(checkpoint_hash=None, step=0))
+    assert refused is not None
+    with pytest.raises(IllegalTransition, match="never from step 0"):
+        check(had_one, refused)
+
+
+def test_fail_of_a_running_run_and_nothing_for_a_stopped_one() -> None:
+    state = fold(launched(RUN))
+    event = decided(state, FailIntent(reason="oom", exit_code=137, message="killed"))
+    assert event == Failed(run_id=RUN, reason="oom", exit_code=137, message="killed", id="intent-1", time=AT)
+    assert decided(fold(launched(RUN), FAILED), FailIntent(reason="oom")) is None
+
+
+def test_complete_costs_reported_or_wall_time_at_the_intent_time_and_happens_once() -> None:
+    state = fold(launched(RUN))  # running since T0 + 1 min, 1 GPU
+    wall = decided(state, CompleteIntent())
+    assert isinstance(wall, Completed)
+    assert (wall.running_seconds, wall.cost_source) == (59 * 60, "wall-time")
+    assert wall.cost_gpu_hours == pytest.approx(59 / 60)
+    reported = decided(state, CompleteIntent(cost_gpu_hours=12.5))
+    assert isinstance(reported, Completed)
+    assert (reported.cost_gpu_hours, reported.cost_source) == (12.5, "reported")
+    assert decided(fold(launched(RUN), wall), CompleteIntent()) is None
+
+
+# -- the outbox file --------------------------------------------------------------------------------------------
+
+
+def test_outbox_keeps_each_runs_rows_in_order_across_reopening_and_sets_refused_ones_aside(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "outbox.sqlite"
+    first = Outbox(path)
+    a1, _, a2 = first.put("a", ckpt(1)), first.put("b", ckpt(2)), first.put("a", FailIntent(reason="oom"))
+    first.close()
+    outbox = Outbox(path)
+    pending = outbox.pending("a")
+    assert [(row.intent_id, row.intent) for row in pending] == [(a1, ckpt(1)), (a2, FailIntent(reason="oom"))]
+    outbox.reject(pending[0].row_id, "refused: because")
+    outbox.done(outbox.pending("b")[0].row_id)
+    assert [row.intent_id for row in outbox.pending("a")] == [a2]
+    assert outbox.pending("b") == []
+    assert [(r.intent_id, r.intent, r.reason) for r in outbox.rejected("a")] == [
+        (a1, ckpt(1), "refused: because")
+    ]
+    assert outbox.rejected("b") == []
+
+
+def test_a_row_this_version_cannot_read_is_set_aside_not_left_to_block_the_rest(tmp_path: Path) -> None:
+    outbox = Outbox(tmp_path / "outbox.sqlite")
+    db = sqlite3.connect(outbox.path, isolation_level=None)  # as a newer ftrain sharing the file would
+    db.execute("INSERT INTO pending (run_id, intent_id, created_at, body) VALUES ('a', 'x', ?, ?)",
+               (AT.isoformat(), b'{"type":"from-the-future"}'))  # fmt: skip
+    db.close()
+    later = outbox.put("a", ckpt(1))
+    assert [row.intent_id for row in outbox.pending("a")] == [later]
+    (rejected,) = outbox.rejected("a")
+    assert (rejected.intent_id, rejected.intent) == ("x", None)
+    assert rejected.reason.startswith("undecodable intent")
+
+
+# -- against a real server -----------------------------------------------------------------------------------
+
+
+async def launch(app: Ftrain, run_id: str = RUN) -> None:
+    await app.launch(launched, lambda: [run_id])
+
+
+async def run_events(app: Ftrain, run_id: str = RUN) -> list[AnyEvent]:
+    """The run's events as stored, oldest first."""
+    out = []
+    async for records in app.store.read(1, run_id=run_id):
+        for record in records:
+            parts = unseal(record.payload)
+            assert parts is not None
+            out.append(decode_event(parts[0]))
+    return out
+
+
+async def until(condition: Callable[[], bool], limit_s: float = 20.0) -> None:
+    deadline = time.monotonic() + limit_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.05)
+
+
+def kinds(events: list[AnyEvent]) -> list[str]:
+    return [type(e).__name__ for e in events]
+
+
+async def test_with_the_broker_down_record_is_fast_and_the_intents_land_in_order_once_it_is_back(
+    app: Ftrain, env: dict[str, str], server: ServerProcess
+) -> None:
+    await launch(app)
+    kill_server(server)
+    sequence: list[Intent] = [
+        ckpt(100),
+        ckpt(200),
+        FailIntent(reason="preempted"),
+        ResumeIntent(checkpoint_hash=ckpt(200).checkpoint_hash, step=200),
+        ckpt(300),
+        CompleteIntent(),
+    ]
+    with structlog.testing.capture_logs() as logs, Recorder(RUN, env) as recorder:
+        ids = []
+        for intent in sequence:
+            started = time.perf_counter()
+            ids.append(recorder.record(intent))
+            assert time.perf_counter() - started < FAST_S
+        assert not await asyncio.to_thread(recorder.flush, 0.5)
+        await until(lambda: any(e["event"] == UNREACHABLE_WARNING for e in logs))
+        await asyncio.sleep(SECOND_ATTEMPT_S)
+        assert [row.intent_id for row in Outbox(outbox_path(env)).pending(RUN)] == ids  # nothing appended
+        await asyncio.to_thread(restart_server, server)  # same port, same store
+        assert await asyncio.to_thread(recorder.flush, FLUSH_S)
+    assert [e["event"] for e in logs if e["log_level"] == "warning"] == [
+        UNREACHABLE_WARNING
+    ]  # once an outage
+    events = await run_events(app)
+    assert kinds(events) == ["Launched", "Checkpointed", "Checkpointed", "Failed", "Resumed", "Checkpointed",
+                             "Completed"]  # fmt: skip
+    assert [e.id for e in events[1:]] == ids
+    assert (await app.verify(RUN)).ok
+    state = await app.run(RUN)
+    assert (state.status, state.step, state.failures, state.resume_count) == ("completed", 300, 1, 1)
+    assert [c.step for c in state.valid_checkpoints()] == [300, 200, 100]
+    assert state.cost_source == "wall-time"
+
+
+CHILD = """
+import os, signal, sys
+from ftrain.recorder import Recorder
+from workers.outbox import CheckpointIntent, FailIntent
+
+run_id, first, count, then = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+recorder = Recorder(run_id)
+for step in range(first, first + count):
+    recorder.record(CheckpointIntent(step=step, epoch=0, shards=1, uri=f"file:///nowhere/{step}",
+                                     checkpoint_hash=f"{run_id}-{step}", size_bytes=1))
+if then == "die":
+    recorder.record(FailIntent(reason="signal", exit_code=-9))
+    os.kill(os.getpid(), signal.SIGKILL)
+sys.exit(0 if recorder.close(20) else 3)
+"""
+
+
+def child(env: dict[str, str], run_id: str, first: int, count: int, then: str) -> subprocess.Popen[bytes]:
+    """A process recording `count` checkpoints from step `first`, then dying (`die`) or flushing (`flush`)."""
+    return subprocess.Popen(
+        [sys.executable, "-c", CHILD, run_id, str(first), str(count), then], env={**os.environ, **env}
+    )
+
+
+async def test_intents_of_a_killed_process_are_appended_in_order_by_the_next_recorder(
+    app: Ftrain, env: dict[str, str]
+) -> None:
+    await launch(app)
+    nowhere = {**env, "FTRAIN_NATS_URL": f"nats://127.0.0.1:{free_port()}"}  # so it dies with all pending
+    assert await asyncio.to_thread(child(nowhere, RUN, 1, 3, "die").wait) == -9
+    left = Outbox(outbox_path(env)).pending(RUN)
+    assert [type(r.intent).__name__ for r in left] == [*["CheckpointIntent"] * 3, "FailIntent"]
+    with Recorder(RUN, env) as recorder:
+        assert await asyncio.to_thread(recorder.flush, FLUSH_S)
+    events = await run_events(app)
+    assert kinds(events) == ["Launched", *["Checkpointed"] * 3, "Failed"]
+    assert [e.id for e in events[1:]] == [r.intent_id for r in left]
+    assert [e.time for e in events[1:]] == [r.created_at for r in left]  # when it happened, not when appended
+    assert (await app.verify(RUN)).ok
+
+
+async def test_an_intent_appended_but_not_marked_done_is_not_appended_again(
+    app: Ftrain, env: dict[str, str]
+) -> None:
+    """A crash between the append and `done`: the event is in the log, the row still pending."""
+    await launch(app)
+    outbox = Outbox(outbox_path(env))
+    await app.fail(RUN, reason="preempted", exit_code=None)
+    outbox.put(RUN, ResumeIntent(checkpoint_hash=None, step=0))
+    (row,) = outbox.pending(RUN)
+    await app.record(RUN, partial(decide, intent=row.intent, intent_id=row.intent_id, at=row.created_at))
+    await app.fail(
+        RUN, reason="node-failure", exit_code=None
+    )  # another writer: re-deciding would resume again
+    before = await run_events(app)
+    assert await drain(app, outbox, RUN) == 0
+    assert await run_events(app) == before
+    assert outbox.pending(RUN) == []
+    assert (await app.run(RUN)).resume_count == 1
+
+
+async def test_a_resume_the_fold_refuses_is_set_aside_with_its_reason_and_the_rest_still_lands(
+    app: Ftrain, env: dict[str, str]
+) -> None:
+    await launch(app)
+    outbox = Outbox(outbox_path(env))
+    outbox.put(RUN, ckpt(100))
+    outbox.put(RUN, ckpt(200))
+    outbox.put(RUN, FailIntent(reason="preempted"))
+    outbox.put(RUN, ResumeIntent(checkpoint_hash=ckpt(100).checkpoint_hash, step=100))  # not the newest
+    outbox.put(RUN, ResumeIntent(checkpoint_hash=ckpt(200).checkpoint_hash, step=200))
+    assert await drain(app, outbox, RUN) == 4
+    (rejected,) = outbox.rejected(RUN)
+    assert rejected.intent == ResumeIntent(checkpoint_hash=ckpt(100).checkpoint_hash, step=100)
+    assert "newest valid checkpoint" in rejected.reason
+    assert kinds(await run_events(app)) == ["Launched", "Checkpointed", "Checkpointed", "Failed", "Resumed"]
+    assert outbox.pending(RUN) == []
+
+
+async def test_two_processes_recording_into_one_outbox_file_each_keep_their_order(
+    app: Ftrain, env: dict[str, str]
+) -> None:
+    runs = {"run-a": 1, "run-b": 1001}
+    for run_id in runs:
+        await launch(app, run_id)
+    children = [child(env, run_id, first, 10, "flush") for run_id, first in runs.items()]
+    assert [await asyncio.to_thread(c.wait) for c in children] == [0, 0]
+    for run_id, first in runs.items():
+        events = await run_events(app, run_id)
+        assert [e.step for e in events if isinstance(e, Checkpointed)] == list(range(first, first + 10))
+        assert not [e for e in events if not isinstance(e, Launched | Checkpointed)]
+        assert Outbox(outbox_path(env)).pending(run_id) == []
+    assert (await app.verify()).ok

@@ -1,0 +1,125 @@
+"""The reference trainer under real torchrun jobs: SIGKILLs at any moment, corrupt checkpoints, exact resume.
+
+One uninterrupted 30-step run gives the reference digest; every interrupted history must end bit-identical.
+"""
+
+import signal
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from tests.training import final_digest, resumed_step, torchrun
+from workers.checkpoint_dir import complete_steps, read_manifest, verify_checkpoint
+from workers.manifest import MARKER, decode_marker
+
+pytestmark = pytest.mark.timeout(600)
+ITERS = ("--train-iters", "30", "--save-interval", "5")
+KILLED = -signal.SIGKILL
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The digest of an uninterrupted 30-step run."""
+    return final_digest(torchrun(tmp_path_factory.mktemp("reference") / "ckpt", *ITERS))
+
+
+def valid(path: Path) -> bool:
+    """A checkpoint directory that verifies against its own marker."""
+    marker = decode_marker((path / MARKER).read_bytes())
+    return verify_checkpoint(path, marker.manifest_sha256) is None
+
+
+def test_sync_saves_resume_bit_identical_after_a_kill_mid_training_and_one_mid_save(
+    tmp_path: Path, reference: str
+) -> None:
+    ckpt = tmp_path / "ckpt"
+    first = torchrun(ckpt, *ITERS, kill_at="step:12")
+    assert first.returncode == KILLED, first.stderr[-2000:]
+    assert complete_steps(ckpt) == [10, 5] and valid(ckpt / "step-10")
+
+    second = torchrun(ckpt, *ITERS, kill_at="write:20")
+    assert second.returncode == KILLED and resumed_step(second) == 10
+    assert (ckpt / ".step-20.tmp").is_dir(), "the kill landed inside the save"
+    assert complete_steps(ckpt) == [15, 10, 5] and valid(ckpt / "step-15")
+
+    third = torchrun(ckpt, *ITERS)
+    assert resumed_step(third) == 15
+    assert final_digest(third) == reference
+    assert not (ckpt / ".step-20.tmp").exists(), "stale staging is removed at start-up"
+    assert complete_steps(ckpt) == [30, 25, 20], "--keep 3"
+
+    records = [msgspec.json.decode(line) for line in (ckpt / "metrics" / "metrics-0.jsonl").read_bytes().splitlines()]
+    restarts = [r for r in records if "train/restart_seconds" in r]
+    assert [r["train/iter"] for r in restarts] == [11, 16]
+    assert [r["train/lost_steps"] for r in restarts] == [2, 5]  # reached 12 (resumed at 10), 20 (at 15)
+    assert all(0 < r["train/restart_seconds"] < 120 for r in restarts)
+    saves = [r["train/iter"] for r in records if r.get("train/ckpt_save_seconds", 0) > 0]
+    assert saves == [5, 10, 15, 20, 25, 30]
+
+
+def test_async_saves_resume_bit_identical_after_kills_in_every_phase_of_the_pipeline(
+    tmp_path: Path, reference: str
+) -> None:
+    ckpt, stage = tmp_path / "ckpt", tmp_path / "stage"
+    flags = (*ITERS, "--async-ckpt", "--ckpt-stage-dir", str(stage))
+
+    history = []
+    for kill_at, resumed, complete_after in (
+        ("fanout:10", None, [5]),  # copied to durable storage, not finalized: not a checkpoint
+        ("finalize:20", 5, [15, 10, 5]),
+        ("stage:25", 15, [20, 15, 10]),
+    ):
+        result = torchrun(ckpt, *flags, kill_at=kill_at)
+        history.append(result)
+        assert result.returncode == KILLED, result.stderr[-2000:]
+        assert resumed_step(result) == resumed, kill_at
+        assert complete_steps(ckpt) == complete_after, kill_at
+        assert valid(ckpt / f"step-{complete_after[0]}"), "the previous complete checkpoint is untouched"
+
+    last = torchrun(ckpt, *flags)
+    assert resumed_step(last) == 20
+    assert final_digest(last) == reference
+    assert not list(stage.glob("rank-*/step-*")), "staged copies are dropped once fanned out"
+    records = [msgspec.json.decode(line) for line in (ckpt / "metrics" / "metrics-0.jsonl").read_bytes().splitlines()]
+    assert any("train/ckpt_stage_seconds" in r and "train/ckpt_drain_seconds" in r for r in records)
+
+
+def test_corrupt_checkpoints_are_skipped_together_and_none_valid_exits_1(tmp_path: Path, reference: str) -> None:
+    ckpt = tmp_path / "ckpt"
+    flags = (*ITERS, "--keep", "4")
+    final_digest(torchrun(ckpt, *flags))
+    assert complete_steps(ckpt) == [30, 25, 20, 15]
+
+    flip(ckpt / "step-30" / "__1_0.distcp")  # only rank 1 reads it: the verdict must still be everyone's
+    with (ckpt / "step-25" / "__0_0.distcp").open("r+b") as f:
+        f.truncate(100)
+    (ckpt / "step-20" / ".metadata").unlink()
+    second = torchrun(ckpt, *flags)
+    assert second.stdout.count("→ skipped") == 3
+    assert "checkpoint step 30 file __1_0.distcp hash mismatch → skipped" in second.stdout
+    assert "checkpoint step 25 file __0_0.distcp is 100 bytes" in second.stdout
+    assert "checkpoint step 20 file .metadata missing → skipped" in second.stdout
+    assert resumed_step(second) == 15
+    assert final_digest(second) == reference
+    assert len(list(ckpt.glob("step-*.corrupt-*"))) == 3, "skipped checkpoints are set aside, not deleted"
+
+    steps = complete_steps(ckpt)
+    (ckpt / f"step-{steps[0]}" / MARKER).unlink()
+    for step in steps[1:]:
+        manifest = read_manifest(ckpt / f"step-{step}", None)
+        assert not isinstance(manifest, str)
+        flip(ckpt / f"step-{step}" / manifest.files[-1].name)
+    before = sorted(p.name for p in ckpt.iterdir())
+    third = torchrun(ckpt, *flags)
+    assert third.returncode != 0 and "FINAL" not in third.stdout
+    assert "no valid checkpoint among 3 candidate(s)" in third.stderr
+    assert "RESUMED" not in third.stdout
+    assert not [p for p in sorted(q.name for q in ckpt.iterdir()) if p not in before and "corrupt" not in p]
+
+
+def flip(path: Path) -> None:
+    """Flip one byte in the middle of a file."""
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))

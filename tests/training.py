@@ -1,0 +1,49 @@
+"""Running the reference trainer under a real torchrun (CPU, gloo) from tests, in its own process group so a
+`FTRAIN_KILL_AT` SIGKILL takes down the whole job and nothing else."""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import free_port
+
+FINAL = re.compile(r"FINAL step=(\d+) params_sha256=([0-9a-f]{64})")
+RESUMED = re.compile(r"RESUMED from step=(\d+) \(epoch=(\d+)\)")
+
+
+def torchrun(
+    ckpt_dir: Path,
+    *args: str,
+    kill_at: str | None = None,
+    env: dict[str, str] | None = None,
+    nproc: int = 2,
+    timeout: float = 180,
+) -> subprocess.CompletedProcess[str]:
+    """One job of the reference trainer (debug model), waiting for it to end."""
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
+        "-m", "ftrain.examples.train", "--ckpt-dir", str(ckpt_dir), *args,
+    ]  # fmt: skip
+    child_env = {**os.environ, **(env or {}), "OMP_NUM_THREADS": "1"}
+    child_env.pop("FTRAIN_KILL_AT", None)
+    if kill_at:
+        child_env["FTRAIN_KILL_AT"] = kill_at
+    return subprocess.run(
+        command, env=child_env, capture_output=True, text=True, timeout=timeout, start_new_session=True
+    )
+
+
+def final_digest(result: subprocess.CompletedProcess[str]) -> str:
+    """The `FINAL` digest a finished job printed (fails the test with its output otherwise)."""
+    match = FINAL.search(result.stdout)
+    assert result.returncode == 0 and match, f"rc={result.returncode}\n{result.stdout}\n{result.stderr[-3000:]}"
+    return match.group(2)
+
+
+def resumed_step(result: subprocess.CompletedProcess[str]) -> int | None:
+    """The step a job said it resumed from."""
+    match = RESUMED.search(result.stdout)
+    return int(match.group(1)) if match else None

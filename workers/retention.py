@@ -1,0 +1,30 @@
+"""Retention: keep the newest K complete checkpoints of a run, delete older ones.
+
+Called only right after a checkpoint was sealed, so a deletion always follows a newer valid checkpoint; with
+K ≥ 2 the checkpoint a job resumed from stays until K newer ones exist. Quarantined (`.corrupt-*`) and
+superseded directories are evidence and are never touched.
+"""
+
+import shutil
+from pathlib import Path
+
+import structlog
+
+from workers.checkpoint_dir import complete_steps
+from workers.manifest import MARKER
+
+MIN_KEEP = 2
+log = structlog.get_logger(__name__)
+
+
+def prune(run_dir: Path, keep: int) -> list[int]:
+    """Delete complete checkpoints beyond the newest `keep`; returns the deleted steps."""
+    if keep < MIN_KEEP:
+        raise ValueError(f"keep must be at least {MIN_KEEP}, not {keep}")
+    removed = complete_steps(run_dir)[keep:]
+    for step in removed:
+        path = run_dir / f"step-{step}"
+        (path / MARKER).unlink(missing_ok=True)  # first: a half-deleted directory must not look complete
+        shutil.rmtree(path, ignore_errors=True)
+        log.info("checkpoint_pruned", step=step, run_dir=str(run_dir))
+    return removed
