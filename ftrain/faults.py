@@ -28,6 +28,6 @@ _TARGET = _parse(os.environ.get("FTRAIN_KILL_AT"))
 def fault_point(point: str, step: int) -> None:
     """Kill the job here if FTRAIN_KILL_AT names this point and step."""
     if (point, step) == _TARGET:
-        if "TORCHELASTIC_RUN_ID" in os.environ:
-            os.kill(os.getppid(), signal.SIGKILL)  # torchrun's agent, which would otherwise outlive its workers
+        if "TORCHELASTIC_RUN_ID" in os.environ:  # torchrun's agent would otherwise outlive its workers
+            os.kill(os.getppid(), signal.SIGKILL)
         os.killpg(os.getpgrp(), signal.SIGKILL)

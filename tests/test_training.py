@@ -6,10 +6,9 @@ One uninterrupted 30-step run gives the reference digest; every interrupted hist
 import signal
 from pathlib import Path
 
-import msgspec
 import pytest
 
-from tests.training import final_digest, resumed_step, torchrun
+from tests.training import final_digest, metrics, resumed_step, torchrun
 from workers.checkpoint_dir import complete_steps, read_manifest, verify_checkpoint
 from workers.manifest import MARKER, decode_marker
 
@@ -49,7 +48,7 @@ def test_sync_saves_resume_bit_identical_after_a_kill_mid_training_and_one_mid_s
     assert not (ckpt / ".step-20.tmp").exists(), "stale staging is removed at start-up"
     assert complete_steps(ckpt) == [30, 25, 20], "--keep 3"
 
-    records = [msgspec.json.decode(line) for line in (ckpt / "metrics" / "metrics-0.jsonl").read_bytes().splitlines()]
+    records = metrics(ckpt)
     restarts = [r for r in records if "train/restart_seconds" in r]
     assert [r["train/iter"] for r in restarts] == [11, 16]
     assert [r["train/lost_steps"] for r in restarts] == [2, 5]  # reached 12 (resumed at 10), 20 (at 15)
@@ -81,11 +80,13 @@ def test_async_saves_resume_bit_identical_after_kills_in_every_phase_of_the_pipe
     assert resumed_step(last) == 20
     assert final_digest(last) == reference
     assert not list(stage.glob("rank-*/step-*")), "staged copies are dropped once fanned out"
-    records = [msgspec.json.decode(line) for line in (ckpt / "metrics" / "metrics-0.jsonl").read_bytes().splitlines()]
+    records = metrics(ckpt)
     assert any("train/ckpt_stage_seconds" in r and "train/ckpt_drain_seconds" in r for r in records)
 
 
-def test_corrupt_checkpoints_are_skipped_together_and_none_valid_exits_1(tmp_path: Path, reference: str) -> None:
+def test_corrupt_checkpoints_are_skipped_together_and_none_valid_exits_1(
+    tmp_path: Path, reference: str
+) -> None:
     ckpt = tmp_path / "ckpt"
     flags = (*ITERS, "--keep", "4")
     final_digest(torchrun(ckpt, *flags))

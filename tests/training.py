@@ -6,6 +6,9 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
+
+import msgspec
 
 from tests.conftest import free_port
 
@@ -39,7 +42,9 @@ def torchrun(
 def final_digest(result: subprocess.CompletedProcess[str]) -> str:
     """The `FINAL` digest a finished job printed (fails the test with its output otherwise)."""
     match = FINAL.search(result.stdout)
-    assert result.returncode == 0 and match, f"rc={result.returncode}\n{result.stdout}\n{result.stderr[-3000:]}"
+    assert result.returncode == 0 and match, (
+        f"rc={result.returncode}\n{result.stdout}\n{result.stderr[-3000:]}"
+    )
     return match.group(2)
 
 
@@ -47,3 +52,9 @@ def resumed_step(result: subprocess.CompletedProcess[str]) -> int | None:
     """The step a job said it resumed from."""
     match = RESUMED.search(result.stdout)
     return int(match.group(1)) if match else None
+
+
+def metrics(ckpt_dir: Path, rank: int = 0) -> list[dict[str, Any]]:
+    """Every record rank `rank` logged, across restarts."""
+    lines = (ckpt_dir / "metrics" / f"metrics-{rank}.jsonl").read_bytes().splitlines()
+    return [msgspec.json.decode(line) for line in lines]
