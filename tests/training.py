@@ -16,6 +16,24 @@ FINAL = re.compile(r"FINAL step=(\d+) params_sha256=([0-9a-f]{64})")
 RESUMED = re.compile(r"RESUMED from step=(\d+) \(epoch=(\d+)\)")
 
 
+def torchrun_command(ckpt_dir: Path, *args: str, nproc: int = 2) -> list[str]:
+    """argv of one job of the reference trainer."""
+    return [
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
+        "-m", "ftrain.examples.train", "--ckpt-dir", str(ckpt_dir), *args,
+    ]  # fmt: skip
+
+
+def torchrun_env(env: dict[str, str] | None = None, kill_at: str | None = None) -> dict[str, str]:
+    """The job's environment: this process's, plus `env`, plus the failure to inject (if any)."""
+    child_env = {**os.environ, **(env or {}), "OMP_NUM_THREADS": "1"}
+    child_env.pop("FTRAIN_KILL_AT", None)
+    if kill_at:
+        child_env["FTRAIN_KILL_AT"] = kill_at
+    return child_env
+
+
 def torchrun(
     ckpt_dir: Path,
     *args: str,
@@ -25,17 +43,13 @@ def torchrun(
     timeout: float = 180,
 ) -> subprocess.CompletedProcess[str]:
     """One job of the reference trainer (debug model), waiting for it to end."""
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
-        "-m", "ftrain.examples.train", "--ckpt-dir", str(ckpt_dir), *args,
-    ]  # fmt: skip
-    child_env = {**os.environ, **(env or {}), "OMP_NUM_THREADS": "1"}
-    child_env.pop("FTRAIN_KILL_AT", None)
-    if kill_at:
-        child_env["FTRAIN_KILL_AT"] = kill_at
     return subprocess.run(
-        command, env=child_env, capture_output=True, text=True, timeout=timeout, start_new_session=True
+        torchrun_command(ckpt_dir, *args, nproc=nproc),
+        env=torchrun_env(env, kill_at),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        start_new_session=True,
     )
 
 

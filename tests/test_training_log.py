@@ -1,0 +1,89 @@
+"""The reference trainer against a real nats-server: its lifecycle lands in the log, and a log outage never
+stalls training — the events wait in the outbox and arrive afterwards, in order, the chain intact."""
+
+import asyncio
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from events.nats_server import ServerProcess, kill_server, restart_server
+from events.schema import Checkpointed, CorruptSkipped, Launched, Resumed
+from ftrain.recorder import Recorder
+from ftrain.service import Ftrain
+from tests.conftest import ftrain_process
+from tests.test_training import flip
+from tests.training import FINAL, RESUMED, torchrun, torchrun_command, torchrun_env
+
+pytestmark = pytest.mark.timeout(300)
+RUN = "logged-1"
+
+
+async def run_events(app: Ftrain) -> list[object]:
+    """The run's events, as the timeline folds them."""
+    return [entry.event for entry in await app.timeline(RUN)]
+
+
+async def test_kill_corrupt_skip_resume_and_a_broker_outage_all_reach_the_log(
+    tmp_path: Path, env: dict[str, str], server: ServerProcess
+) -> None:
+    launched = ftrain_process(
+        ["launch", "proj", "--run-id", RUN, "--nodes", "1", "--gpus-per-node", "2"], env
+    )
+    assert launched.returncode == 0, launched.stderr
+    ckpt = Path(env["FTRAIN_STORAGE"]) / RUN
+    job_env = {**env, "FTRAIN_RUN_ID": RUN, "FTRAIN_CKPT_DIR": str(ckpt)}
+    flags = ("--train-iters", "200", "--save-interval", "20")
+
+    first = await asyncio.to_thread(torchrun, ckpt, *flags, kill_at="step:50", env=job_env)
+    assert first.returncode != 0 and "FINAL" not in first.stdout
+    flip(ckpt / "step-40" / "__0_0.distcp")
+
+    out = await asyncio.to_thread(run_through_an_outage, ckpt, flags, job_env, server)
+    assert "checkpoint step 40 file __0_0.distcp hash mismatch → skipped" in out
+    match = RESUMED.search(out)
+    assert match and match.group(1) == "20"
+    assert FINAL.search(out), "training finished with the log down"
+
+    await asyncio.to_thread(restart_server, server)
+    with Recorder(RUN, env) as recorder:
+        assert await asyncio.to_thread(recorder.flush, 60)
+    async with Ftrain.open(env) as app:
+        events = await run_events(app)
+        report = await app.verify(RUN)
+        state = await app.run(RUN)
+    assert report.ok and report.events == len(events)
+    assert isinstance(events[0], Launched)
+    assert [(type(e).__name__, getattr(e, "step", None)) for e in events[1:]] == [
+        ("Checkpointed", 20), ("Checkpointed", 40), ("CorruptSkipped", 40), ("Resumed", 20),
+        *[("Checkpointed", s) for s in range(40, 201, 20)],
+    ]  # fmt: skip
+    skipped, resumed = events[3], events[4]
+    assert isinstance(skipped, CorruptSkipped) and skipped.reason == "file __0_0.distcp hash mismatch"
+    assert isinstance(resumed, Resumed) and resumed.forced and resumed.resume_count == 1
+    last = events[-1]
+    assert isinstance(last, Checkpointed) and last.uri == (ckpt / "step-200").as_uri()
+    assert (state.step, state.status) == (200, "running")
+
+
+def run_through_an_outage(
+    ckpt: Path, flags: tuple[str, ...], env: dict[str, str], server: ServerProcess
+) -> str:
+    """Run a job and stop the broker once it has saved step 60, well before it ends; returns its stdout."""
+    job = subprocess.Popen(
+        torchrun_command(ckpt, *flags), env=torchrun_env(env), stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not (ckpt / "step-60").is_dir():
+            assert time.monotonic() < deadline and job.poll() is None, "the job never saved step 60"
+            time.sleep(0.02)
+        kill_server(server)
+        assert not (ckpt / "step-100").exists(), "the outage starts mid-training"
+        out, _ = job.communicate(timeout=180)
+    finally:
+        job.kill()
+    assert job.returncode == 0
+    return out
