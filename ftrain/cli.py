@@ -1,7 +1,8 @@
 """The `ftrain` command line: a thin shell over `ftrain.service.Ftrain`.
 
 Exit codes: 0 success; 1 refused on the merits (no valid checkpoint, failed audit, illegal transition,
-event log unreachable); 2 usage or bad input. Errors are one line on stderr and nothing is written.
+event log unreachable; `run`: gave up retrying); 2 usage or bad input; `run` stopped by signal N: 128+N.
+Errors are one line on stderr and nothing is written.
 """
 
 import argparse
@@ -56,7 +57,8 @@ def _positive(text: str) -> int:
     return value
 
 
-def _hours(text: str) -> float:
+def _amount(text: str) -> float:
+    """A finite, non-negative number (GPU-hours, seconds)."""
     try:
         value = float(text)
     except ValueError:
@@ -66,14 +68,8 @@ def _hours(text: str) -> float:
     return value
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The whole command tree."""
-    parser = _Parser(
-        prog="ftrain", description="Fault-tolerant distributed training: launch, checkpoint, resume."
-    )
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-
-    p = sub.add_parser("launch", help="launch a run through the scheduler's allocation")
+def _add_launch_arguments(p: argparse.ArgumentParser) -> None:
+    """What `launch` and `run` both take: the project, the allocation, the strategy and the run id."""
     p.add_argument("project", type=lambda t: _run_id_as(t, "project"))
     p.add_argument("--nodes", type=_positive, required=True)
     p.add_argument("--gpus-per-node", type=_positive, required=True)
@@ -88,6 +84,34 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tp", type=_positive, default=1, help="megatron tensor-parallel size")
     p.add_argument("--pp", type=_positive, default=1, help="megatron pipeline-parallel size")
     p.add_argument("--deepspeed-config", default="ds_config.json", help="zero: DeepSpeed config path")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The whole command tree."""
+    parser = _Parser(
+        prog="ftrain", description="Fault-tolerant distributed training: launch, checkpoint, resume."
+    )
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    p = sub.add_parser("launch", help="launch a run through the scheduler's allocation")
+    _add_launch_arguments(p)
+
+    p = sub.add_parser(
+        "run", help="launch (or relaunch a failed --run-id) and supervise it: retry, resume, record"
+    )
+    _add_launch_arguments(p)
+    p.add_argument("--nproc-per-node", type=_positive, help="processes per node (default: --gpus-per-node)")
+    p.add_argument("--max-retries", type=_non_negative, default=3, help="relaunches after a failure")
+    p.add_argument(
+        "--backoff",
+        type=_amount,
+        default=5.0,
+        metavar="SECONDS",
+        help="wait before the first relaunch, doubled per failure up to 60 s (default 5)",
+    )
+    p.add_argument(
+        "--max-restarts", type=_non_negative, default=0, help="torchrun's own in-place worker restarts"
+    )
 
     p = sub.add_parser("checkpoint", help="record a checkpoint (writes it under $FTRAIN_STORAGE)")
     p.add_argument("run_id", type=_run_id)
@@ -111,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("complete", help="record completion and cost")
     p.add_argument("run_id", type=_run_id)
-    p.add_argument("--cost-gpu-hours", type=_hours)
+    p.add_argument("--cost-gpu-hours", type=_amount)
 
     p = sub.add_parser("status", help="one run's state")
     p.add_argument("run_id", type=_run_id)
@@ -165,7 +189,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure()
     args_list, train_cmd = _split_train_cmd(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(args_list)
-    if train_cmd and args.command != "launch":
+    if train_cmd and args.command not in ("launch", "run"):
         _fail(2, f"ftrain {args.command}: error: unexpected arguments after --")
     args.train_cmd = train_cmd
     try:
@@ -203,6 +227,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from ftrain.demo import run_demo
 
         return run_demo()
+    if args.command == "run":
+        from ftrain.commands import supervise
+
+        return supervise(args)
     return asyncio.run(_async_dispatch(args))
 
 

@@ -2,24 +2,30 @@
 error leaves no trace), `run` executes it against the service and prints the result."""
 
 import argparse
+import asyncio
 import json
 import os
+import shutil
+import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import msgspec
 
 from events.run_id import RUN_ID_MAX, InvalidRunId, validate_run_id
-from events.schema import CorruptSkipped, Launched, now
+from events.schema import Completed, CorruptSkipped, Launched, now
 from ftrain import render
 from ftrain.errors import Refused, UsageError
 from ftrain.hostlist import HostlistError, resolve_allocation
 from ftrain.launch_spec import DEFAULT_TRAIN_CMD, LaunchSpec, LaunchSpecError, build_command
 from ftrain.policy import parse_policy
 from ftrain.service import Ftrain, checkpoint_storage
+from ftrain.supervisor import RetryPolicy, Supervisor, attempt_commands, child_env
 from projections.state import RunState
-from workers.checkpoint_dir import path_uri
+from workers.checkpoint_dir import path_uri, uri_path
+
+T = TypeVar("T")
 
 
 class Command(NamedTuple):
@@ -42,6 +48,8 @@ class LaunchPlan(NamedTuple):
     base_id: str
     explicit: bool
     make: Callable[[str], Launched]
+    spec: Callable[[str], LaunchSpec]
+    hosts: tuple[str, ...]
 
 
 def prepare_launch(args: argparse.Namespace) -> LaunchPlan:
@@ -96,11 +104,11 @@ def prepare_launch(args: argparse.Namespace) -> LaunchPlan:
             mlflow_run_id=env.get("MLFLOW_RUN_ID") or None,
         )
 
-    return LaunchPlan(base_id, bool(args.run_id), make)
+    return LaunchPlan(base_id, bool(args.run_id), make, spec, allocation.hosts)
 
 
-async def run_launch(app: Ftrain, args: argparse.Namespace, plan: LaunchPlan) -> int:
-    """Append `launched` under the default id (or the next free `-N`) or the explicit --run-id."""
+async def append_launched(app: Ftrain, plan: LaunchPlan) -> Launched:
+    """Append `launched` under the default id (or the next free `-N`) or the explicit --run-id, and say so."""
 
     def candidates() -> list[str]:
         if plan.explicit:
@@ -109,7 +117,136 @@ async def run_launch(app: Ftrain, args: argparse.Namespace, plan: LaunchPlan) ->
 
     event = await app.launch(plan.make, candidates)
     render.emit(render.launched(event))
+    return event
+
+
+async def run_launch(app: Ftrain, args: argparse.Namespace, plan: LaunchPlan) -> int:
+    """Record the launch; the user runs the printed command."""
+    await append_launched(app, plan)
     return 0
+
+
+# -- run: launch, then supervise ------------------------------------------------------------------------------
+
+
+class RunPlan(NamedTuple):
+    """Everything `run` decided before touching the log or starting a process."""
+
+    launch: LaunchPlan
+    spec: Callable[[str], LaunchSpec]
+    policy: RetryPolicy
+    torchrun: str
+    slurm: bool
+
+
+def prepare_run(args: argparse.Namespace) -> RunPlan:
+    """`launch`'s checks, plus the supervisor's: a torchrun to start, and srun when the job spans nodes."""
+    launch = prepare_launch(args)
+    slurm = args.nodes > 1
+    if slurm and not os.environ.get("SLURM_JOB_ID"):
+        raise UsageError(
+            f"--nodes {args.nodes} needs a Slurm allocation (SLURM_JOB_ID is not set): ftrain run starts one "
+            "torchrun per node through srun; outside Slurm use --nodes 1"
+        )
+    if slurm and shutil.which("srun") is None:
+        raise UsageError("srun not found on PATH")
+    torchrun = shutil.which("torchrun") or shutil.which("torchrun", path=str(Path(sys.executable).parent))
+    if torchrun is None:
+        raise UsageError("torchrun not found on PATH or beside this Python (is torch installed?)")
+
+    def spec(run_id: str) -> LaunchSpec:
+        return msgspec.structs.replace(
+            launch.spec(run_id),
+            gpus_per_node=args.nproc_per_node or args.gpus_per_node,
+            max_restarts=args.max_restarts,
+        )
+
+    try:
+        build_command(spec(launch.base_id))
+    except LaunchSpecError as exc:
+        raise UsageError(str(exc)) from exc
+    return RunPlan(
+        launch, spec, RetryPolicy(max_retries=args.max_retries, backoff=args.backoff), torchrun, slurm
+    )
+
+
+async def start_run(app: Ftrain, args: argparse.Namespace, plan: RunPlan) -> Launched:
+    """Append `launched` for a new run; an existing --run-id is relaunched, as launched, after a failure only."""
+    if plan.launch.explicit:
+        await app.projector.catch_up()
+        if await app.model.taken(plan.launch.base_id):
+            state = await app.run(plan.launch.base_id)
+            _check_relaunch(state, args)
+            render.emit(
+                f"Relaunching {state.run_id} — failure {state.failures} (last: {state.last_failure}), "
+                f"step {state.step}, {state.resume_count} resume(s) so far"
+            )
+            return state.launch
+    return await append_launched(app, plan.launch)
+
+
+def _check_relaunch(state: RunState, args: argparse.Namespace) -> None:
+    """Only a failed run is relaunched (a running one may have its supervisor still), and only as itself."""
+    if state.status == "running":
+        raise Refused(
+            f"run {state.run_id} is running (another supervisor?); if it is dead, record that first: "
+            f"ftrain fail {state.run_id}"
+        )
+    if state.status == "completed":
+        raise Refused(f"run {state.run_id} is completed; nothing may follow completion")
+    launch = state.launch
+    if (launch.project, launch.nodes, launch.gpus_per_node, launch.strategy) != (
+        args.project,
+        args.nodes,
+        args.gpus_per_node,
+        args.strategy,
+    ):
+        raise Refused(
+            f"run {state.run_id} was launched as {launch.project} {launch.nodes}×{launch.gpus_per_node} "
+            f"{launch.strategy}; relaunch it with the same project, --nodes, --gpus-per-node and --strategy"
+        )
+
+
+def supervise(args: argparse.Namespace) -> int:
+    """`ftrain run`: check everything, record the launch (or check the relaunch), then supervise attempts."""
+    from ftrain.recorder import Recorder
+
+    plan = prepare_run(args)
+    launched = asyncio.run(_with_app(lambda app: start_run(app, args, plan)))
+    run_id = launched.run_id
+    ckpt_dir = uri_path(launched.storage) / run_id
+    command = attempt_commands(plan.spec(run_id), plan.launch.hosts, plan.torchrun, slurm=plan.slurm)
+    env = child_env(os.environ, run_id, ckpt_dir)
+    recorder = Recorder(run_id, os.environ)
+    try:
+        outcome = Supervisor(run_id, command, env, ckpt_dir, plan.policy, recorder).run()
+    finally:
+        recorder.close()
+    if outcome.status != "completed":
+        sys.stderr.write(f"ftrain run: {outcome.message}\n")
+        return outcome.exit_code
+    if not outcome.recorded:
+        render.emit(f"Completed {run_id} — kept in the local outbox until the event log is reachable")
+        return 0
+    render.emit(asyncio.run(_with_app(lambda app: _completion(app, run_id))))
+    return 0
+
+
+async def _completion(app: Ftrain, run_id: str) -> str:
+    """The completion line, with the GPU-hours the log computed."""
+    entries = await app.timeline(run_id)
+    done = next((e.event for e in reversed(entries) if isinstance(e.event, Completed)), None)
+    if done is None:
+        state = await app.run(run_id)
+        raise Refused(
+            f"run {run_id} finished, but the log did not accept its completion (it is {state.status})"
+        )
+    return render.completed(done)
+
+
+async def _with_app(use: Callable[[Ftrain], Awaitable[T]]) -> T:
+    async with Ftrain.open() as app:
+        return await use(app)
 
 
 # -- checkpoint --------------------------------------------------------------------------------------------

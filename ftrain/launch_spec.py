@@ -53,6 +53,8 @@ class LaunchSpec(msgspec.Struct, frozen=True, kw_only=True):
     tensor_parallel: int = 1
     pipeline_parallel: int = 1
     deepspeed_config: str = "ds_config.json"
+    max_restarts: int = 0
+    """torchrun's own in-place restarts of failed workers (emitted only when above 0, torchrun's default)."""
 
 
 def build_command(spec: LaunchSpec) -> list[str]:
@@ -89,6 +91,7 @@ def _torchrun_options(spec: LaunchSpec) -> list[str]:
         "--rdzv_backend=c10d",
         f"--rdzv_endpoint={spec.rdzv_host}:{spec.rdzv_port}",
         f"--rdzv_id={spec.run_id}",
+        *([f"--max_restarts={spec.max_restarts}"] if spec.max_restarts else []),
     ]
 
 
@@ -151,6 +154,8 @@ def _validate(spec: LaunchSpec) -> None:
         raise LaunchSpecError(f"invalid rendezvous host {spec.rdzv_host!r}")
     if not 1 <= spec.rdzv_port <= 65535:
         raise LaunchSpecError(f"rdzv_port must be in 1..65535, got {spec.rdzv_port}")
+    if spec.max_restarts < 0:
+        raise LaunchSpecError(f"max_restarts must be >= 0, got {spec.max_restarts}")
     if spec.strategy == "zero" and not spec.deepspeed_config:
         raise LaunchSpecError("zero strategy needs a deepspeed_config path")
     if spec.strategy == "megatron":

@@ -180,6 +180,8 @@ def _plan(config: CheckpointConfig, recorder: Recorder | None) -> Plan:
     """Rank 0: the candidates, from the log when it answers, else from the directory."""
     run_dir: Path = config.ckpt_dir
     state = _run_state(config, recorder)
+    if state is not None and state.status == "completed":
+        return Plan([], False, refused=f"run {state.run_id} is completed; nothing may follow completion")
     if not config.resume:
         return _fresh(run_dir, state)
     if state is None:
