@@ -163,7 +163,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("server", help="the embedded nats-server")
     p.add_argument("action", choices=("start", "stop", "status"))
 
-    sub.add_parser("demo", help="play the preemption-and-resume scenario against the log")
+    p = sub.add_parser(
+        "demo", help="a 2-process CPU training run, SIGKILLed and resumed, checked bit for bit"
+    )
+    p.add_argument("--log-only", action="store_true", help="the control-plane scenario only (no torch)")
     return parser
 
 
@@ -224,6 +227,10 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         return server_command(args.action, os.environ)
     if args.command == "demo":
+        if args.log_only:
+            from ftrain.demo_log import run_log_demo
+
+            return run_log_demo()
         from ftrain.demo import run_demo
 
         return run_demo()

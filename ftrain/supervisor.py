@@ -29,6 +29,7 @@ import structlog
 from ftrain import render
 from ftrain.hostlist import compress_hostlist
 from ftrain.launch_spec import LaunchSpec, build_command
+from ftrain.procs import signal_job
 from workers.checkpoint_dir import complete_steps
 from workers.outbox import CompleteIntent, FailIntent
 
@@ -207,15 +208,6 @@ def _tee(stream: IO[bytes], report: FailureReport) -> None:
             report.feed(chunk)
 
 
-def _children(pid: int) -> list[int]:
-    """Direct children of `pid` (Linux /proc; none found elsewhere)."""
-    found: list[int] = []
-    for path in Path(f"/proc/{pid}/task").glob("*/children"):
-        with contextlib.suppress(OSError, ValueError):
-            found += [int(word) for word in path.read_text().split()]
-    return found
-
-
 # -- the loop ------------------------------------------------------------------------------------------------
 
 
@@ -352,9 +344,7 @@ class Supervisor:
     def _kill(self, child: subprocess.Popen[bytes]) -> None:
         """SIGKILL the child's group and its children's: torchrun starts each worker in a session of its own."""
         log.warning("grace_period_over", run_id=self.run_id, pid=child.pid)
-        for group in (*_children(child.pid), child.pid):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(group, signal.SIGKILL)
+        signal_job(child.pid, signal.SIGKILL)
 
     def _record(self, intent: FailIntent | CompleteIntent) -> bool:
         """Let what the trainer recorded land first, record `intent`, and wait (bounded) until it is in the log."""

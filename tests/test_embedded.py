@@ -1,5 +1,6 @@
 """The real console script in fresh processes: the embedded default, an external server, server management."""
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -8,7 +9,7 @@ from events.nats_server import ServerProcess
 from tests.conftest import ftrain_process
 
 
-def demo_checks(result: subprocess.CompletedProcess[str]) -> None:
+def log_demo_checks(result: subprocess.CompletedProcess[str]) -> None:
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr
     out = result.stdout
@@ -18,10 +19,32 @@ def demo_checks(result: subprocess.CompletedProcess[str]) -> None:
     assert "Verified 8 event(s) in 1 run(s): every chain intact" in out
 
 
-def test_demo_on_the_embedded_default_then_reuse_restart_and_stop(tmp_path: Path) -> None:
+def test_demo_trains_is_killed_resumes_and_ends_bit_identical_on_the_embedded_default(tmp_path: Path) -> None:
     env = {"FTRAIN_HOME": str(tmp_path / "home"), "FTRAIN_NATS_URL": "", "FTRAIN_STORAGE": ""}
     try:
-        demo_checks(ftrain_process(["demo"], env))
+        result = ftrain_process(["demo"], env, timeout=300)
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert "Traceback" not in result.stderr
+        out = result.stdout
+        assert "Attempt 1 of 3 failed (killed by SIGKILL)" in out
+        assert "RESUMED from step=30 (epoch=0)" in out
+        assert "Attempt 2 of 3 succeeded" in out
+        assert "state       completed" in out and "resumes     1" in out
+        assert "Verified 10 event(s) in 1 run(s): every chain intact" in out
+        digests = re.findall(r"params_sha256=([0-9a-f]{64})", out)
+        assert len(digests) == 4 and len(set(digests)) == 1
+        assert "identical: the SIGKILL cost recomputed steps, nothing else" in out
+        assert sorted(p.name for p in (tmp_path / "home" / "checkpoints" / "dist-demo-1x2-fsdp").glob("step-*")) == [
+            "step-40", "step-50", "step-60"
+        ]  # fmt: skip
+    finally:
+        ftrain_process(["server", "stop"], env)
+
+
+def test_log_demo_on_the_embedded_default_then_reuse_restart_and_stop(tmp_path: Path) -> None:
+    env = {"FTRAIN_HOME": str(tmp_path / "home"), "FTRAIN_NATS_URL": "", "FTRAIN_STORAGE": ""}
+    try:
+        log_demo_checks(ftrain_process(["demo", "--log-only"], env))
         status = ftrain_process(["server", "status"], env)
         assert status.returncode == 0 and status.stdout.startswith("nats-server running at nats://127.0.0.1:")
         assert (tmp_path / "home" / "checkpoints").is_dir()  # FTRAIN_STORAGE defaults under FTRAIN_HOME
@@ -43,7 +66,7 @@ def test_demo_against_an_external_server(tmp_path: Path, server: ServerProcess) 
         "FTRAIN_NATS_URL": server.url,
         "FTRAIN_STORAGE": str(tmp_path / "s"),
     }
-    demo_checks(ftrain_process(["demo"], env))
+    log_demo_checks(ftrain_process(["demo", "--log-only"], env))
     assert not (tmp_path / "home" / "nats").exists()  # no embedded server was started
     refused = ftrain_process(["server", "start"], env)
     assert refused.returncode == 2
@@ -54,7 +77,7 @@ def test_demo_against_an_external_server(tmp_path: Path, server: ServerProcess) 
 
 def test_the_control_plane_never_imports_torch() -> None:
     code = (
-        "import sys, ftrain.cli, ftrain.commands, ftrain.service, ftrain.demo, events.store, projections.projector;"
+        "import sys, ftrain.cli, ftrain.commands, ftrain.service, ftrain.demo, ftrain.demo_log, ftrain.supervisor, ftrain.recorder, events.store, projections.projector;"
         "bad = [m for m in sys.modules if m == 'torch' or m.startswith('torch.')]; assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

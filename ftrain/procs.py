@@ -1,0 +1,24 @@
+"""Signalling a whole torchrun job: torchrun starts each worker in a session of its own, so signalling the
+agent's process group alone leaves the workers running."""
+
+import contextlib
+import os
+from pathlib import Path
+
+
+def children(pid: int) -> list[int]:
+    """Direct children of `pid` (Linux /proc; none found elsewhere)."""
+    found: list[int] = []
+    for path in Path(f"/proc/{pid}/task").glob("*/children"):
+        with contextlib.suppress(OSError, ValueError):
+            found += [int(word) for word in path.read_text().split()]
+    return found
+
+
+def signal_job(agent: int, signum: int) -> None:
+    """Send `signum` to the agent's process group and to each worker's (the caller's own last, if it is one)."""
+    groups = [*children(agent), agent]
+    me = os.getpid()
+    for group in sorted(groups, key=lambda pid: pid == me):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(group, signum)
