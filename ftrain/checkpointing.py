@@ -33,6 +33,7 @@ from workers.outbox import CheckpointIntent
 from workers.retention import prune
 from workers.staging import StagingBuffers
 
+__all__ = ["CheckpointConfig", "CheckpointManager", "SaveTimes", "TrainState"]
 log = structlog.get_logger(__name__)
 
 
@@ -52,11 +53,12 @@ def tmp_path(ckpt_dir: Path, step: int) -> Path:
 class CheckpointManager:
     """Saves and resumes one training job's state; one instance per rank."""
 
-    def __init__(self, config: CheckpointConfig, state: TrainState, recorder: Recorder | None) -> None:
+    def __init__(self, config: CheckpointConfig, state: TrainState) -> None:
         self.config = config
         self.state = state
-        self.recorder = recorder
         self.rank = dist.get_rank()
+        # rank 0 records the lifecycle of a run the log knows; without a run id the directory is the truth
+        self.recorder = Recorder(config.run_id) if config.run_id and self.rank == 0 else None
         self.world = dist.get_world_size()
         self.group = dist.new_group(backend="gloo")
         self._due_group = dist.new_group(backend="gloo") if config.every_seconds else None
@@ -124,11 +126,14 @@ class CheckpointManager:
         return time.perf_counter() - start
 
     def close(self) -> float:
-        """Finish the save in flight and stop the pipeline; returns the seconds waited."""
+        """Finish the save in flight, stop the pipeline, and give the log a bounded moment to receive what was
+        recorded (what it does not get now stays in the outbox); returns the seconds waited for the save."""
         try:
             return self.drain()
         finally:
             self._worker.shutdown(wait=True)
+            if self.recorder is not None:
+                self.recorder.close()
 
     def _save_sync(self, step: int, epoch: int) -> None:
         tmp = tmp_path(self.config.ckpt_dir, step)

@@ -24,17 +24,14 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from events.run_id import InvalidRunId, validate_run_id
-from ftrain.checkpointing import CheckpointManager, SaveTimes
-from ftrain.ckpt_config import CheckpointConfig
+from ftrain.checkpointing import CheckpointConfig, CheckpointManager, SaveTimes, TrainState
 from ftrain.examples.data import ResumableLoader, synthetic_tokens
 from ftrain.examples.model import MODELS, TinyGPT, parameter_count
 from ftrain.faults import fault_point
 from ftrain.logs import configure as configure_logging
 from ftrain.metrics import MetricsWriter, last_iter, metrics_path, process_start_time
 from ftrain.policy import parse_policy
-from ftrain.recorder import Recorder
 from ftrain.resume import NoValidCheckpoint, ResumeRefused
-from ftrain.train_state import TrainState
 
 META_INIT_AUTO_PARAMS = 6_000_000_000  # the seed's threshold: dense init stays exact for smaller models
 PROCESS_START = process_start_time()
@@ -174,7 +171,6 @@ def train(args: argparse.Namespace) -> int:
     data = synthetic_tokens(4096, config["seq"] + 1, config["vocab"], args.seed)
     loader = ResumableLoader(data, config["batch"], rank, world, args.seed)
     state = TrainState(model, optimizer, scheduler, loader, rank)
-    recorder = Recorder(args.run_id) if args.run_id and rank == 0 else None
     manager = CheckpointManager(
         CheckpointConfig(
             ckpt_dir=args.ckpt_dir,
@@ -188,7 +184,6 @@ def train(args: argparse.Namespace) -> int:
             dataset_revision=f"synthetic-v1-seed{args.seed}",
         ),
         state,
-        recorder,
     )
     try:
         return _loop(args, manager, state, device)
@@ -200,8 +195,6 @@ def train(args: argparse.Namespace) -> int:
         return 2
     finally:
         manager.close()
-        if recorder is not None:
-            recorder.close()
         dist.destroy_process_group()
 
 
