@@ -51,6 +51,13 @@ def last_iter(path: Path) -> int | None:
     return None
 
 
+def reached_step(directory: Path) -> int | None:
+    """The furthest step any rank of a previous attempt logged: a kill lands on the ranks at slightly
+    different points, and the work lost is what the furthest one had done."""
+    reached = [step for path in directory.glob("metrics-*.jsonl") if (step := last_iter(path)) is not None]
+    return max(reached, default=None)
+
+
 class MetricsWriter:
     """Appends one JSON object per line, flushed each time (a SIGKILL loses at most the line being written)."""
 

@@ -29,7 +29,7 @@ from ftrain.examples.data import ResumableLoader, synthetic_tokens
 from ftrain.examples.model import MODELS, TinyGPT, parameter_count
 from ftrain.faults import fault_point
 from ftrain.logs import configure as configure_logging
-from ftrain.metrics import MetricsWriter, last_iter, metrics_path, process_start_time
+from ftrain.metrics import MetricsWriter, process_start_time, reached_step
 from ftrain.policy import parse_policy
 from ftrain.resume import NoValidCheckpoint, ResumeRefused
 
@@ -202,7 +202,7 @@ def _loop(
     args: argparse.Namespace, manager: CheckpointManager, state: TrainState, device: torch.device
 ) -> int:
     rank = dist.get_rank()
-    reached = last_iter(metrics_path(args.metrics_dir, rank))
+    reached = reached_step(args.metrics_dir)
     point = manager.load()
     metrics = MetricsWriter(args.metrics_dir, rank)
     step = point.step if point else 0
