@@ -68,7 +68,7 @@ def run_demo() -> int:
         chaos = {
             **quiet,
             "FTRAIN_KILL_AT": f"step:{KILL_STEP}",
-            "FTRAIN_KILL_ONCE": str(Path(scratch) / "killed"),
+            "FTRAIN_KILL_ONCE": str(Path(scratch) / "kills"),
         }
         run_cmd = [str(Path(sys.executable).with_name("ftrain")), "run", "demo", "--nodes", "1", "--gpus-per-node", "2",
                    "--nodelist", "localhost", "--max-retries", "2", "--backoff", "1", "--", *TRAIN]  # fmt: skip

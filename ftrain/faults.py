@@ -1,10 +1,10 @@
 """Failure injection for experiments and tests: SIGKILL the whole job at a named point, as a preemption would.
 
-`FTRAIN_KILL_AT=<point>:<step>` — points: `step` (after the optimizer step), and the phases of a save:
+`FTRAIN_KILL_AT=<point>:<step>[,<point>:<step>…]` — points: `step` (after the optimizer step), and the phases of a save:
 `stage` (async: state copied to host buffers), `write` (this rank's shards written), `fanout` (async: this
 rank's files copied to durable storage), `finalize` (rank 0 holds every rank's digests, before the manifest).
-With `FTRAIN_KILL_ONCE=<path>` the kill fires only for the process that creates that file, so a relaunched
-job that passes the point again survives (one injected failure, as in a real preemption). The first rank to
+With `FTRAIN_KILL_ONCE=<dir>` each kill fires once (a file per kill in that directory), so a relaunched job
+that passes the same point again survives, as after a real preemption. The first rank to
 reach the point kills torchrun's agent and every local rank at once. Run the job in its own process group (`ftrain run` does; so must a test).
 """
 
@@ -16,33 +16,40 @@ from ftrain.procs import signal_job
 POINTS = ("step", "stage", "write", "fanout", "finalize")
 
 
-def _parse(text: str | None) -> tuple[str, int] | None:
-    if not text:
-        return None
-    point, _, step = text.partition(":")
-    if point not in POINTS or not step.isdigit():
-        raise ValueError(f"FTRAIN_KILL_AT={text!r}: use <point>:<step> with point one of {', '.join(POINTS)}")
-    return point, int(step)
+def parse_targets(text: str | None) -> frozenset[tuple[str, int]]:
+    """The kill points of `FTRAIN_KILL_AT` (comma-separated `<point>:<step>`); ValueError naming the form."""
+    targets = set()
+    for item in (text or "").split(","):
+        if not item.strip():
+            continue
+        point, _, step = item.strip().partition(":")
+        if point not in POINTS or not step.isdigit():
+            raise ValueError(
+                f"FTRAIN_KILL_AT={text!r}: use <point>:<step>[,…] with point one of {', '.join(POINTS)}"
+            )
+        targets.add((point, int(step)))
+    return frozenset(targets)
 
 
-_TARGET = _parse(os.environ.get("FTRAIN_KILL_AT"))
+_TARGETS = parse_targets(os.environ.get("FTRAIN_KILL_AT"))
 
 
 def fault_point(point: str, step: int) -> None:
     """Kill the job here if FTRAIN_KILL_AT names this point and step."""
-    if (point, step) == _TARGET and _first_time():
+    if (point, step) in _TARGETS and _first_time(point, step):
         if "TORCHELASTIC_RUN_ID" in os.environ:  # the agent and every worker, each in a session of its own
             signal_job(os.getppid(), signal.SIGKILL)
         os.killpg(os.getpgrp(), signal.SIGKILL)
 
 
-def _first_time() -> bool:
-    """True unless FTRAIN_KILL_ONCE names a file that already exists (then this injection already fired)."""
+def _first_time(point: str, step: int) -> bool:
+    """True unless this kill already fired: FTRAIN_KILL_ONCE names a directory holding one file per kill."""
     once = os.environ.get("FTRAIN_KILL_ONCE")
     if not once:
         return True
+    os.makedirs(once, exist_ok=True)
     try:
-        os.close(os.open(once, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        os.close(os.open(os.path.join(once, f"{point}-{step}"), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
     except FileExistsError:
         return False
     return True
