@@ -2,8 +2,10 @@
 
 Rank 0 lists the candidates, newest first: the checkpoints the log says are valid (after flushing what the
 previous attempt left in the outbox), or, with the log out of reach, the directories whose marker and
-manifest agree. Rank 0 checks a candidate's marker and manifest, each rank hashes the shards it owns
-(threads), and the verdicts are combined, so all ranks fall back together. An invalid checkpoint is recorded
+manifest agree. Rank 0 checks a candidate's marker, manifest and `.metadata`; then DCP loads it through a
+reader that hashes each file whole before DCP parses a byte of it (one pass over the disk, and a tampered
+file never reaches the unpickler); each rank also hashes the shards it owns that its load did not need. The
+verdicts are combined, so all ranks fall back together. An invalid checkpoint is recorded
 as `corrupt_skipped` and set aside; when checkpoints exist and none is valid, every rank raises
 NoValidCheckpoint (never a silent fresh start).
 """
@@ -18,6 +20,7 @@ from typing import TypeVar, cast
 import msgspec
 import structlog
 import torch.distributed as dist
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
 from ftrain.ckpt_config import CheckpointConfig
@@ -34,11 +37,13 @@ from workers.checkpoint_dir import (
     uri_path,
     verify_files,
 )
+from workers.dcp_storage import CorruptFile, VerifyingReader
 from workers.manifest import MARKER, FileEntry, Manifest, decode_marker
 from workers.outbox import FailIntent, ResumeIntent, SkipIntent
 
 FLUSH_TIMEOUT = 15.0
 LOG_TIMEOUT = 15.0
+METADATA = ".metadata"
 _SHARD = re.compile(r"__(\d+)_\d+\.distcp$")
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
@@ -92,22 +97,17 @@ def resume(
     config: CheckpointConfig, state: TrainState, recorder: Recorder | None, group: dist.ProcessGroup
 ) -> ResumePoint | None:
     """Load the newest valid checkpoint into `state` on every rank; None when there is none to resume."""
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank = dist.get_rank()
     plan = _broadcast(_safe_plan(config, recorder) if rank == 0 else None, group)
     if plan.refused:
         raise ResumeRefused(plan.refused)
     for candidate in plan.candidates:
         path = Path(candidate.path)
-        header = cast(
-            Manifest | str, _broadcast(read_manifest(path, candidate.digest) if rank == 0 else None, group)
-        )
-        reason = header if isinstance(header, str) else verify_files(path, owned(header.files, rank, world))
-        verdicts: list[str | None] = [None] * world
-        dist.all_gather_object(verdicts, reason, group=group)
-        reason = next((r for r in verdicts if r), None)
+        header = cast(Manifest | str, _broadcast(_header(path, candidate) if rank == 0 else None, group))
+        reason = header if isinstance(header, str) else _load(path, header, state, group)
         if reason is None:
             assert isinstance(header, Manifest)
-            return _load(path, header, candidate, state, recorder, group)
+            return _resumed(path, candidate, state, recorder)
         if rank == 0:
             _skip(candidate, reason, recorder)
     if plan.had_checkpoints:
@@ -131,22 +131,43 @@ def owned(files: tuple[FileEntry, ...], rank: int, world: int) -> list[FileEntry
     return mine
 
 
-def _load(
-    path: Path,
-    manifest: Manifest,
-    candidate: Candidate,
-    state: TrainState,
-    recorder: Recorder | None,
-    group: dist.ProcessGroup,
-) -> ResumePoint:
-    same_world = manifest.world_size == dist.get_world_size()
-    if not same_world:
-        log.warning("world_size_changed", saved=manifest.world_size, now=dist.get_world_size())
-    state.restore_rng = same_world  # per-rank RNG streams exist only for the ranks that saved them
+def _header(path: Path, candidate: Candidate) -> Manifest | str:
+    """Rank 0: the manifest, if marker, digest and DCP's `.metadata` (unpickled by every rank) check out."""
+    manifest = read_manifest(path, candidate.digest)
+    if isinstance(manifest, str):
+        return manifest
+    return verify_files(path, [e for e in manifest.files if e.name == METADATA]) or manifest
+
+
+def _load(path: Path, manifest: Manifest, state: TrainState, group: dist.ProcessGroup) -> str | None:
+    """Load the checkpoint into `state`, DCP reading only verified bytes; then each rank verifies the files it
+    owns that the load did not read. Returns the combined verdict, the same on every rank (None: valid)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if manifest.world_size != world:
+        log.warning("world_size_changed", saved=manifest.world_size, now=world)
+    state.restore_rng = (
+        manifest.world_size == world
+    )  # per-rank RNG streams exist for the ranks that saved them
+    reader = VerifyingReader(path, manifest.files)
     try:
-        dcp_load({"app": state}, checkpoint_id=path, process_group=group)
+        dcp_load({"app": state}, storage_reader=reader, process_group=group)
+        reason = verify_files(path, reader.unread(owned(manifest.files, rank, world)))
+    except CheckpointException as exc:  # raised on every rank, with every rank's failure
+        reason = _failure(exc)
     finally:
         state.restore_rng = True
+    verdicts: list[str | None] = [None] * world
+    dist.all_gather_object(verdicts, reason, group=group)
+    return next((r for r in verdicts if r), None)
+
+
+def _failure(exc: CheckpointException) -> str:
+    """The reason of the lowest failing rank: a file that did not verify, or what DCP could not read."""
+    error = exc.failures[min(exc.failures)][0]
+    return str(error) if isinstance(error, CorruptFile) else f"unreadable ({type(error).__name__}: {error})"
+
+
+def _resumed(path: Path, candidate: Candidate, state: TrainState, recorder: Recorder | None) -> ResumePoint:
     point = ResumePoint(state.step, state.epoch, str(path))
     if dist.get_rank() == 0:
         if recorder is not None:

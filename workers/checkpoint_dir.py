@@ -189,16 +189,21 @@ def read_manifest(path: Path, expected_digest: str | None) -> Manifest | str:
 def verify_files(path: Path, entries: Sequence[FileEntry]) -> str | None:
     """None when every listed file under `path` has its size and SHA-256 (hashed in threads), else why not."""
     results = hash_files([path / f.name for f in entries])
-    for entry, result in zip(entries, results, strict=True):
-        if isinstance(result, FileNotFoundError):
-            return f"file {entry.name} missing"
-        if isinstance(result, OSError):
-            return f"file {entry.name} unreadable"
-        size, sha = result
-        if size != entry.size:
-            return f"file {entry.name} is {size} bytes, manifest says {entry.size}"
-        if sha != entry.sha256:
-            return f"file {entry.name} hash mismatch"
+    verdicts = (file_verdict(entry, result) for entry, result in zip(entries, results, strict=True))
+    return next((v for v in verdicts if v), None)
+
+
+def file_verdict(entry: FileEntry, found: tuple[int, str] | OSError) -> str | None:
+    """Why a file's (size, SHA-256) — or the error reading it — does not match its manifest entry; None if it does."""
+    if isinstance(found, FileNotFoundError):
+        return f"file {entry.name} missing"
+    if isinstance(found, OSError):
+        return f"file {entry.name} unreadable"
+    size, sha = found
+    if size != entry.size:
+        return f"file {entry.name} is {size} bytes, manifest says {entry.size}"
+    if sha != entry.sha256:
+        return f"file {entry.name} hash mismatch"
     return None
 
 

@@ -1,4 +1,5 @@
-"""A torch.distributed.checkpoint writer that hashes every file as DCP writes it.
+"""torch.distributed.checkpoint storage with integrity: a writer that hashes every file as DCP writes it, and
+a reader that lets DCP parse only bytes that match the manifest.
 
 Hashing after the save would read each shard back (about 10 % of a disk-bound save); hashing in the write
 path costs CPU time the disk wait already pays for. DCP writes each file sequentially (one `write` after
@@ -17,8 +18,9 @@ from typing import IO, TYPE_CHECKING, Any, cast
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer
 
-from torch.distributed.checkpoint.filesystem import FileSystem, FileSystemWriter
+from torch.distributed.checkpoint.filesystem import FileSystem, FileSystemReader, FileSystemWriter
 
+from workers.checkpoint_dir import file_verdict
 from workers.files import hash_file
 from workers.manifest import FileEntry
 
@@ -108,3 +110,56 @@ class HashingWriter(FileSystemWriter):
             (FileEntry(str(p.relative_to(self.root)), size, sha) for p, (size, sha) in fs.written.items()),
             key=lambda e: e.name,
         )
+
+
+class CorruptFile(OSError):
+    """A checkpoint file that is missing or differs from its manifest entry; the message is the reason."""
+
+
+class VerifyingFileSystem(FileSystem):
+    """DCP's local file system for loading, serving a file only once all of it matched its manifest entry.
+
+    Each file is read whole and hashed before DCP parses a byte of it (a tampered pickle never reaches
+    `torch.load`), in one pass over the disk instead of a verify pass and a load pass. The cost is memory:
+    one file at a time, DCP reads files one after another.
+    """
+
+    def __init__(self, root: Path, entries: dict[str, FileEntry]) -> None:
+        super().__init__()
+        self.root = root
+        self.entries = entries
+        self.read: set[str] = set()
+
+    @contextmanager
+    def create_stream(self, path: str | os.PathLike[str], mode: str) -> Iterator[io.IOBase]:
+        if "r" not in mode:
+            with super().create_stream(path, mode) as stream:
+                yield stream
+            return
+        name = str(Path(path).relative_to(self.root))
+        entry = self.entries.get(name)
+        if entry is None:
+            raise CorruptFile(f"file {name} is not in the manifest")
+        try:
+            data = Path(path).read_bytes()
+        except OSError as exc:
+            found: tuple[int, str] | OSError = exc
+        else:
+            found = (len(data), hashlib.sha256(data).hexdigest())
+        if (reason := file_verdict(entry, found)) is not None:
+            raise CorruptFile(reason)
+        self.read.add(name)
+        yield io.BytesIO(data)
+
+
+class VerifyingReader(FileSystemReader):
+    """`FileSystemReader` that loads only verified bytes; `unread()` names the files this rank never needed."""
+
+    def __init__(self, path: Path, entries: tuple[FileEntry, ...]) -> None:
+        super().__init__(path)
+        self.fs = VerifyingFileSystem(path, {e.name: e for e in entries})
+
+    def unread(self, entries: list[FileEntry]) -> list[FileEntry]:
+        """Those of `entries` no `dcp.load` read through this reader (still to be verified on their own)."""
+        fs = cast(VerifyingFileSystem, self.fs)
+        return [e for e in entries if e.name not in fs.read]
