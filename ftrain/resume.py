@@ -57,6 +57,10 @@ class ResumeRefused(RuntimeError):
     """The start-up request contradicts the log (e.g. --no-resume on a run that has checkpoints)."""
 
 
+class ResumeFailed(RuntimeError):
+    """Loading a checkpoint failed for a reason outside it (memory, I/O): stop, and skip nothing."""
+
+
 class ResumePoint(msgspec.Struct, frozen=True):
     """Where training continues: the checkpoint's step and epoch."""
 
@@ -162,9 +166,13 @@ def _load(path: Path, manifest: Manifest, state: TrainState, group: dist.Process
 
 
 def _failure(exc: CheckpointException) -> str:
-    """The reason of the lowest failing rank: a file that did not verify, or what DCP could not read."""
-    error = exc.failures[min(exc.failures)][0]
-    return str(error) if isinstance(error, CorruptFile) else f"unreadable ({type(error).__name__}: {error})"
+    """The reason of the lowest rank whose file did not verify. Any other failure (out of memory, an I/O
+    error of the file system) says nothing about the checkpoint: it is raised on every rank, and the
+    checkpoint stays untouched for the next attempt."""
+    corrupt = [error for _, (error, _) in sorted(exc.failures.items()) if isinstance(error, CorruptFile)]
+    if not corrupt:
+        raise ResumeFailed(f"loading failed, not a corrupt checkpoint: {exc}") from exc
+    return str(corrupt[0])
 
 
 def _resumed(path: Path, candidate: Candidate, state: TrainState, recorder: Recorder | None) -> ResumePoint:

@@ -62,7 +62,8 @@ class _HashingStream(io.RawIOBase):
         return self.raw.fileno()
 
     def close(self) -> None:
-        self.raw.flush()
+        if not self.raw.closed:
+            self.raw.flush()
         super().close()
 
 

@@ -6,10 +6,12 @@ torch's own staging helpers, the ones `dcp.async_save` uses, so DTensor shards a
 torch handles them.
 """
 
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch.distributed._state_dict_utils import CompanionMismatch, _copy_state_dict, _create_cpu_state_dict
+from torch.distributed.tensor import DTensor
 
 
 class StagingBuffers:
@@ -17,16 +19,19 @@ class StagingBuffers:
 
     def __init__(self) -> None:
         self._cache: dict[str, Any] | None = None
+        self._layout: list[tuple[str, tuple[int, ...], torch.dtype]] = []
         self.pin = torch.cuda.is_available()
 
     def stage(self, state: dict[str, Any]) -> dict[str, Any]:
         """Copy `state` into the buffers; returns the staged copy (valid until the next `stage`)."""
-        if self._cache is not None:
+        layout = list(_tensor_layout(state))
+        if self._cache is not None and layout == self._layout:
             try:
                 return self._copy(state, self._cache)
             except CompanionMismatch:
-                self._cache = None  # the state's shape changed (e.g. optimizer state appeared): reallocate
-        self._cache = _create_cpu_state_dict(state, pin_memory=self.pin)
+                pass  # the same tensors under other keys: reallocate
+        # first save, or the state changed (optimizer state appeared, a tensor changed shape or dtype)
+        self._cache, self._layout = _create_cpu_state_dict(state, pin_memory=self.pin), layout
         return self._copy(state, self._cache)
 
     def _copy(self, state: dict[str, Any], cache: dict[str, Any]) -> dict[str, Any]:
@@ -34,3 +39,18 @@ class StagingBuffers:
         if self.pin:
             torch.cuda.synchronize()
         return staged
+
+
+def _tensor_layout(value: Any, path: str = "") -> Iterator[tuple[str, tuple[int, ...], torch.dtype]]:
+    """(path, local shape, dtype) of every tensor in a nested state dict: buffers fit only the same layout
+    (copying into a buffer of another shape could broadcast silently)."""
+    if isinstance(value, DTensor):
+        value = value.to_local()
+    if isinstance(value, torch.Tensor):
+        yield path, tuple(value.shape), value.dtype
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _tensor_layout(item, f"{path}/{key}")
+    elif isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            yield from _tensor_layout(item, f"{path}/{index}")

@@ -19,9 +19,9 @@ from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
 
 from events.run_id import InvalidRunId, validate_run_id
 from ftrain.checkpointing import CheckpointConfig, CheckpointManager, SaveTimes, TrainState
@@ -31,7 +31,7 @@ from ftrain.faults import fault_point
 from ftrain.logs import configure as configure_logging
 from ftrain.metrics import MetricsWriter, process_start_time, reached_step
 from ftrain.policy import parse_policy
-from ftrain.resume import NoValidCheckpoint, ResumeRefused
+from ftrain.resume import NoValidCheckpoint, ResumeFailed, ResumeRefused
 
 META_INIT_AUTO_PARAMS = 6_000_000_000  # the seed's threshold: dense init stays exact for smaller models
 PROCESS_START = process_start_time()
@@ -128,18 +128,17 @@ def build_model(config: dict[str, int], args: argparse.Namespace, device: torch.
 
 
 def params_digest(model: torch.nn.Module) -> str | None:
-    """Rank 0: SHA-256 over the full unsharded parameters, in name order (name, dtype, shape, bytes)."""
-    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    if dist.get_rank() != 0:
-        return None
-    digest = hashlib.sha256()
-    for name in sorted(full):
-        value = full[name]
-        assert isinstance(value, torch.Tensor)
-        tensor = value.detach().contiguous()
-        digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)};".encode())
-        digest.update(tensor.view(-1).view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
+    """Rank 0: SHA-256 over the full unsharded parameters, in name order (name, dtype, shape, bytes). One
+    parameter is gathered at a time, so a model too big for one process (meta-init) can still be hashed."""
+    digest = hashlib.sha256() if dist.get_rank() == 0 else None
+    for name, param in sorted(model.named_parameters()):
+        full = param.full_tensor() if isinstance(param, DTensor) else param
+        if digest is not None:
+            tensor = full.detach().cpu().contiguous()
+            digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)};".encode())
+            digest.update(tensor.view(-1).view(torch.uint8).numpy().tobytes())
+        del full
+    return digest.hexdigest() if digest is not None else None
 
 
 def _ckpt_metrics(times: SaveTimes, async_ckpt: bool) -> dict[str, float]:
@@ -188,6 +187,9 @@ def train(args: argparse.Namespace) -> int:
     try:
         return _loop(args, manager, state, device)
     except NoValidCheckpoint as exc:
+        _say(rank, f"train: {exc}")
+        return 1
+    except ResumeFailed as exc:
         _say(rank, f"train: {exc}")
         return 1
     except ResumeRefused as exc:

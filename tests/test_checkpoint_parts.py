@@ -1,0 +1,374 @@
+"""The pieces of the save and resume path, one at a time, on real files and without torchrun.
+
+The torchrun tests (test_training.py) show that the pieces work together; these pin down each piece's own
+promise (what it writes, what it leaves, what it never touches) cheaply enough to run on every change.
+"""
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+
+import workers.dcp_storage
+from ftrain.faults import POINTS
+from ftrain.metrics import last_iter, process_start_time, reached_step
+from ftrain.resume import cleanup_stale, owned
+from workers.checkpoint_dir import complete_steps
+from workers.dcp_storage import HashingFileSystem, HashingWriter
+from workers.fanout import PARTIAL, FanOutError, fan_out
+from workers.files import hash_file
+from workers.manifest import MANIFEST, MARKER, FileEntry
+from workers.retention import prune
+from workers.staging import StagingBuffers
+
+
+def tree(root: Path) -> set[str]:
+    """Every file and directory under `root`, as paths relative to it."""
+    return {str(p.relative_to(root)) for p in root.rglob("*")}
+
+
+def spy_hash_file(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    """Record the files the DCP writer hashes from disk (rather than in its write path)."""
+    calls: list[Path] = []
+
+    def spy(path: Path) -> tuple[int, str]:
+        calls.append(Path(path))
+        return hash_file(path)
+
+    monkeypatch.setattr(workers.dcp_storage, "hash_file", spy)
+    return calls
+
+
+# -- HashingWriter ----------------------------------------------------------------------------------------
+
+
+def model_and_optimizer_state() -> dict[str, Any]:
+    """A small model and its AdamW state after one step (so the optimizer state is not empty)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.randn(3, 8)).sum().backward()
+    optimizer.step()
+    return {"model": model.state_dict(), "optim": optimizer.state_dict()}
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_hashing_writer_lists_every_file_dcp_wrote_hashed_in_the_write_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from_disk = spy_hash_file(monkeypatch)
+    writer = HashingWriter(tmp_path / "ckpt")
+    dcp_save(model_and_optimizer_state(), storage_writer=writer, no_dist=True)
+
+    entries = writer.entries()
+    assert [e.name for e in entries] == sorted(os.listdir(tmp_path / "ckpt")) == [".metadata", "__0_0.distcp"]
+    for entry in entries:
+        assert (entry.size, entry.sha256) == hash_file(tmp_path / "ckpt" / entry.name), entry.name
+    assert from_disk == [], "DCP writes sequentially: nothing is read back to hash it"
+
+
+def test_a_stream_that_was_seeked_is_hashed_from_disk_and_renames_follow_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A seek makes the running hash wrong (bytes were overwritten), so the file is hashed once closed."""
+    from_disk = spy_hash_file(monkeypatch)
+    fs = HashingFileSystem()
+    seq, seeked = tmp_path / "seq.bin", tmp_path / "seeked.bin"
+    with fs.create_stream(seq, "wb") as stream:
+        stream.write(b"hello ")
+        stream.write(bytearray(b"world"))
+    with fs.create_stream(seeked, "wb") as stream:
+        stream.write(b"x" * 1000)
+        stream.seek(10)
+        stream.write(b"Y")
+
+    assert fs.written[seq] == (11, hashlib.sha256(b"hello world").hexdigest())
+    expected = b"x" * 10 + b"Y" + b"x" * 989
+    assert seeked.read_bytes() == expected
+    assert fs.written[seeked] == (1000, hashlib.sha256(expected).hexdigest())
+    assert from_disk == [seeked]
+
+    fs.rename(seeked, tmp_path / "final.bin")
+    assert set(fs.written) == {seq, tmp_path / "final.bin"}
+
+
+# -- fan-out ----------------------------------------------------------------------------------------------
+
+STAGED = {
+    ".metadata": b"metadata" * 50,
+    "__0_0.distcp": os.urandom(300_000),
+    "__1_0.distcp": os.urandom(5_000),
+}
+
+
+def stage_files(stage: Path) -> list[FileEntry]:
+    """Write `STAGED` under `stage` and describe them as the writer would have (size and SHA-256)."""
+    stage.mkdir(parents=True)
+    for name, data in STAGED.items():
+        (stage / name).write_bytes(data)
+    return [FileEntry(name, *hash_file(stage / name)) for name in STAGED]
+
+
+def test_fan_out_delivers_every_file_under_its_name_and_drops_the_staged_copies(tmp_path: Path) -> None:
+    stage, dst = tmp_path / "stage", tmp_path / "ckpt" / ".step-5.tmp"
+    entries = stage_files(stage)
+    dst.mkdir(parents=True)
+    (dst / f"__0_0.distcp{PARTIAL}").write_bytes(b"left by a copy that was killed")
+
+    fan_out(stage, dst, entries)
+
+    assert sorted(os.listdir(dst)) == sorted(STAGED)
+    assert all((dst / name).read_bytes() == data for name, data in STAGED.items())
+    assert os.listdir(stage) == []
+
+
+def test_fan_out_refuses_a_staged_file_that_changed_after_it_was_hashed(tmp_path: Path) -> None:
+    stage, dst = tmp_path / "stage", tmp_path / "ckpt" / ".step-5.tmp"
+    entries = stage_files(stage)
+    changed = stage / "__0_0.distcp"
+    data = bytearray(changed.read_bytes())
+    data[1234] ^= 0xFF  # same size: only the hash can tell
+    changed.write_bytes(bytes(data))
+
+    with pytest.raises(FanOutError, match=r"__0_0\.distcp"):
+        fan_out(stage, dst, entries)
+
+    assert not (dst / "__0_0.distcp").exists(), "a bad copy never appears under the real name"
+    assert not list(dst.glob(f"*{PARTIAL}"))
+    assert sorted(os.listdir(stage)) == sorted(STAGED), "staged copies stay until every file arrived"
+
+
+# -- retention --------------------------------------------------------------------------------------------
+
+
+def make_checkpoint_dir(path: Path, *, marker: bool = True) -> Path:
+    """A checkpoint-shaped directory: a shard, a manifest and (unless told otherwise) the marker."""
+    path.mkdir(parents=True)
+    (path / "__0_0.distcp").write_bytes(b"shard")
+    (path / MANIFEST).write_bytes(b"{}")
+    if marker:
+        (path / MARKER).write_bytes(b"{}")
+    return path
+
+
+def test_prune_keeps_the_newest_complete_checkpoints_and_never_touches_anything_else(
+    tmp_path: Path,
+) -> None:
+    """Everything but plain `step-N` with a marker is evidence or work in progress: not counted, not deleted
+    (the newer ones would push real checkpoints out of the K if they were counted)."""
+    run = tmp_path / "run"
+    for step in (10, 20, 30, 40):
+        make_checkpoint_dir(run / f"step-{step}")
+    others = ["step-50.corrupt-1", "step-60.superseded-2", ".step-70.tmp", "step-5.corrupt-3", "step-1x"]
+    for name in others:
+        make_checkpoint_dir(run / name)  # with a marker: only the name says what they are
+    make_checkpoint_dir(run / "step-80", marker=False)
+    make_checkpoint_dir(run / "step-1", marker=False)
+    untouched = {p for p in tree(run) if not p.startswith(("step-10", "step-20"))}
+
+    assert prune(run, 2) == [20, 10]
+    assert tree(run) == untouched
+    assert complete_steps(run) == [40, 30]
+    assert prune(run, 2) == []
+
+
+@pytest.mark.parametrize("keep", [1, 0, -1])
+def test_prune_refuses_to_keep_fewer_than_two(tmp_path: Path, keep: int) -> None:
+    run = tmp_path / "run"
+    for step in (1, 2, 3):
+        make_checkpoint_dir(run / f"step-{step}")
+    before = tree(run)
+    with pytest.raises(ValueError, match="at least 2"):
+        prune(run, keep)
+    assert tree(run) == before
+
+
+def test_prune_removes_the_marker_first_so_a_half_deleted_checkpoint_never_looks_complete(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The deletion of a shard fails (as a read-only directory would for a non-root user; these tests may
+    run as root, so the failure is injected into os.unlink); the marker must already be gone, both when the
+    deletion starts and in what is left."""
+    run = tmp_path / "run"
+    for step in (1, 2, 3):
+        make_checkpoint_dir(run / f"step-{step}")
+    real_unlink, real_rmtree = os.unlink, shutil.rmtree
+    marker_at_rmtree: list[bool] = []
+
+    def failing_unlink(path: Any, *args: Any, **kwargs: Any) -> None:
+        if os.path.basename(os.fspath(path)) == "__0_0.distcp":
+            raise PermissionError(13, "Permission denied", os.fspath(path))
+        real_unlink(path, *args, **kwargs)
+
+    def spying_rmtree(path: Any, *args: Any, **kwargs: Any) -> None:
+        marker_at_rmtree.append((Path(path) / MARKER).exists())
+        real_rmtree(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "unlink", failing_unlink)
+    monkeypatch.setattr(shutil, "rmtree", spying_rmtree)
+    assert prune(run, 2) == [1]
+    monkeypatch.undo()
+
+    assert marker_at_rmtree == [False]
+    assert tree(run / "step-1") == {"__0_0.distcp"}, "the failed deletion left the shard behind"
+    assert complete_steps(run) == [3, 2]
+
+
+# -- resume-side helpers ----------------------------------------------------------------------------------
+
+SHARDS = [f"__{rank}_0.distcp" for rank in range(4)]
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_owned_splits_the_files_so_each_is_verified_exactly_once(world: int) -> None:
+    files = tuple(FileEntry(name, 1, "0" * 64) for name in [".metadata", *SHARDS])
+    per_rank = {rank: [e.name for e in owned(files, rank, world)] for rank in range(world)}
+
+    assert Counter(n for names in per_rank.values() for n in names) == Counter(e.name for e in files)
+    assert ".metadata" in per_rank[0]
+    for writer, shard in enumerate(SHARDS):
+        assert shard in per_rank[writer % world], (shard, per_rank)
+
+
+def test_cleanup_stale_removes_interrupted_saves_and_nothing_else(tmp_path: Path) -> None:
+    """Rank 0 clears the run's `.step-N.tmp` directories; every rank clears its own staging directory.
+    Checkpoints, metrics and set-aside directories are evidence and stay."""
+    ckpt, stage = tmp_path / "ckpt" / "run", tmp_path / "stage"
+    make_checkpoint_dir(ckpt / "step-5")
+    make_checkpoint_dir(ckpt / "step-3.corrupt-1")
+    make_checkpoint_dir(ckpt / "step-2.superseded-1")
+    (ckpt / "metrics").mkdir()
+    (ckpt / "metrics" / "metrics-0.jsonl").write_bytes(b'{"train/iter": 5}\n')
+    (ckpt / ".step-10.tmp").mkdir()
+    (ckpt / ".step-10.tmp" / f"__0_0.distcp{PARTIAL}").write_bytes(b"half")
+    (ckpt / ".step-15.tmp").mkdir()
+    make_checkpoint_dir(tmp_path / "ckpt" / "other-run" / ".step-7.tmp")  # another run's: not ours
+    for rank in (0, 1):
+        (stage / f"rank-{rank}" / "step-10").mkdir(parents=True)
+        (stage / f"rank-{rank}" / "step-10" / f"__{rank}_0.distcp").write_bytes(b"staged")
+    everything = tree(tmp_path)
+
+    cleanup_stale(ckpt, stage / "rank-1", rank=1)
+    assert tree(tmp_path) == {p for p in everything if not p.startswith("stage/rank-1")}
+
+    cleanup_stale(ckpt, stage / "rank-0", rank=0)
+    assert tree(tmp_path) == {
+        p for p in everything if not p.startswith(("stage/rank-", "ckpt/run/.step-10", "ckpt/run/.step-15"))
+    }
+
+    cleanup_stale(tmp_path / "fresh-run", None, rank=0)  # a first start: nothing there, nothing to do
+    assert not (tmp_path / "fresh-run").exists()
+
+
+# -- staging ----------------------------------------------------------------------------------------------
+
+
+def ptr(state: dict[str, Any]) -> int:
+    """Where the weight tensor of a (staged) state lives."""
+    return int(state["model"]["w"].data_ptr())
+
+
+def test_staging_reuses_its_buffers_and_holds_the_values_of_the_moment_it_staged() -> None:
+    state: dict[str, Any] = {
+        "model": {"w": torch.randn(4, 3), "b": torch.zeros(3)},
+        "optim": {"state": {}},
+        "progress": {"step": 3},
+    }
+    buffers = StagingBuffers()
+
+    first = buffers.stage(state)
+    at_stage = state["model"]["w"].clone()
+    assert ptr(first) != ptr(state), "a copy, not a view of the live tensor"
+    state["model"]["w"].add_(1.0)
+    assert torch.equal(first["model"]["w"], at_stage), "training on does not change what was staged"
+
+    second = buffers.stage(state)
+    assert ptr(second) == ptr(first), "same-shaped state: the preallocated buffers are reused"
+    assert torch.equal(second["model"]["w"], state["model"]["w"])
+    assert second["progress"] == {"step": 3}
+
+    state["optim"]["state"] = {0: {"exp_avg": torch.ones(3)}}  # the first optimizer step adds its state
+    third = buffers.stage(state)
+    assert ptr(third) != ptr(first), "a changed structure gets new buffers"
+    assert torch.equal(third["optim"]["state"][0]["exp_avg"], torch.ones(3))
+    assert torch.equal(third["model"]["w"], state["model"]["w"])
+    assert ptr(buffers.stage(state)) == ptr(third)
+
+
+# -- metrics ----------------------------------------------------------------------------------------------
+
+
+def test_last_iter_skips_a_torn_last_line_and_records_without_an_iteration(tmp_path: Path) -> None:
+    path = tmp_path / "metrics-0.jsonl"
+    assert last_iter(path) is None
+    path.write_bytes(
+        b'{"time": 1, "train/iter": 1, "train/loss": 2.5}\n'
+        b'{"time": 2, "train/iter": 2, "train/ckpt_save_seconds": 0.1}\n'
+        b'{"time": 3, "train/ckpt_drain_seconds": 0.0, "final": true}\n'
+        b"[3]\n"
+        b'{"time": 4, "train/iter": 3, "train/lo'  # SIGKILL mid-write
+    )
+    assert last_iter(path) == 2
+    path.write_bytes(b'{"final": true}\n{"train/it')
+    assert last_iter(path) is None
+
+
+def test_reached_step_is_the_furthest_any_rank_logged(tmp_path: Path) -> None:
+    """A kill lands on the ranks at slightly different points; the work lost is the furthest one's."""
+    assert reached_step(tmp_path) is None
+    (tmp_path / "metrics-0.jsonl").write_bytes(b'{"train/iter": 7}\n{"train/iter": 8, "train/lo')
+    (tmp_path / "metrics-1.jsonl").write_bytes(b'{"train/iter": 7}\n{"train/iter": 8}\n')
+    (tmp_path / "metrics-2.jsonl").write_bytes(b"")
+    assert reached_step(tmp_path) == 8
+
+
+def test_process_start_time_is_when_the_process_started(tmp_path: Path) -> None:
+    """Read from the kernel, so a child's start lies between our spawning it and its answer; the kernel
+    reports the boot time in whole seconds, hence up to a second early."""
+    before = time.time()
+    out = subprocess.run(
+        [sys.executable, "-c", "from ftrain.metrics import process_start_time; print(process_start_time())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    after = time.time()
+    assert before - 1.5 <= float(out) <= after
+    assert process_start_time() <= time.time()
+
+
+# -- fault injection --------------------------------------------------------------------------------------
+
+
+def import_faults(kill_at: str) -> subprocess.CompletedProcess[str]:
+    """Import ftrain.faults in a fresh interpreter with FTRAIN_KILL_AT set."""
+    return subprocess.run(
+        [sys.executable, "-c", "import ftrain.faults"],
+        env={**os.environ, "FTRAIN_KILL_AT": kill_at},
+        capture_output=True,
+        text=True,
+    )
+
+
+@pytest.mark.parametrize("kill_at", ["boom:3", "step:x", "step:", "write", "fanout:-1", "step:3,boom:4"])
+def test_an_invalid_kill_point_fails_at_import_naming_the_accepted_points(kill_at: str) -> None:
+    """A typo must not silently disable the fault an experiment relies on."""
+    result = import_faults(kill_at)
+    assert result.returncode == 1
+    assert f"ValueError: FTRAIN_KILL_AT={kill_at!r}" in result.stderr
+    assert ", ".join(POINTS) in result.stderr
+
+
+def test_valid_kill_points_import_cleanly() -> None:
+    result = import_faults("finalize:20,step:3")
+    assert (result.returncode, result.stderr) == (0, "")
