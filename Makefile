@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 $(BIN)/ftrain: pyproject.toml
 	python3 -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev,train]'
+	$(BIN)/pip install -q -e '.[dev,train,experiments]'
 	touch $@
 
 demo: $(BIN)/ftrain
@@ -23,3 +23,4 @@ test: lint
 
 bench: $(BIN)/ftrain
 	$(BIN)/python scripts/bench_events.py
+	$(BIN)/python scripts/bench_checkpoint.py

@@ -1,0 +1,564 @@
+"""Benchmark ftrain's checkpoint save and resume against raw torch.distributed.checkpoint, side by side.
+
+Run: ``.venv/bin/python scripts/bench_checkpoint.py [--model 85m] [--repeats 3] [--dir DIR] [--json out.json]``.
+It relaunches itself under torchrun with 2 CPU ranks (gloo); the workers build the reference trainer's FSDP2
+model (``85m``: model + AdamW state ≈ 1 GB), take one optimizer step so the AdamW state exists, then measure:
+
+1. saves, interleaved per round (raw ``dcp.save``, ``torch.save`` of the gathered state, ``dcp.async_save``
+   with its defaults, ftrain sync, ftrain async) so machine noise hits every method alike, after one
+   warm-up round that is not counted; each save goes to a fresh directory that is deleted (then ``sync``)
+   once measured; figures are medians over the rounds;
+2. the copy floor, each round right before the ftrain async save: ``copy_`` bandwidth into a preallocated
+   tensor of each rank's state size, both ranks at once as in the real stage; floor = the rank's state
+   bytes ÷ that bandwidth (the slower rank);
+3. resume: ``CheckpointManager.load()`` (marker, manifest, SHA-256 of every shard, then ``dcp.load``) of the
+   last ftrain sync checkpoint vs raw ``dcp.load`` of the last raw ``dcp.save`` checkpoint, both written
+   earlier in the run: cold (their pages dropped with ``posix_fadvise(DONTNEED)``, possible because they were
+   fsync'd) and cached (read again right after).
+
+Blocking is the time the training loop waits; durable + finalized is until the data is fsync'd (and, for
+ftrain, the manifest, marker and rename are done on rank 0), barrier to barrier, so the slowest rank counts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, cast
+
+import torch
+import torch.distributed as dist
+from bench_events import fs_type
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+)
+from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+from torch.distributed.checkpoint.state_dict_saver import async_save as dcp_async_save
+from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+from torch.distributed.tensor import DTensor
+
+from ftrain.checkpointing import CheckpointManager
+from ftrain.ckpt_config import CheckpointConfig
+from ftrain.examples.data import ResumableLoader, synthetic_tokens
+from ftrain.examples.model import MODELS
+from ftrain.examples.train import build_model, model_config, parse_args
+from ftrain.logs import configure as configure_logs
+from ftrain.train_state import TrainState
+
+WORLD = 2
+GB = 1e9
+RAW, GATHERED, ASYNC, FT_SYNC, FT_ASYNC = (
+    "raw dcp.save",
+    "torch.save gathered",
+    "dcp.async_save (default)",
+    "ftrain sync",
+    "ftrain async",
+)
+METHODS = (RAW, GATHERED, ASYNC, FT_SYNC, FT_ASYNC)
+RAW_LOAD, FT_LOAD = "raw dcp.load", "ftrain load() (verify + load)"
+COPY_REPEATS = 5
+
+
+# ----------------------------------------------------------------------------------------------- helpers
+
+
+def local_bytes(obj: Any) -> int:
+    """Bytes of the tensors in a nested state dict as this rank holds them (a DTensor counts its shard)."""
+    if isinstance(obj, DTensor):
+        return local_bytes(obj.to_local())
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(local_bytes(v) for v in obj.values())
+    if isinstance(obj, list | tuple):
+        return sum(local_bytes(v) for v in obj)
+    return 0
+
+
+def worst(value: float) -> float:
+    """The largest `value` over the ranks (the slowest rank is the one training waits for)."""
+    box = torch.tensor([value], dtype=torch.float64)
+    dist.all_reduce(box, op=dist.ReduceOp.MAX)
+    return float(box.item())
+
+
+def total(value: int) -> int:
+    """The sum of `value` over the ranks."""
+    box = torch.tensor([value], dtype=torch.int64)
+    dist.all_reduce(box)
+    return int(box.item())
+
+
+def dir_bytes(path: Path) -> int:
+    """Bytes of the files under `path`."""
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def evict(path: Path) -> None:
+    """Drop `path`'s files from the page cache (their pages are clean: fsync'd), so the next read hits the disk."""
+    for file in path.rglob("*"):
+        if file.is_file():
+            fd = os.open(file, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+def median(values: Sequence[float]) -> float:
+    """Median, NaN for no values."""
+    return statistics.median(values) if values else float("nan")
+
+
+@dataclass
+class Samples:
+    """One method's per-round figures (seconds; bytes on disk)."""
+
+    blocking: list[float] = field(default_factory=list)
+    durable: list[float] = field(default_factory=list)
+    disk_bytes: list[int] = field(default_factory=list)
+    extra: list[float] = field(default_factory=list)  # gather (torch.save) or the save() call (ftrain async)
+
+
+# -------------------------------------------------------------------------------------------- the saves
+
+
+class Bench:
+    """One rank's side of the benchmark: the training state, the two ftrain managers, the directories."""
+
+    def __init__(self, model_name: str, base: Path) -> None:
+        self.rank = dist.get_rank()
+        self.base = base
+        train_args = parse_args(["--ckpt-dir", str(base / "unused"), "--model", model_name])
+        config = model_config(train_args)
+        model = build_model(config, train_args, torch.device("cpu"), self.rank)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=train_args.lr)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+        data = synthetic_tokens(256, config["seq"] + 1, config["vocab"], train_args.seed)
+        loader = ResumableLoader(data, config["batch"], self.rank, WORLD, train_args.seed)
+        inputs, targets = loader.next()
+        model(inputs, targets).backward()  # one step, so the AdamW moments exist and are saved
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        scheduler.step()
+        self.state = TrainState(model, optimizer, scheduler, loader, self.rank)
+        self.rank_bytes = local_bytes(self.state.state_dict())
+        self.state_bytes = total(self.rank_bytes)
+        self.params = total(sum(local_bytes(p) // p.element_size() for p in model.parameters()))
+        self.sync_dir, self.async_dir = base / "ftrain-sync", base / "ftrain-async"
+        self.sync = CheckpointManager(CheckpointConfig(ckpt_dir=self.sync_dir), self.state)
+        self.async_ = CheckpointManager(
+            CheckpointConfig(ckpt_dir=self.async_dir, async_save=True, stage_dir=base / "stage"), self.state
+        )
+        self.step = 0
+        self.samples = {m: Samples() for m in METHODS}
+        self.floors: list[float] = []
+        self.copy_gbps: list[float] = []
+        self.kept: dict[str, tuple[int, Path]] = {}  # method -> (step, directory) of the checkpoint kept
+
+    def close(self) -> None:
+        """Stop the managers' pipelines."""
+        self.sync.close()
+        self.async_.close()
+
+    # -- one save of each kind: returns (blocking seconds or None = all of it, extra, where it went) -------
+
+    def raw_save(self) -> tuple[float | None, float, Path]:
+        target = self.base / "raw" / f"save-{self.step}"
+        dcp_save({"app": self.state}, checkpoint_id=target)
+        return None, 0.0, target
+
+    def gathered_save(self) -> tuple[float | None, float, Path]:
+        target = self.base / "gathered" / f"save-{self.step}"
+        start = time.perf_counter()
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        full = {
+            "model": get_model_state_dict(self.state.model, options=options),
+            "optim": get_optimizer_state_dict(self.state.model, self.state.optimizer, options=options),
+            "scheduler": self.state.scheduler.state_dict(),
+            "loader": self.state.loader.state_dict(),
+        }
+        gather = time.perf_counter() - start
+        if self.rank == 0:
+            target.mkdir(parents=True)
+            with open(target / "state.pt", "xb") as f:
+                torch.save(full, f)
+                f.flush()
+                os.fsync(f.fileno())
+        return None, gather, target
+
+    def async_save(self) -> tuple[float | None, float, Path]:
+        target = self.base / "async" / f"save-{self.step}"
+        start = time.perf_counter()
+        response = dcp_async_save({"app": self.state}, checkpoint_id=target)
+        blocking = time.perf_counter() - start
+        upload = response if isinstance(response, Future) else response.upload_completion
+        cast(Future[Any], upload).result()
+        return blocking, 0.0, target
+
+    def ftrain_sync(self) -> tuple[float | None, float, Path]:
+        self.sync.save(self.step, 0)
+        return None, 0.0, self.sync_dir / f"step-{self.step}"
+
+    def ftrain_async(self) -> tuple[float | None, float, Path]:
+        start = time.perf_counter()
+        times = self.async_.save(self.step, 0)
+        call = time.perf_counter() - start
+        self.async_.drain()
+        return times.stage_seconds, call, self.async_dir / f"step-{self.step}"
+
+    def measure(self, method: str, record: bool, keep: bool = False) -> None:
+        """One save, barrier to barrier; then the directory is deleted (unless `keep`) and the disk settled."""
+        op: Callable[[], tuple[float | None, float, Path]] = {
+            RAW: self.raw_save,
+            GATHERED: self.gathered_save,
+            ASYNC: self.async_save,
+            FT_SYNC: self.ftrain_sync,
+            FT_ASYNC: self.ftrain_async,
+        }[method]
+        self.step += 1
+        dist.barrier()
+        start = time.perf_counter()
+        blocking, extra, target = op()
+        dist.barrier()
+        durable = worst(time.perf_counter() - start)
+        blocking = durable if blocking is None else worst(blocking)
+        extra = worst(extra)
+        size = dir_bytes(target) if self.rank == 0 else 0
+        if self.rank == 0:
+            if not keep:
+                shutil.rmtree(target)
+            os.sync()  # no write-back of this save may slow the next one
+        dist.barrier()
+        if keep:
+            self.kept[method] = (self.step, target)
+        if record:
+            s = self.samples[method]
+            s.blocking.append(blocking)
+            s.durable.append(durable)
+            s.disk_bytes.append(size)
+            s.extra.append(extra)
+        say(
+            f"      {method:<26} blocking {blocking:7.3f} s   durable {durable:7.3f} s"
+            + ("" if record else "   (warm-up)")
+        )
+
+    # -- copy floor ----------------------------------------------------------------------------------------
+
+    def copy_floor(self, record: bool) -> None:
+        """`copy_` of this rank's state size into preallocated memory, both ranks at once (the stage's floor);
+        records the slowest rank's median seconds and that rank's GB/s."""
+        src = torch.ones(self.rank_bytes, dtype=torch.uint8)
+        dst = torch.empty_like(src)
+        dst.copy_(src)  # fault the pages in, as the staging buffers are after the first save
+        times = []
+        for _ in range(COPY_REPEATS):
+            dist.barrier()
+            start = time.perf_counter()
+            dst.copy_(src)
+            times.append(time.perf_counter() - start)
+        seconds = median(times)
+        del src, dst
+        floor, gbps = worst(seconds), -worst(-self.rank_bytes / seconds / GB)
+        if record:
+            self.floors.append(floor)
+            self.copy_gbps.append(gbps)
+        say(f"      {'copy floor':<26} {floor:7.3f} s   ({gbps:.2f} GB/s per rank)")
+
+    # -- resume --------------------------------------------------------------------------------------------
+
+    def resume(self, repeats: int) -> dict[str, dict[str, list[float]]]:
+        """ftrain `load()` of the kept ftrain sync checkpoint vs `dcp.load` of the kept raw one, cold and cached.
+
+        The ftrain run directory holds exactly that one checkpoint; run_id None is file mode (no log)."""
+        raw_dir = self.kept[RAW][1]
+        sync_step = self.kept[FT_SYNC][0]
+        manager = CheckpointManager(CheckpointConfig(ckpt_dir=self.sync_dir), self.state)
+
+        def raw_load() -> None:
+            dcp_load({"app": self.state}, checkpoint_id=raw_dir)
+
+        def ftrain_load() -> None:
+            with contextlib.redirect_stdout(io.StringIO()):  # its "RESUMED from" line
+                point = manager.load()
+            assert point is not None and point.step == sync_step, point
+
+        out: dict[str, dict[str, list[float]]] = {m: {"cold": [], "cached": []} for m in (RAW_LOAD, FT_LOAD)}
+        loads = {RAW_LOAD: (raw_load, raw_dir), FT_LOAD: (ftrain_load, self.sync_dir)}
+        for r in range(repeats):
+            order = (RAW_LOAD, FT_LOAD) if r % 2 == 0 else (FT_LOAD, RAW_LOAD)
+            for mode in ("cold", "cached"):
+                for name in order:
+                    load, path = loads[name]
+                    if mode == "cold" and self.rank == 0:
+                        evict(path)
+                    dist.barrier()
+                    start = time.perf_counter()
+                    load()
+                    dist.barrier()
+                    seconds = worst(time.perf_counter() - start)
+                    out[name][mode].append(seconds)
+                    say(f"      {name:<30} {mode:<6} {seconds:7.3f} s")
+        manager.close()
+        return out
+
+
+# ---------------------------------------------------------------------------------------------- report
+
+
+def say(line: str) -> None:
+    """Progress on rank 0's stdout."""
+    if dist.get_rank() == 0:
+        print(line, flush=True)
+
+
+def verdict(ok: bool | None) -> str:
+    """How a target row reads (None: a figure shown for reference)."""
+    return "" if ok is None else ("met" if ok else "MISSED")
+
+
+def report(r: dict[str, Any]) -> None:
+    """The machine and workload lines, the save table, the resume table, the targets."""
+    m = r["machine"]
+    print(f"\nftrain checkpoint benchmark, {m['date']}")
+    print(
+        f"machine: {m['cores']} cores, {m['platform']}, Python {m['python']}, torch {m['torch']}, "
+        f"{WORLD} ranks (gloo, OMP_NUM_THREADS={m['omp_threads']}); 1-min load average "
+        f"{m['load_start']:.1f} at start, {m['load_end']:.1f} at end (other jobs share the machine)"
+    )
+    print(
+        f"state: model {r['model']} ({r['params'] / 1e6:.1f}M params) + AdamW, {r['state_bytes'] / GB:.3f} GB "
+        f"in {WORLD} FSDP2 shards; checkpoints under {r['dir']} ({r['fs']}, same device as the repo: "
+        f"{r['same_device_as_repo']})"
+    )
+    print(
+        f"saves: medians of {r['repeats']} interleaved rounds after 1 warm-up round; each save to a fresh "
+        "directory, deleted and `sync`ed after"
+    )
+    if r["model"] == "debug":
+        print("debug model: a smoke run; fixed costs dominate, so the ratios mean nothing (use 85m)")
+    rows: list[tuple[str, ...]] = [
+        ("method", "blocking s", "durable+finalized s", "(min-max)", "GB/s", "on disk GB", "note")
+    ]
+    for method in METHODS:
+        s = r["saves"][method]
+        note = ""
+        if method == GATHERED:
+            note = f"gather {s['extra']:.3f} s (in blocking); rank 0 writes alone"
+        elif method == FT_ASYNC:
+            note = f"blocking = stage_seconds; save() call {s['extra']:.3f} s"
+        elif method == ASYNC:
+            note = "blocking = until async_save returns"
+        rows.append(
+            (
+                method,
+                f"{s['blocking']:.3f}",
+                f"{s['durable']:.3f}",
+                f"({min(s['all_durable']):.2f}-{max(s['all_durable']):.2f})",
+                f"{r['state_bytes'] / GB / s['durable']:.3f}",
+                f"{s['disk_bytes'] / GB:.3f}",
+                note,
+            )
+        )
+    table(rows)
+    print(
+        f"copy floor: {r['copy_gbps']:.2f} GB/s per rank (both at once, measured each round) -> "
+        f"{r['copy_floor']:.3f} s for the larger shard ({r['rank_bytes_max'] / GB:.3f} GB)"
+    )
+    res = r["resume"]
+    print(
+        f"\nresume ({r['repeats']} rounds, medians): both checkpoints written earlier in this run; cold = "
+        "pages dropped with posix_fadvise(DONTNEED) first, cached = read again straight after"
+    )
+    rows = [("method", "cold s", "cached s", "cold GB/s", "cached GB/s")]
+    for name in (RAW_LOAD, FT_LOAD):
+        cold, cached = res[name]["cold"], res[name]["cached"]
+        rows.append(
+            (
+                name,
+                f"{cold:.3f}",
+                f"{cached:.3f}",
+                f"{r['state_bytes'] / GB / cold:.3f}",
+                f"{r['state_bytes'] / GB / cached:.3f}",
+            )
+        )
+    table(rows)
+    print("\ntargets")
+    rows = [("figure", "value", "target", "")]
+    for name, value, target, ok in targets(r):
+        rows.append((name, value, target, verdict(ok)))
+    table(rows)
+    print(f"wall time {r['wall_s']:.1f} s")
+
+
+def targets(r: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
+    """(figure, value, target, met) for each target of the issue."""
+    saves, res = r["saves"], r["resume"]
+    raw, ft_sync, ft_async = saves[RAW], saves[FT_SYNC], saves[FT_ASYNC]
+    throughput = raw["durable"] / ft_sync["durable"]
+    stall_vs_raw = ft_async["blocking"] / raw["blocking"]
+    stall_vs_floor = ft_async["blocking"] / r["copy_floor"]
+    out: list[tuple[str, str, str, bool | None]] = [
+        ("ftrain sync GB/s ÷ raw dcp.save GB/s", f"{throughput:.2f}x", ">= 0.9x", throughput >= 0.9),
+        (
+            "ftrain async stall ÷ raw dcp.save blocking",
+            f"{stall_vs_raw:.3f}x",
+            "<= 0.1x",
+            stall_vs_raw <= 0.1,
+        ),
+        ("ftrain async stall ÷ copy floor", f"{stall_vs_floor:.2f}x", "<= 2x", stall_vs_floor <= 2.0),
+    ]
+    for mode in ("cold", "cached"):
+        ratio = res[FT_LOAD][mode] / res[RAW_LOAD][mode]
+        out.append((f"ftrain resume ÷ raw dcp.load ({mode})", f"{ratio:.2f}x", "<= 1.5x", ratio <= 1.5))
+    out.append(
+        (
+            "for reference: dcp.async_save blocking ÷ raw dcp.save blocking",
+            f"{saves[ASYNC]['blocking'] / raw['blocking']:.3f}x",
+            "",
+            None,
+        )
+    )
+    return out
+
+
+def table(rows: Sequence[tuple[str, ...]]) -> None:
+    """Left-aligned first and last columns, right-aligned numbers."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    last = len(widths) - 1
+    for row in rows:
+        cells = [
+            c.ljust(w) if i in (0, last) else c.rjust(w)
+            for i, (c, w) in enumerate(zip(row, widths, strict=True))
+        ]
+        print("  ".join(cells).rstrip())
+
+
+# ------------------------------------------------------------------------------------------------ main
+
+
+def worker(args: argparse.Namespace) -> int:
+    """Every measurement, on each rank; rank 0 prints the report (and writes --json)."""
+    start, load_start = time.perf_counter(), os.getloadavg()[0]
+    configure_logs("warning")
+    dist.init_process_group("gloo")
+    base: Path = args.dir
+    rank = dist.get_rank()
+    say(f"[setup] building the {args.model} model (FSDP2, {WORLD} ranks) and taking one AdamW step")
+    bench = Bench(args.model, base)
+    say(f"        state {bench.state_bytes / GB:.3f} GB")
+    try:
+        for round_ in range(args.repeats + 1):
+            say(f"[saves] round {round_}/{args.repeats}" + (" (warm-up)" if round_ == 0 else ""))
+            last = round_ == args.repeats
+            for method in METHODS:
+                if method == FT_ASYNC:  # the floor right before the stall it bounds: the same noise
+                    bench.copy_floor(record=round_ > 0)
+                bench.measure(method, record=round_ > 0, keep=last and method in (RAW, FT_SYNC))
+        say("[resume]")
+        resume = bench.resume(args.repeats)
+    finally:
+        bench.close()
+    result: dict[str, Any] = {
+        "machine": {
+            "date": datetime.now(UTC).isoformat(timespec="seconds"),
+            "cores": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "omp_threads": torch.get_num_threads(),
+            "load_start": load_start,
+            "load_end": os.getloadavg()[0],
+        },
+        "model": args.model,
+        "params": bench.params,
+        "state_bytes": bench.state_bytes,
+        "rank_bytes_max": int(worst(bench.rank_bytes)),
+        "repeats": args.repeats,
+        "dir": str(base),
+        "fs": fs_type(base),
+        "same_device_as_repo": base.stat().st_dev == Path(__file__).stat().st_dev,
+        "saves": {
+            m: {
+                "blocking": median(s.blocking),
+                "durable": median(s.durable),
+                "disk_bytes": median(s.disk_bytes),
+                "extra": median(s.extra),
+                "all_blocking": s.blocking,
+                "all_durable": s.durable,
+            }
+            for m, s in bench.samples.items()
+        },
+        "copy_floor": median(bench.floors),
+        "copy_gbps": median(bench.copy_gbps),
+        "all_copy_floor": bench.floors,
+        "resume": {name: {mode: median(v) for mode, v in modes.items()} for name, modes in resume.items()},
+        "resume_all": resume,
+    }
+    dist.destroy_process_group()
+    if rank == 0:
+        result["wall_s"] = time.perf_counter() - start
+        report(result)
+        if args.json:
+            result["targets"] = [
+                {"figure": f, "value": v, "target": t, "met": ok} for f, v, t, ok in targets(result)
+            ]
+            args.json.write_text(json.dumps(result, indent=2) + "\n")
+            print(f"figures written to {args.json}")
+    return 0
+
+
+def launch(args: argparse.Namespace) -> int:
+    """Run the workers under torchrun in a fresh directory (on the same disk as `--dir`), then remove it."""
+    parent = args.dir or Path(tempfile.gettempdir())
+    parent.mkdir(parents=True, exist_ok=True)
+    base = Path(tempfile.mkdtemp(prefix="ftrain-bench-ckpt-", dir=parent)).absolute()
+    argv = [__file__, "--model", args.model, "--repeats", str(args.repeats), "--dir", str(base)]
+    if args.json:
+        argv += ["--json", str(args.json.absolute())]
+    env = os.environ | {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={WORLD}"]
+    try:
+        return subprocess.run([*command, *argv], env=env, check=False).returncode
+    finally:
+        if args.keep:
+            print(f"kept {base}")
+        else:
+            shutil.rmtree(base, ignore_errors=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse arguments; launch torchrun, or be one of its workers."""
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--model", choices=sorted(MODELS), default="85m", help="debug: a quick smoke run")
+    parser.add_argument("--repeats", type=int, default=3, help="measured rounds (after one warm-up)")
+    parser.add_argument("--dir", type=Path, help="where checkpoints go (a fresh subdirectory; default /tmp)")
+    parser.add_argument("--json", type=Path, help="write the figures here")
+    parser.add_argument("--keep", action="store_true", help="keep the checkpoint directory")
+    args = parser.parse_args(argv)
+    if args.repeats < 1:
+        parser.error("--repeats must be >= 1")
+    if "LOCAL_RANK" in os.environ:
+        return worker(args)
+    return launch(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
