@@ -26,7 +26,7 @@ from ftrain.recorder import Recorder
 from ftrain.resume import ResumePoint, cleanup_stale, resume
 from ftrain.train_state import TrainState
 from workers.checkpoint_dir import CheckpointExists, checkpoint_path, path_uri, seal_checkpoint
-from workers.dcp_storage import HashingWriter
+from workers.dcp_writer import HashingWriter
 from workers.fanout import fan_out
 from workers.manifest import FileEntry, Manifest
 from workers.outbox import CheckpointIntent

@@ -2,9 +2,8 @@
 
 Rank 0 lists the candidates, newest first: the checkpoints the log says are valid (after flushing what the
 previous attempt left in the outbox), or, with the log out of reach, the directories whose marker and
-manifest agree. Rank 0 checks a candidate's marker, manifest and `.metadata`; then DCP loads it through a
-reader that hashes each file whole before DCP parses a byte of it (one pass over the disk, and a tampered
-file never reaches the unpickler); each rank also hashes the shards it owns that its load did not need. The
+manifest agree. Rank 0 checks a candidate's marker and manifest; every rank hashes the files it owns (its
+own shards; rank 0 also `.metadata`), in threads and all at once, so each byte is hashed once in the job. The
 verdicts are combined, so all ranks fall back together. An invalid checkpoint is recorded
 as `corrupt_skipped` and set aside; when checkpoints exist and none is valid, every rank raises
 NoValidCheckpoint (never a silent fresh start).
@@ -37,13 +36,11 @@ from workers.checkpoint_dir import (
     uri_path,
     verify_files,
 )
-from workers.dcp_storage import CorruptFile, VerifyingReader
 from workers.manifest import MARKER, FileEntry, Manifest, decode_marker
 from workers.outbox import FailIntent, ResumeIntent, SkipIntent
 
 FLUSH_TIMEOUT = 15.0
 LOG_TIMEOUT = 15.0
-METADATA = ".metadata"
 _SHARD = re.compile(r"__(\d+)_\d+\.distcp$")
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
@@ -107,7 +104,9 @@ def resume(
         raise ResumeRefused(plan.refused)
     for candidate in plan.candidates:
         path = Path(candidate.path)
-        header = cast(Manifest | str, _broadcast(_header(path, candidate) if rank == 0 else None, group))
+        header = cast(
+            Manifest | str, _broadcast(read_manifest(path, candidate.digest) if rank == 0 else None, group)
+        )
         reason = header if isinstance(header, str) else _load(path, header, state, group)
         if reason is None:
             assert isinstance(header, Manifest)
@@ -135,44 +134,34 @@ def owned(files: tuple[FileEntry, ...], rank: int, world: int) -> list[FileEntry
     return mine
 
 
-def _header(path: Path, candidate: Candidate) -> Manifest | str:
-    """Rank 0: the manifest, if marker, digest and DCP's `.metadata` (unpickled by every rank) check out."""
-    manifest = read_manifest(path, candidate.digest)
-    if isinstance(manifest, str):
-        return manifest
-    return verify_files(path, [e for e in manifest.files if e.name == METADATA]) or manifest
-
-
 def _load(path: Path, manifest: Manifest, state: TrainState, group: dist.ProcessGroup) -> str | None:
-    """Load the checkpoint into `state`, DCP reading only verified bytes; then each rank verifies the files it
-    owns that the load did not read. Returns the combined verdict, the same on every rank (None: valid)."""
+    """Every rank hashes the files it owns (threads, all ranks at once: each byte is read and hashed once in
+    the job); only when every verdict is clean does DCP load, so it never parses an unverified byte (it
+    unpickles non-tensor items with `weights_only=False`). Returns the combined verdict, the same on every
+    rank (None: loaded)."""
     rank, world = dist.get_rank(), dist.get_world_size()
+    verdicts: list[str | None] = [None] * world
+    dist.all_gather_object(verdicts, verify_files(path, owned(manifest.files, rank, world)), group=group)
+    if reason := next((r for r in verdicts if r), None):
+        return reason
     if manifest.world_size != world:
         log.warning("world_size_changed", saved=manifest.world_size, now=world)
     state.restore_rng = (
         manifest.world_size == world
     )  # per-rank RNG streams exist for the ranks that saved them
-    reader = VerifyingReader(path, manifest.files)
     try:
-        dcp_load({"app": state}, storage_reader=reader, process_group=group)
-        reason = verify_files(path, reader.unread(owned(manifest.files, rank, world)))
-    except CheckpointException as exc:  # raised on every rank, with every rank's failure
-        reason = _failure(exc)
+        dcp_load({"app": state}, checkpoint_id=path, process_group=group)
+    except CheckpointException as exc:  # raised on every rank: a verified checkpoint failed to load
+        raise ResumeFailed(f"loading {path} failed, not a corrupt checkpoint: {_first(exc)}") from exc
     finally:
         state.restore_rng = True
-    verdicts: list[str | None] = [None] * world
-    dist.all_gather_object(verdicts, reason, group=group)
-    return next((r for r in verdicts if r), None)
+    return None
 
 
-def _failure(exc: CheckpointException) -> str:
-    """The reason of the lowest rank whose file did not verify. Any other failure (out of memory, an I/O
-    error of the file system) says nothing about the checkpoint: it is raised on every rank, and the
-    checkpoint stays untouched for the next attempt."""
-    corrupt = [error for _, (error, _) in sorted(exc.failures.items()) if isinstance(error, CorruptFile)]
-    if not corrupt:
-        raise ResumeFailed(f"loading failed, not a corrupt checkpoint: {exc}") from exc
-    return str(corrupt[0])
+def _first(exc: CheckpointException) -> str:
+    """The lowest failing rank's error, in one line."""
+    error = exc.failures[min(exc.failures)][0]
+    return f"{type(error).__name__}: {error}"
 
 
 def _resumed(path: Path, candidate: Candidate, state: TrainState, recorder: Recorder | None) -> ResumePoint:

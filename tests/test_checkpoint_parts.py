@@ -19,12 +19,12 @@ import torch
 from torch import nn
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
-import workers.dcp_storage
+import workers.dcp_writer
 from ftrain.faults import POINTS
 from ftrain.metrics import last_iter, process_start_time, reached_step
 from ftrain.resume import cleanup_stale, owned
 from workers.checkpoint_dir import complete_steps
-from workers.dcp_storage import HashingFileSystem, HashingWriter
+from workers.dcp_writer import HashingFileSystem, HashingWriter
 from workers.fanout import PARTIAL, FanOutError, fan_out
 from workers.files import hash_file
 from workers.manifest import MANIFEST, MARKER, FileEntry
@@ -45,7 +45,7 @@ def spy_hash_file(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
         calls.append(Path(path))
         return hash_file(path)
 
-    monkeypatch.setattr(workers.dcp_storage, "hash_file", spy)
+    monkeypatch.setattr(workers.dcp_writer, "hash_file", spy)
     return calls
 
 
