@@ -1,0 +1,446 @@
+"""What a failure cost, from the event log and the metrics, each checked against the other. Pure: no I/O.
+
+Per phase: the failures (the kill, the checkpoint that was newest at it, the resume, the steps lost, the
+restart seconds), the stall per save, the wall-clock, the final parameter digest. Per phase with failures:
+its overhead over the baseline, split into relaunch (kill → the new trainer process), restart (process start
+→ first step, the trainer's `train/restart_seconds`), recomputation (the killed attempt's time past the
+checkpoint it resumed from), and the changes in save stall and in the time of the steps that count (a
+background save or a busy machine slows them); what that does not explain is shown as the residual.
+Every disagreement between the log, the metrics, the supervisor's output and the driver's kill records is
+kept as a problem for the report, never dropped.
+"""
+
+import re
+import statistics
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Final
+
+import msgspec
+
+from events.schema import AnyEvent, Checkpointed, Completed, Failed, Launched, Resumed
+from ftrain.restart_config import Kill
+
+RESUMED_LINE: Final = re.compile(r"^RESUMED from step=(\d+) \(epoch=\d+\)", re.MULTILINE)
+FINAL_LINE: Final = re.compile(r"^FINAL step=(\d+) params_sha256=([0-9a-f]{64})", re.MULTILINE)
+FAILED_LINE: Final = re.compile(r"^Attempt \d+ of \d+ failed ", re.MULTILINE)
+
+
+class Record(
+    msgspec.Struct,
+    frozen=True,
+    kw_only=True,
+    rename={
+        "iter": "train/iter",
+        "loss": "train/loss",
+        "dt": "train/dt",
+        "save_seconds": "train/ckpt_save_seconds",
+        "stage_seconds": "train/ckpt_stage_seconds",
+        "drain_seconds": "train/ckpt_drain_seconds",
+        "restart_seconds": "train/restart_seconds",
+        "lost_steps": "train/lost_steps",
+    },
+):
+    """One line of a trainer's metrics JSONL (the fields this analysis reads)."""
+
+    time: float
+    iter: int | None = None
+    loss: float | None = None
+    dt: float | None = None
+    save_seconds: float | None = None
+    stage_seconds: float | None = None
+    drain_seconds: float | None = None
+    restart_seconds: float | None = None
+    lost_steps: int | None = None
+    final: bool = False
+
+    @property
+    def is_step(self) -> bool:
+        """A training step's line (not a save's, not the end-of-job drain)."""
+        return self.dt is not None and self.iter is not None
+
+    @property
+    def is_save(self) -> bool:
+        """The line a save writes once the training loop may go on."""
+        return self.iter is not None and (self.save_seconds is not None or self.stage_seconds is not None)
+
+    @property
+    def stall(self) -> float:
+        """Seconds this save held up training: the sync write, or async stage plus waiting for the previous."""
+        return (self.save_seconds or 0.0) + (self.stage_seconds or 0.0) + (self.drain_seconds or 0.0)
+
+
+class PhaseInput(msgspec.Struct, frozen=True, kw_only=True):
+    """Everything read for one phase. `stdout` (the supervisor's output) and `kills` (the driver's records)
+    are None for a run analysed by id alone; then the checks that need them are skipped, and said to be."""
+
+    phase: str
+    run_id: str
+    async_ckpt: bool
+    save_interval: int | None
+    events: list[AnyEvent]
+    findings: list[str]
+    records: list[Record]
+    stdout: str | None
+    kills: list[Kill] | None
+    set_aside: list[int]
+    """Steps of checkpoints the trainer set aside as sealed but never recorded (a kill between the two)."""
+
+
+class Failure(msgspec.Struct, frozen=True, kw_only=True):
+    """One failure and its resume. Times are seconds since the phase's first step began."""
+
+    index: int
+    trigger: str
+    kill_at: float
+    newest_complete: int | None
+    """The newest checkpoint complete at the kill (and not set aside): where the resume must start."""
+    resume_step: int
+    reached_step: int | None
+    lost_steps: int | None
+    restart_seconds: float | None
+    first_step_seconds: float | None
+    """`train/dt` of the first step after the resume, which `restart_seconds` includes."""
+    resumed_at: float | None
+    """When the first step after the resume ended."""
+    relaunch_seconds: float | None
+    recompute_seconds: float | None
+
+
+class Stall(msgspec.Struct, frozen=True, kw_only=True):
+    """Save stalls: per-save medians with their count, and the total the phase spent stalled."""
+
+    saves: int
+    median_save: float | None
+    median_stage: float | None
+    median_drain: float | None
+    median_total: float | None
+    total: float
+
+
+class PhaseResult(msgspec.Struct, frozen=True, kw_only=True):
+    """One phase, analysed."""
+
+    phase: str
+    run_id: str
+    async_ckpt: bool
+    save_interval: int | None
+    completed: bool
+    wall_seconds: float | None
+    """Training wall-clock: from the first step's start to rank 0's last line (the final save or drain
+    included). The first start-up is left out: it is the same work in every phase, and the coldest in the
+    first phase to run."""
+    launch_to_completed: float | None
+    final_step: int | None
+    digest: str | None
+    failures: list[Failure]
+    stall: Stall
+    step_seconds: float | None
+    steps_total: float
+    """`train/dt` summed over the steps that count: every step line but those a failure threw away."""
+    copy_window_steps: int
+    """Async: the most steps trained between a save and its checkpoint becoming complete."""
+    curve: list[tuple[float, int]]
+    """(seconds since the first step began, step) of rank 0's every step."""
+    problems: list[str]
+
+    @property
+    def lost_bound(self) -> int | None:
+        """The most steps a failure may cost: the save interval, plus the copy window when async."""
+        return None if self.save_interval is None else self.save_interval + self.copy_window_steps
+
+
+class Overhead(msgspec.Struct, frozen=True, kw_only=True):
+    """A phase's extra wall-clock over the baseline, and the parts that account for it (sums, seconds)."""
+
+    phase: str
+    failures: int
+    overhead: float
+    relaunch: float
+    restart: float
+    recompute: float
+    stall_delta: float
+    step_delta: float
+
+    @property
+    def explained(self) -> float:
+        """Relaunch + restart (less its first step, counted with the steps) + recomputation + the changes in
+        save stall and step time."""
+        return self.relaunch + self.restart + self.recompute + self.stall_delta + self.step_delta
+
+    @property
+    def residual(self) -> float:
+        """What the parts leave unexplained: the rest of the time between the lines (logging, the log's own
+        work), and whatever a kill cut short before its line was written."""
+        return self.overhead - self.explained
+
+
+class ExperimentResult(msgspec.Struct, frozen=True, kw_only=True):
+    """The whole experiment: phases in order (the first is the baseline), overheads, the digest verdict."""
+
+    title: str
+    notes: list[str]
+    phases: list[PhaseResult]
+    overheads: list[Overhead]
+    problems: list[str]
+
+    @property
+    def digests_equal(self) -> bool:
+        """Whether every phase ended with the baseline's parameters."""
+        digests = {p.digest for p in self.phases}
+        return len(digests) == 1 and None not in digests
+
+
+def _unix(moment: datetime) -> float:
+    return moment.timestamp()
+
+
+def _median(values: Sequence[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def segments(records: Sequence[Record]) -> list[list[Record]]:
+    """Rank 0's records split into attempts: each resume's first step (it carries `restart_seconds`) opens
+    one. An attempt that died before its first step leaves no segment."""
+    out: list[list[Record]] = [[]]
+    for record in records:
+        if record.restart_seconds is not None and out[-1]:
+            out.append([])
+        out[-1].append(record)
+    return out
+
+
+def _done_at(segment: Sequence[Record], step: int) -> float | None:
+    """When the attempt had `step` done (its save included): the last line at or before it; for an attempt
+    that resumed from `step`, when its first step began."""
+    done = [r.time for r in segment if r.iter is not None and r.iter <= step]
+    if done:
+        return max(done)
+    first = next((r for r in segment if r.is_step and r.iter == step + 1), None)
+    return None if first is None or first.dt is None else first.time - first.dt
+
+
+def stall(records: Sequence[Record]) -> Stall:
+    """Per-save stall medians (sync save; async stage, drain, and their sum) and the total stall."""
+    saves = [r for r in records if r.is_save]
+    final = sum(r.drain_seconds or 0.0 for r in records if r.final)
+
+    def median_of(values: list[float | None]) -> float | None:
+        return _median([v for v in values if v is not None])
+
+    return Stall(
+        saves=len(saves),
+        median_save=median_of([r.save_seconds for r in saves]),
+        median_stage=median_of([r.stage_seconds for r in saves]),
+        median_drain=median_of([r.drain_seconds for r in saves]),
+        median_total=_median([r.stall for r in saves]),
+        total=sum(r.stall for r in saves) + final,
+    )
+
+
+def copy_window(records: Sequence[Record], events: Sequence[AnyEvent]) -> int:
+    """The most steps trained between a save's line and its `checkpointed` event (async saves complete in the
+    background; a sync save is complete before its line is written, so 0)."""
+    widest = 0
+    for event in events:
+        if not isinstance(event, Checkpointed):
+            continue
+        sealed = _unix(event.time)
+        start = max(
+            (i for i, r in enumerate(records) if r.is_save and r.iter == event.step and r.time <= sealed),
+            default=None,
+        )
+        if start is None:
+            continue
+        reached = event.step
+        for record in records[start + 1 :]:
+            if record.time > sealed or record.restart_seconds is not None:
+                break
+            reached = max(reached, record.iter or reached)
+        widest = max(widest, reached - event.step)
+    return widest
+
+
+def analyze_phase(data: PhaseInput) -> PhaseResult:
+    """One phase: failures paired in order (kill i ↔ `failed` i ↔ `resumed` i ↔ restart line i), checked."""
+    events = data.events
+    launched = next((e for e in events if isinstance(e, Launched)), None)
+    completed = next((e for e in events if isinstance(e, Completed)), None)
+    failed = [e for e in events if isinstance(e, Failed)]
+    resumed = [e for e in events if isinstance(e, Resumed)]
+    records = data.records
+    steps = [r for r in records if r.is_step]
+    start = steps[0].time - (steps[0].dt or 0.0) if steps else None
+    origin = start if start is not None else (_unix(launched.time) if launched else 0.0)
+    parts = segments(records)
+    restarts = [part[0] for part in parts[1:]]
+    problems = [f"event log: {finding}" for finding in data.findings]
+    problems += _count_problems(data, failed, resumed, restarts)
+
+    final = FINAL_LINE.findall(data.stdout or "")
+    window = copy_window(records, events) if data.async_ckpt else 0
+    failures = []
+    for i, (fail, resume) in enumerate(zip(failed, resumed, strict=False)):
+        kill = data.kills[i] if data.kills is not None and i < len(data.kills) else None
+        restart = restarts[i] if i < len(restarts) else None
+        failure = _failure(
+            i + 1, fail, resume, kill, restart, parts[i] if restart else [], origin, data.set_aside
+        )
+        problems += _failure_problems(failure, restart, kill is not None, data.save_interval, window)
+        failures.append(failure)
+    if completed is None:
+        problems.append("the run did not complete (no `completed` event)")
+    if data.stdout is not None and not final:
+        problems.append("no `FINAL step=… params_sha256=…` line in the supervisor's output")
+    return PhaseResult(
+        phase=data.phase,
+        run_id=data.run_id,
+        async_ckpt=data.async_ckpt,
+        save_interval=data.save_interval,
+        completed=completed is not None,
+        wall_seconds=records[-1].time - start if completed and start is not None else None,
+        launch_to_completed=_unix(completed.time) - _unix(launched.time) if completed and launched else None,
+        final_step=int(final[-1][0]) if final else (steps[-1].iter if steps else None),
+        digest=final[-1][1] if final else None,
+        failures=failures,
+        stall=stall(records),
+        step_seconds=_median([r.dt for r in steps if r.dt is not None]),
+        steps_total=sum(r.dt or 0.0 for r in steps) - sum(_thrown_away(parts, failures)),
+        copy_window_steps=window,
+        curve=[(r.time - origin, r.iter) for r in steps if r.iter is not None],
+        problems=problems,
+    )
+
+
+def _failure(
+    index: int,
+    fail: Failed,
+    resume: Resumed,
+    kill: Kill | None,
+    restart: Record | None,
+    killed: Sequence[Record],
+    origin: float,
+    set_aside: Sequence[int],
+) -> Failure:
+    """One failure's figures: `killed` is the attempt it ended (rank 0's lines), `restart` the first line
+    after its resume. Without the driver's kill record, the `failed` event's time stands for the kill."""
+    kill_time = kill.time if kill else _unix(fail.time)
+    done = _done_at(killed, resume.step)
+    return Failure(
+        index=index,
+        trigger=kill.trigger if kill else f"failed: {fail.reason} ({fail.message})",
+        kill_at=kill_time - origin,
+        newest_complete=(
+            max((s for s in kill.complete_steps if s not in set_aside), default=None) if kill else None
+        ),
+        resume_step=resume.step,
+        reached_step=max((r.iter for r in killed if r.iter is not None), default=None),
+        lost_steps=restart.lost_steps if restart else None,
+        restart_seconds=restart.restart_seconds if restart else None,
+        first_step_seconds=restart.dt if restart else None,
+        resumed_at=restart.time - origin if restart else None,
+        relaunch_seconds=(
+            restart.time - restart.restart_seconds - kill_time
+            if restart and restart.restart_seconds is not None
+            else None
+        ),
+        recompute_seconds=kill_time - done if done is not None else None,
+    )
+
+
+def _thrown_away(parts: Sequence[Sequence[Record]], failures: Sequence[Failure]) -> list[float]:
+    """`train/dt` of the steps each failure threw away: its killed attempt's steps past the resume point."""
+    return [
+        r.dt or 0.0
+        for f in failures
+        if f.resumed_at is not None and f.index - 1 < len(parts)
+        for r in parts[f.index - 1]
+        if r.is_step and (r.iter or 0) > f.resume_step
+    ]
+
+
+def _count_problems(
+    data: PhaseInput, failed: list[Failed], resumed: list[Resumed], restarts: list[Record]
+) -> list[str]:
+    """Counts that must agree: kills, `failed`, `resumed`, restart lines, RESUMED lines, failed attempts."""
+    problems = []
+    if data.kills is not None and not len(data.kills) == len(failed) == len(resumed):
+        problems.append(
+            f"{len(data.kills)} kill(s) but {len(failed)} `failed` and {len(resumed)} `resumed` event(s)"
+        )
+    elif len(failed) != len(resumed):
+        problems.append(f"{len(failed)} `failed` but {len(resumed)} `resumed` event(s)")
+    if len(restarts) != len(resumed):
+        problems.append(
+            f"{len(resumed)} `resumed` event(s) but {len(restarts)} `train/restart_seconds` line(s) in the metrics"
+        )
+    if data.stdout is not None:
+        lines = [int(step) for step in RESUMED_LINE.findall(data.stdout)]
+        logged = [e.step for e in resumed]
+        if lines != logged:
+            problems.append(
+                f"`resumed` events from steps {logged} but `RESUMED from step=` lines say {lines}"
+            )
+        attempts = len(FAILED_LINE.findall(data.stdout))
+        if attempts != len(failed):
+            problems.append(f"the supervisor reported {attempts} failed attempt(s), the log {len(failed)}")
+    return problems
+
+
+def _failure_problems(
+    failure: Failure, restart: Record | None, have_kill: bool, interval: int | None, window: int
+) -> list[str]:
+    """What must hold for one failure: resumed from the newest complete checkpoint, at the step after it,
+    losing no more than the interval (plus the copy window)."""
+    n, step = failure.index, failure.resume_step
+    problems = []
+    if have_kill and failure.newest_complete != step:
+        problems.append(
+            f"failure {n}: resumed from step {step}, but the newest complete checkpoint at the kill was "
+            f"{failure.newest_complete}"
+        )
+    if restart is not None and restart.iter != step + 1:
+        problems.append(
+            f"failure {n}: resumed from step {step}, but its first step logged was {restart.iter}"
+        )
+    lost = failure.lost_steps
+    if lost is not None and failure.reached_step is not None and lost < failure.reached_step - step:
+        problems.append(
+            f"failure {n}: train/lost_steps={lost}, but rank 0 had reached step {failure.reached_step}"
+        )
+    if lost is not None and interval is not None and lost > interval + window:
+        problems.append(
+            f"failure {n}: lost {lost} steps, more than the interval {interval} + copy window {window}"
+        )
+    return problems
+
+
+def overhead(phase: PhaseResult, baseline: PhaseResult) -> Overhead | None:
+    """The phase's extra wall-clock over the baseline and its parts (None without both wall-clocks)."""
+    if phase.wall_seconds is None or baseline.wall_seconds is None:
+        return None
+    f = phase.failures
+    return Overhead(
+        phase=phase.phase,
+        failures=len(f),
+        overhead=phase.wall_seconds - baseline.wall_seconds,
+        relaunch=sum(x.relaunch_seconds or 0.0 for x in f),
+        restart=sum((x.restart_seconds or 0.0) - (x.first_step_seconds or 0.0) for x in f),
+        recompute=sum(x.recompute_seconds or 0.0 for x in f),
+        stall_delta=phase.stall.total - baseline.stall.total,
+        step_delta=phase.steps_total - baseline.steps_total,
+    )
+
+
+def analyze(title: str, notes: list[str], inputs: Sequence[PhaseInput]) -> ExperimentResult:
+    """Every phase (the first is the baseline), the overheads over it, and the digest comparison."""
+    phases = [analyze_phase(data) for data in inputs]
+    baseline = phases[0]
+    overheads = [o for p in phases[1:] if (o := overhead(p, baseline)) is not None]
+    problems = [f"{p.phase}: {problem}" for p in phases for problem in p.problems]
+    problems += [
+        f"{p.phase}: final params_sha256 {p.digest} differs from the baseline's {baseline.digest}"
+        for p in phases[1:]
+        if p.digest and baseline.digest and p.digest != baseline.digest
+    ]
+    return ExperimentResult(title=title, notes=notes, phases=phases, overheads=overheads, problems=problems)

@@ -1,0 +1,322 @@
+"""The restart-cost experiment: what a failure costs the reference trainer, measured, drawn and reported.
+
+    .venv/bin/python scripts/restart_experiment.py [--preset quick|standard] [--inject SPEC] [--out DIR]
+
+Three phases of one configuration, each a run supervised by `ftrain run --max-retries`, so every failure and
+every resume is in the event log: `baseline` (sync checkpoints, no failures), `sync` and `async` (the same job
+with failures, sync and async checkpointing). Failures, one kind per experiment (`--inject`):
+
+- `time:SECONDS[:KILLS]`: SIGKILL every SECONDS after the first complete checkpoint (default 3 kills);
+- `steps:K1:K2:K3`: SIGKILL when the newest complete checkpoint reaches each of K1, K2, K3;
+- `save:POINT:K1:K2:K3`: the trainer kills itself at POINT (stage, write, fanout, finalize) of the saves of
+  steps K1, K2, K3 (FTRAIN_KILL_AT; a sync save has no stage or fan-out: those land at `write`).
+
+A kill is SIGKILL to torchrun's agent and every rank, as a preemption would be; the supervisor records
+`failed` and relaunches, the trainer resumes by itself. The driver delivers time and step kills from outside
+(never to the supervisor), once the newest checkpoint is complete, recorded in the log, and the job is
+training past its save; it records each kill with the checkpoints complete once the job was dead.
+
+Writes DIR (default `experiments/restart-<time>`): `config.json`, `kills.json`, per phase `run.log` (the
+supervisor's output), `run.err`, `ckpt/<run id>/`, `metrics/`, and at the end `restart_plot.png` and
+`restart_report.md` (`scripts/plot_restart.py DIR` renders them again). The log is an embedded server under
+DIR/home unless FTRAIN_NATS_URL is set. Exit 0 when every phase completed and every cross-check holds.
+"""
+
+import argparse
+import asyncio
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Literal
+
+from ftrain.errors import UsageError
+from ftrain.logs import configure as configure_logging
+from ftrain.metrics import metrics_path
+from ftrain.procs import children, signal_job
+from ftrain.restart_config import (
+    CONFIG,
+    KILLS,
+    PHASES,
+    PRESETS,
+    ExperimentConfig,
+    Injection,
+    Kill,
+    parse_injection,
+    write_json,
+)
+from ftrain.restart_inputs import RUN_LOG, analyze_directory, decode_record, opened
+from ftrain.restart_plot import publish
+from ftrain.restart_schedule import KillSchedule
+from ftrain.service import Ftrain
+from workers.checkpoint_dir import complete_steps
+
+POLL_S = 0.05
+TAIL_BYTES = 4096
+DEATH_WAIT_S = 30.0
+SPARE_RETRIES = 2
+"""Relaunches allowed beyond the planned kills, so an unplanned failure is measured, not fatal."""
+
+
+def say(line: str) -> None:
+    """Progress for the person running the experiment."""
+    print(line, flush=True)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--preset", choices=sorted(PRESETS), default="quick")
+    p.add_argument("--inject", help="time:SECONDS[:KILLS] | steps:K1:K2:K3 | save:POINT:K1:K2:K3")
+    p.add_argument("--out", type=Path, help="experiment directory (default experiments/restart-<time>)")
+    p.add_argument("--model", help="override the preset's model (debug, 85m)")
+    p.add_argument("--train-iters", type=int)
+    p.add_argument("--save-interval", type=int)
+    p.add_argument("--backoff", type=float, help="the supervisor's first relaunch wait (default 0)")
+    p.add_argument("--nproc", type=int, default=2, help="training processes (default 2)")
+    p.add_argument("--seed", type=int, default=0)
+    return p.parse_args(argv)
+
+
+def build_config(args: argparse.Namespace, stamp: str, log: str) -> ExperimentConfig:
+    """The preset with the command line's overrides; ValueError on a bad injection."""
+    preset = PRESETS[args.preset]
+    injection = parse_injection(args.inject or preset.inject)
+    return ExperimentConfig(
+        preset=args.preset,
+        model=args.model or preset.model,
+        train_iters=args.train_iters or preset.train_iters,
+        save_interval=args.save_interval or preset.save_interval,
+        nproc=args.nproc,
+        seed=args.seed,
+        backoff=preset.backoff if args.backoff is None else args.backoff,
+        max_retries=injection.kills + SPARE_RETRIES,
+        injection=injection,
+        run_ids={phase: f"restart-{stamp}-{phase}" for phase in PHASES},
+        log=log,
+        started=stamp,
+    )
+
+
+# -- the job's processes -------------------------------------------------------------------------------------
+
+
+def alive(pid: int) -> bool:
+    """Running (not gone, not a zombie waiting for its parent)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[:1] not in (["Z"], ["X"])
+
+
+def agent_of(supervisor: int) -> int | None:
+    """The supervisor's running torchrun (the job's agent), if an attempt is running."""
+    for pid in children(supervisor):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if alive(pid) and (b"torchrun" in argv or b"torch.distributed.run" in argv):
+            return pid
+    return None
+
+
+def kill_job(agent: int) -> None:
+    """SIGKILL the agent and every rank, as a preemption would, and wait until all of them are dead."""
+    pids = [agent, *children(agent)]
+    signal_job(agent, signal.SIGKILL)
+    deadline = time.monotonic() + DEATH_WAIT_S
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def training_past(metrics: Path, step: int) -> bool:
+    """Whether rank 0 is training beyond the save of `step`: its last metrics line is that save's, or a later
+    step's or save's (a sync save returns only once its checkpoint is sealed, recorded and pruned)."""
+    try:
+        with metrics.open("rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - TAIL_BYTES))
+            lines = f.read().splitlines()
+    except FileNotFoundError:
+        return False
+    last = next((r for line in reversed(lines) if (r := decode_record(line)) is not None), None)
+    return (
+        last is not None
+        and last.iter is not None
+        and (last.iter > step or (last.iter == step and last.is_save))
+    )
+
+
+# -- one phase -----------------------------------------------------------------------------------------------
+
+
+class Watch:
+    """Follows one phase's attempts: delivers the driver's kills and records how each failed attempt ended."""
+
+    def __init__(
+        self, app: Ftrain, phase: str, run_id: str, phase_dir: Path, injection: Injection | None, iters: int
+    ) -> None:
+        self.app, self.phase, self.run_id = app, phase, run_id
+        self.ckpt_dir = phase_dir / "ckpt" / run_id
+        self.metrics = metrics_path(phase_dir / "metrics", 0)
+        self.injection = injection
+        self.schedule = KillSchedule(injection, iters) if injection else None
+        self.kills: list[Kill] = []
+        self._recorded: set[int] = set()
+        self._ended: Kill | None = None  # an attempt that died by itself, a failure once it is relaunched
+        self._trainer_kills = 0
+
+    async def settled(self) -> int | None:
+        """The newest checkpoint complete on disk, recorded in the log, and with training going on past its
+        save (None while one is in between): a kill inside a save is the `save:` injection's business."""
+        steps = complete_steps(self.ckpt_dir)
+        if not steps or not training_past(self.metrics, steps[0]):
+            return None
+        if steps[0] not in self._recorded:
+            try:
+                state = await self.app.run(self.run_id)
+            except UsageError:  # not launched yet
+                return None
+            self._recorded = {c.step for c in state.checkpoints}
+        return steps[0] if steps[0] in self._recorded else None
+
+    def _record(self, by: Literal["driver", "trainer", "unexpected"], trigger: str, when: float) -> Kill:
+        """A kill record, with the checkpoints complete now that the job is dead."""
+        steps = tuple(complete_steps(self.ckpt_dir))
+        return Kill(phase=self.phase, time=when, by=by, trigger=trigger, complete_steps=steps)
+
+    def _died(self) -> None:
+        """The attempt ended without the driver: a trainer's own kill (FTRAIN_KILL_AT), a crash, or success."""
+        planned = self.injection.save_kills(self.phase == "async") if self.injection else ()
+        if self._trainer_kills < len(planned):
+            self._ended = self._record(
+                "trainer", f"FTRAIN_KILL_AT {planned[self._trainer_kills]}", time.time()
+            )
+        else:
+            self._ended = self._record("unexpected", "the job died on its own", time.time())
+
+    def _relaunched(self) -> None:
+        """A new attempt started: the previous one's end was a failure."""
+        ended, self._ended = self._ended, None
+        if ended is not None:
+            self.kills.append(ended)
+            self._trainer_kills += ended.by == "trainer"
+            say(f"  {self.phase}: attempt ended ({ended.trigger}); newest complete {ended.newest_complete}")
+
+    async def follow(self, supervisor: asyncio.subprocess.Process) -> None:
+        """Until the supervisor exits."""
+        watched: int | None = None
+        while supervisor.returncode is None:
+            if watched is not None and not alive(watched):
+                self._died()
+                watched = None
+            if watched is None and (watched := agent_of(supervisor.pid)) is not None:
+                self._relaunched()
+            if watched is not None and self.schedule is not None:
+                newest = await self.settled()
+                trigger = self.schedule.due(time.time(), newest)
+                if trigger is not None and newest is not None:
+                    when = time.time()
+                    await asyncio.to_thread(kill_job, watched)
+                    kill = self._record("driver", trigger, when)
+                    self.kills.append(kill)
+                    self.schedule.fired_at(newest)
+                    say(f"  {self.phase}: SIGKILL ({trigger}); newest complete {kill.newest_complete}")
+                    watched = None
+            await asyncio.sleep(POLL_S)
+        if supervisor.returncode != 0 and self._ended is not None:
+            self.kills.append(self._ended)  # the last attempt failed and the supervisor gave up
+
+
+def stage_dir(run_id: str) -> Path:
+    """The async phase's node-local staging directory (the trainer's default place), removed after it."""
+    return Path(tempfile.gettempdir()) / f"ftrain-ckpt-{run_id}"
+
+
+def train_command(config: ExperimentConfig, phase_dir: Path, run_id: str, async_ckpt: bool) -> list[str]:
+    """The reference trainer's command line for a phase."""
+    argv = ["-m", "ftrain.examples.train", "--model", config.model, "--train-iters", str(config.train_iters),
+            "--save-interval", str(config.save_interval), "--seed", str(config.seed),
+            "--metrics-dir", str(phase_dir / "metrics")]  # fmt: skip
+    return [*argv, "--async-ckpt", "--ckpt-stage-dir", str(stage_dir(run_id))] if async_ckpt else argv
+
+
+async def run_phase(
+    app: Ftrain, config: ExperimentConfig, out: Path, phase: str, env: dict[str, str]
+) -> list[Kill]:
+    """Supervise one phase to its end; returns its kills."""
+    phase_dir = out / phase
+    phase_dir.mkdir(parents=True)
+    run_id, async_ckpt = config.run_ids[phase], phase == "async"
+    injection = config.injection if phase != "baseline" else None
+    job_env = {**env, "FTRAIN_STORAGE": str(phase_dir / "ckpt"), "PYTHONUNBUFFERED": "1"}
+    job_env.setdefault("OMP_NUM_THREADS", "1")
+    job_env.pop("FTRAIN_KILL_AT", None)
+    if injection is not None and (kill_at := injection.kill_at(async_ckpt)):
+        job_env.update(FTRAIN_KILL_AT=kill_at, FTRAIN_KILL_ONCE=str(phase_dir / "kill-once"))
+    argv = [str(Path(sys.executable).with_name("ftrain")), "run", "restart", "--nodes", "1",
+            "--gpus-per-node", str(config.nproc), "--nodelist", "localhost", "--run-id", run_id,
+            "--max-retries", str(config.max_retries), "--backoff", f"{config.backoff:g}",
+            "--", *train_command(config, phase_dir, run_id, async_ckpt)]  # fmt: skip
+    say(f"{phase}: {run_id} ({'async' if async_ckpt else 'sync'} checkpoints)")
+    watch = Watch(app, phase, run_id, phase_dir, injection, config.train_iters)
+    started = time.monotonic()
+    with (phase_dir / RUN_LOG).open("wb") as stdout, (phase_dir / "run.err").open("wb") as stderr:
+        supervisor = await asyncio.create_subprocess_exec(*argv, env=job_env, stdout=stdout, stderr=stderr)
+        try:
+            await watch.follow(supervisor)
+        finally:
+            if supervisor.returncode is None:  # interrupted: the supervisor stops the job and records it
+                supervisor.terminate()
+                await supervisor.wait()
+            shutil.rmtree(stage_dir(run_id), ignore_errors=True)
+    say(
+        f"{phase}: exit {supervisor.returncode} after {time.monotonic() - started:.1f} s, {len(watch.kills)} failure(s)"
+    )
+    return watch.kills
+
+
+async def experiment(config: ExperimentConfig, out: Path, env: dict[str, str]) -> int:
+    """Run the phases, then analyse, draw and report; 0 when every phase completed and every check holds."""
+    kills: list[Kill] = []
+    async with opened(env) as app:  # an embedded server starts here, as ours, not a supervisor's child
+        for phase in PHASES:
+            kills += await run_phase(app, config, out, phase, env)
+            write_json(out / KILLS, kills)
+        result = await analyze_directory(out, env)
+    plot, report = publish(result, out)
+    say(f"plot:   {plot}\nreport: {report}")
+    for problem in result.problems:
+        say(f"MISMATCH {problem}")
+    return 0 if all(p.completed for p in result.phases) and not result.problems else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    configure_logging()
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out = (args.out or Path("experiments") / f"restart-{stamp}").absolute()
+    if (out / CONFIG).exists():
+        print(f"restart_experiment: {out} already holds an experiment", file=sys.stderr)
+        return 2
+    env = dict(os.environ)
+    if not env.get("FTRAIN_NATS_URL"):
+        env.update(FTRAIN_HOME=str(out / "home"), FTRAIN_NATS_URL="")
+    try:
+        config = build_config(args, stamp, env["FTRAIN_NATS_URL"] or "embedded")
+    except ValueError as exc:
+        print(f"restart_experiment: {exc}", file=sys.stderr)
+        return 2
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / CONFIG, config)
+    say(f"experiment {out}: preset {config.preset}, model {config.model}, {config.train_iters} steps, save every "
+        f"{config.save_interval}; {config.injection.describe()}")  # fmt: skip
+    return asyncio.run(experiment(config, out, env))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

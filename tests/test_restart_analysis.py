@@ -1,0 +1,175 @@
+"""The restart-cost experiment's pure parts: injection specs, the kill schedule, and the analysis, which must
+report every disagreement between the log, the metrics, the supervisor's output and the kill records."""
+
+import subprocess
+import sys
+from datetime import UTC, datetime
+
+import msgspec
+import pytest
+
+from events.schema import AnyEvent, Completed, Failed, Resumed
+from ftrain.restart_analysis import PhaseInput, Record, analyze, analyze_phase
+from ftrain.restart_config import Kill, parse_injection
+from ftrain.restart_report import markdown
+from ftrain.restart_schedule import KillSchedule
+from tests.builders import checkpointed, launched
+
+T0 = 1_800_000_000.0
+RUN = "r"
+DIGEST = "ab" * 32
+
+
+def at(event: AnyEvent, seconds: float) -> AnyEvent:
+    """`event`, stamped `seconds` after T0."""
+    return msgspec.structs.replace(event, time=datetime.fromtimestamp(T0 + seconds, UTC))
+
+
+def resumed(step: int) -> Resumed:
+    return Resumed(
+        run_id=RUN, checkpoint_seq=3, step=step, epoch=0, uri="", checkpoint_hash="", resume_count=1
+    )
+
+
+def steps(first: int, last: int, start: float) -> list[Record]:
+    """One step a second from `start` (0.5 s each), with a save line after every tenth."""
+    out = []
+    for i, step in enumerate(range(first, last + 1)):
+        out.append(Record(time=T0 + start + i, iter=step, loss=1.0, dt=0.5))
+        if step % 10 == 0:
+            out.append(Record(time=T0 + start + i + 0.2, iter=step, save_seconds=0.2))
+    return out
+
+
+def phase(
+    *, resume_step: int = 20, complete: tuple[int, ...] = (20, 10), stdout_step: int = 20
+) -> PhaseInput:
+    """Killed at 25.5 s after step 25, resumed from step 20 (5 steps lost), first step after it at 35 s."""
+    restart = Record(time=T0 + 35, iter=resume_step + 1, loss=1.0, dt=0.5, restart_seconds=5.0, lost_steps=5)
+    events = [
+        at(launched(RUN), -5),
+        at(checkpointed(RUN, 10), 9.2),
+        at(checkpointed(RUN, 20), 19.2),
+        at(Failed(run_id=RUN, reason="signal", exit_code=137), 27),
+        at(resumed(resume_step), 33),
+        at(checkpointed(RUN, 30), 44.2),
+        at(Completed(run_id=RUN, cost_gpu_hours=0.0, running_seconds=50, cost_source="wall-time"), 46),
+    ]
+    return PhaseInput(
+        phase="sync",
+        run_id=RUN,
+        async_ckpt=False,
+        save_interval=10,
+        events=events,
+        findings=[],
+        records=[*steps(1, 25, 0), restart, *steps(resume_step + 2, 30, 36)],
+        stdout=(
+            "Attempt 1 of 3 failed (killed by SIGKILL) after 27.0 s — checkpoint step 20; retrying in 0 s\n"
+            f"RESUMED from step={stdout_step} (epoch=0)\nFINAL step=30 params_sha256={DIGEST}\n"
+        ),
+        kills=[Kill(phase="sync", time=T0 + 25.5, by="driver", trigger="t", complete_steps=complete)],
+        set_aside=[],
+    )
+
+
+def test_a_consistent_phase_splits_its_failure_into_relaunch_restart_and_recompute() -> None:
+    result = analyze_phase(phase())
+    assert result.problems == []
+    (failure,) = result.failures
+    assert (failure.newest_complete, failure.resume_step, failure.lost_steps) == (20, 20, 5)
+    assert failure.restart_seconds == 5.0
+    assert failure.relaunch_seconds == pytest.approx(35 - 5 - 25.5)  # kill → the new process's start
+    assert failure.recompute_seconds == pytest.approx(25.5 - 19.2)  # past step 20's save, lost
+    assert result.digest == DIGEST and result.completed
+    assert result.wall_seconds == pytest.approx(T0 + 44.2 - (T0 - 0.5))  # first step's start → last save
+    assert (result.stall.saves, result.stall.median_save) == (3, 0.2)
+
+
+def test_every_disagreement_is_reported() -> None:
+    older = analyze_phase(phase(complete=(30, 20, 10)))  # step 30 was complete at the kill, yet resumed 20
+    assert older.problems == [
+        "failure 1: resumed from step 20, but the newest complete checkpoint at the kill was 30"
+    ]
+    lines = analyze_phase(phase(stdout_step=10))
+    assert lines.problems == ["`resumed` events from steps [20] but `RESUMED from step=` lines say [10]"]
+    data = phase()
+    no_restart_line = msgspec.structs.replace(
+        data, records=[r for r in data.records if r.restart_seconds is None]
+    )
+    assert "1 `resumed` event(s) but 0 `train/restart_seconds` line(s) in the metrics" in (
+        analyze_phase(no_restart_line).problems
+    )
+    two_kills = msgspec.structs.replace(data, kills=[*(data.kills or []), *(data.kills or [])])
+    assert analyze_phase(two_kills).problems == ["2 kill(s) but 1 `failed` and 1 `resumed` event(s)"]
+    set_aside = msgspec.structs.replace(phase(complete=(30, 20, 10)), set_aside=[30])
+    assert analyze_phase(set_aside).problems == []  # 30 was sealed but never recorded: resuming 20 is right
+
+
+def test_the_overhead_over_the_baseline_and_the_report() -> None:
+    base = phase()
+    baseline = msgspec.structs.replace(
+        base,
+        phase="baseline",
+        events=[e for e in base.events if not isinstance(e, Failed | Resumed)],
+        records=steps(1, 30, 0),
+        kills=[],
+        stdout=f"FINAL step=30 params_sha256={DIGEST}\n",
+    )
+    result = analyze("t", ["a note"], [baseline, phase()])
+    (over,) = result.overheads
+    assert over.overhead == pytest.approx(44.2 - 29.2)
+    parts = (over.relaunch, over.restart, over.recompute, over.stall_delta, over.step_delta)
+    assert parts == pytest.approx(
+        (4.5, 5.0 - 0.5, 6.3, 0.0, 0.0)
+    )  # the redone steps 21-25 are not counted twice
+    assert over.residual == pytest.approx(15.0 - 15.3)
+    assert result.digests_equal and result.problems == []
+    text = markdown(result)
+    assert "| 1 | t | 26.0 | 20 | 20 | 5 | 5.00 | 4.50 | 6.30 |"  # since the first step began in text
+    assert "No mismatch." in text and "MISMATCH" not in text
+    broken = analyze("t", [], [baseline, phase(stdout_step=10)])
+    assert "- MISMATCH sync: `resumed` events from steps [20]" in markdown(broken)
+
+
+def test_injection_specs() -> None:
+    assert parse_injection("time:90").kills == 3
+    assert parse_injection("time:5:2").every_seconds == 5.0
+    assert parse_injection("steps:60:120:180").steps == (60, 120, 180)
+    save = parse_injection("save:fanout:40:80")
+    assert save.kill_at(async_ckpt=True) == "fanout:40,fanout:80"
+    assert save.kill_at(async_ckpt=False) == "write:40,write:80"  # a sync save has no fan-out
+    assert parse_injection("steps:60").kill_at(async_ckpt=True) is None
+    for bad in ("steps:60:50", "save:step:10", "save:write", "bogus", "time:0", "steps:x"):
+        with pytest.raises(ValueError, match="--inject"):
+            parse_injection(bad)
+
+
+def test_step_gated_kills_wait_for_each_gate_and_for_progress() -> None:
+    schedule = KillSchedule(parse_injection("steps:30:50"), train_iters=100)
+    assert schedule.due(0, None) is None and schedule.due(1, 20) is None
+    assert schedule.due(2, 30) == "checkpoint 30 complete (gate 30)"
+    schedule.fired_at(30)
+    assert schedule.due(3, 30) is None and schedule.due(4, 40) is None
+    assert schedule.due(5, 60) is not None
+    schedule.fired_at(60)
+    assert schedule.due(6, 90) is None  # every kill delivered
+
+
+def test_time_based_kills_count_from_the_first_checkpoint_and_never_hit_a_stalled_or_finished_job() -> None:
+    schedule = KillSchedule(parse_injection("time:5"), train_iters=100)
+    assert schedule.due(100, None) is None
+    assert schedule.due(101, 10) is None  # the clock starts at the first complete checkpoint
+    assert schedule.due(106, 20) == "5.0 s after the first complete checkpoint (every 5 s)"
+    schedule.fired_at(20)
+    assert schedule.due(112, 20) is None  # due, but no checkpoint since the last kill
+    assert schedule.due(112, 30) is not None
+    schedule.fired_at(30)
+    assert schedule.due(200, 100) is None  # the last step is checkpointed: nothing left to lose
+
+
+def test_the_analysis_and_the_drawing_never_import_torch() -> None:
+    code = (
+        "import sys, ftrain.restart_inputs, ftrain.restart_plot, ftrain.restart_schedule;"
+        "bad = [m for m in sys.modules if m == 'torch' or m.startswith('torch.')]; assert not bad, bad"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
