@@ -16,9 +16,11 @@ def children(pid: int) -> list[int]:
 
 
 def signal_job(agent: int, signum: int) -> None:
-    """Send `signum` to the agent's process group and to each worker's (the caller's own last, if it is one)."""
-    groups = [*children(agent), agent]
+    """Send `signum` to the agent's process group first, then to each worker's (the caller's own last, if it
+    is one). Workers are listed before the agent is signalled (they are its children only while it lives);
+    the agent goes first because two workers killing each other at once must not both die before it."""
+    workers = children(agent)
     me = os.getpid()
-    for group in sorted(groups, key=lambda pid: pid == me):
+    for group in [agent, *sorted(workers, key=lambda pid: pid == me)]:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(group, signum)
