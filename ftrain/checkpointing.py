@@ -25,7 +25,7 @@ from ftrain.faults import fault_point
 from ftrain.recorder import Recorder
 from ftrain.resume import ResumePoint, cleanup_stale, resume
 from ftrain.train_state import TrainState
-from workers.checkpoint_dir import CheckpointExists, checkpoint_path, path_uri, seal_checkpoint
+from workers.checkpoint_dir import checkpoint_path, seal_checkpoint
 from workers.dcp_writer import HashingWriter
 from workers.fanout import fan_out
 from workers.manifest import FileEntry, Manifest
@@ -66,7 +66,6 @@ class CheckpointManager:
         self._buffers = StagingBuffers()
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ftrain-ckpt")
         self._inflight: Future[None] | None = None
-        self.last_finalized: tuple[int, float] | None = None
 
     @property
     def stage_root(self) -> Path:
@@ -176,22 +175,17 @@ class CheckpointManager:
             extra={"format": "torch.distributed.checkpoint", "torch": str(torch.__version__)},
         )
         final = checkpoint_path(self.config.ckpt_dir.parent, self.config.ckpt_dir.name, step)
-        try:
-            written = seal_checkpoint(tmp, final, manifest)
-        except CheckpointExists:
-            log.error("checkpoint_exists", path=str(final))
-            raise
+        written = seal_checkpoint(tmp, final, manifest)
         if self.recorder is not None:
             self.recorder.record(
                 CheckpointIntent(
                     step=step,
                     epoch=epoch,
                     shards=self.world,
-                    uri=path_uri(final),
+                    uri=written.uri,
                     checkpoint_hash=written.digest,
                     size_bytes=manifest.size_bytes,
                 )
             )
-        self.last_finalized = (step, time.time())
         log.info("checkpoint_finalized", step=step, path=str(final), bytes=manifest.size_bytes)
         prune(self.config.ckpt_dir, self.config.keep)

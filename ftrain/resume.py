@@ -63,7 +63,6 @@ class ResumePoint(msgspec.Struct, frozen=True):
 
     step: int
     epoch: int
-    path: str
 
 
 class Candidate(msgspec.Struct, frozen=True):
@@ -165,7 +164,7 @@ def _first(exc: CheckpointException) -> str:
 
 
 def _resumed(path: Path, candidate: Candidate, state: TrainState, recorder: Recorder | None) -> ResumePoint:
-    point = ResumePoint(state.step, state.epoch, str(path))
+    point = ResumePoint(state.step, state.epoch)
     if dist.get_rank() == 0:
         if recorder is not None:
             digest = candidate.digest or _marker_digest(path) or ""
