@@ -21,8 +21,8 @@ import nats.errors
 import structlog
 
 from events.chain import unseal
-from events.nats_server import NatsServerError
-from events.store import LogUnavailable
+from events.jetstream.server import NatsServerError
+from events.jetstream.store import LogUnavailable
 from ftrain.errors import Refused, UsageError
 from ftrain.service import Ftrain
 from workers.outbox import Intent, Outbox, decide, outbox_path

@@ -16,7 +16,8 @@ import msgspec
 import structlog
 
 from events.chain import ChainHead
-from events.connection import NatsSettings, ftrain_home, open_store, settings_from_env
+from events.jetstream.connection import NatsSettings, ftrain_home, open_store, settings_from_env
+from events.jetstream.store import AppendConflict, Appended, EventStore
 from events.run_id import InvalidRunId, validate_run_id
 from events.schema import (
     AnyEvent,
@@ -29,18 +30,17 @@ from events.schema import (
     event_type,
     now,
 )
-from events.store import AppendConflict, Appended, EventStore
 from ftrain.errors import Refused, UsageError
 from projections.audit import ChainWalk, Finding
-from projections.projector import Projector
-from projections.readmodel import ReadModel
-from projections.state import (
+from projections.lifecycle import (
     CheckpointRef,
     IllegalTransition,
     RunState,
     check,
     resumed_event,
 )
+from projections.projector import Projector
+from projections.readmodel import ReadModel
 from workers.checkpoint_dir import (
     CheckpointExists,
     StorageError,

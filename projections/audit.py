@@ -3,9 +3,9 @@
 import msgspec
 
 from events.chain import Broken, ChainHead, check_link
+from events.record import StoredRecord
 from events.schema import AnyEvent
-from events.store import StoredRecord
-from projections.state import IllegalTransition, RunState, apply
+from projections.lifecycle import IllegalTransition, RunState, apply
 
 
 class Finding(msgspec.Struct, frozen=True):

@@ -4,11 +4,12 @@ import asyncio
 
 import structlog
 
+from events.jetstream.store import EventStore
+from events.record import StoredRecord
 from events.schema import AnyEvent, Checkpointed, CorruptSkipped
-from events.store import EventStore, StoredRecord
 from projections.audit import ChainWalk, Finding, Folded
+from projections.lifecycle import RunState
 from projections.readmodel import AuditRow, Batch, ReadModel
-from projections.state import RunState
 
 log = structlog.get_logger(__name__)
 

@@ -20,7 +20,7 @@ import msgspec
 import structlog
 
 from projections.audit import Finding
-from projections.state import CheckpointRef, RunState
+from projections.lifecycle import CheckpointRef, RunState
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);

@@ -54,13 +54,13 @@ from torch.distributed.checkpoint.state_dict_saver import async_save as dcp_asyn
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.distributed.tensor import DTensor
 
-from ftrain.checkpointing import CheckpointManager
-from ftrain.ckpt_config import CheckpointConfig
 from ftrain.examples.data import ResumableLoader, synthetic_tokens
 from ftrain.examples.model import MODELS
 from ftrain.examples.train import build_model, model_config, parse_args
 from ftrain.logs import configure as configure_logs
-from ftrain.train_state import TrainState
+from ftrain.train.checkpointing import CheckpointManager
+from ftrain.train.config import CheckpointConfig
+from ftrain.train.state import TrainState
 
 WORLD = 2
 GB = 1e9

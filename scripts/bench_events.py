@@ -46,8 +46,10 @@ import msgspec
 from nats.js import JetStreamContext
 
 from events.chain import ChainHead, seal
-from events.nats_client import Nats
-from events.nats_server import nats_server_binary, throwaway_server
+from events.jetstream.client import Nats
+from events.jetstream.server import nats_server_binary, throwaway_server
+from events.jetstream.store import EventStore, process_actor
+from events.record import run_subject
 from events.schema import (
     Actor,
     AnyEvent,
@@ -59,10 +61,9 @@ from events.schema import (
     encode_event,
     now,
 )
-from events.store import EventStore, process_actor, run_subject
 from ftrain.logs import configure as configure_logs
 from ftrain.service import Ftrain
-from projections.state import RunState, apply, corrupt_skipped_event, resumed_event
+from projections.lifecycle import RunState, apply, corrupt_skipped_event, resumed_event
 
 CONCURRENT_RUNS = 8
 SEQ_BLOCKS = 10
@@ -511,7 +512,9 @@ def bench_processes(env: dict[str, str], run_id: str, repeats: int = 5) -> dict[
     status, status_all = time_process([script, "status", run_id], full_env, repeats)
     floor, floor_all = time_process([sys.executable, "-c", "pass"], full_env, repeats)
     imports, imports_all = time_process(
-        [sys.executable, "-c", "import ftrain.cli, ftrain.commands, ftrain.service"], full_env, repeats
+        [sys.executable, "-c", "import ftrain.cli.main, ftrain.cli.commands, ftrain.service"],
+        full_env,
+        repeats,
     )
     return {
         "status_s": status,

@@ -15,10 +15,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from ftrain.experiments.analysis import ExperimentResult
+from ftrain.experiments.inputs import analyze_directory, analyze_runs
+from ftrain.experiments.plot import publish
 from ftrain.logs import configure as configure_logging
-from ftrain.restart_analysis import ExperimentResult
-from ftrain.restart_inputs import analyze_directory, analyze_runs
-from ftrain.restart_plot import publish
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

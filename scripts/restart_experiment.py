@@ -35,10 +35,7 @@ from pathlib import Path
 from typing import Literal
 
 from ftrain.errors import UsageError
-from ftrain.logs import configure as configure_logging
-from ftrain.metrics import metrics_path
-from ftrain.procs import children, signal_job
-from ftrain.restart_config import (
+from ftrain.experiments.config import (
     CONFIG,
     KILLS,
     PHASES,
@@ -49,10 +46,13 @@ from ftrain.restart_config import (
     parse_injection,
     write_json,
 )
-from ftrain.restart_inputs import RUN_LOG, analyze_directory, decode_record, opened
-from ftrain.restart_plot import publish
-from ftrain.restart_schedule import KillSchedule
+from ftrain.experiments.inputs import RUN_LOG, analyze_directory, decode_record, opened
+from ftrain.experiments.plot import publish
+from ftrain.experiments.schedule import KillSchedule
+from ftrain.logs import configure as configure_logging
 from ftrain.service import Ftrain
+from ftrain.supervise.procs import children, signal_job
+from ftrain.train.metrics import metrics_path
 from workers.checkpoint_dir import complete_steps
 
 POLL_S = 0.05

@@ -9,8 +9,8 @@ from pathlib import Path
 import nats
 import pytest
 
-from events.nats_server import ServerProcess, throwaway_server
-from events.store import STREAM
+from events.jetstream.server import ServerProcess, throwaway_server
+from events.jetstream.store import STREAM
 from ftrain.service import Ftrain
 
 
@@ -85,7 +85,7 @@ def start_configured_server(directory: Path, config: str, port: int) -> subproce
     import socket
     import time
 
-    from events.nats_server import nats_server_binary
+    from events.jetstream.server import nats_server_binary
 
     directory.mkdir(parents=True, exist_ok=True)
     conf = directory / "server.conf"

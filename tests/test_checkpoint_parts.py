@@ -20,9 +20,9 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 import workers.dcp_writer
-from ftrain.faults import POINTS
-from ftrain.metrics import last_iter, process_start_time, reached_step
-from ftrain.resume import cleanup_stale, owned
+from ftrain.train.faults import POINTS
+from ftrain.train.metrics import last_iter, process_start_time, reached_step
+from ftrain.train.resume import cleanup_stale, owned
 from workers.checkpoint_dir import complete_steps
 from workers.dcp_writer import HashingFileSystem, HashingWriter
 from workers.fanout import PARTIAL, FanOutError, fan_out
@@ -337,7 +337,11 @@ def test_process_start_time_is_when_the_process_started(tmp_path: Path) -> None:
     reports the boot time in whole seconds, hence up to a second early."""
     before = time.time()
     out = subprocess.run(
-        [sys.executable, "-c", "from ftrain.metrics import process_start_time; print(process_start_time())"],
+        [
+            sys.executable,
+            "-c",
+            "from ftrain.train.metrics import process_start_time; print(process_start_time())",
+        ],
         capture_output=True,
         text=True,
         check=True,
@@ -351,9 +355,9 @@ def test_process_start_time_is_when_the_process_started(tmp_path: Path) -> None:
 
 
 def import_faults(kill_at: str) -> subprocess.CompletedProcess[str]:
-    """Import ftrain.faults in a fresh interpreter with FTRAIN_KILL_AT set."""
+    """Import ftrain.train.faults in a fresh interpreter with FTRAIN_KILL_AT set."""
     return subprocess.run(
-        [sys.executable, "-c", "import ftrain.faults"],
+        [sys.executable, "-c", "import ftrain.train.faults"],
         env={**os.environ, "FTRAIN_KILL_AT": kill_at},
         capture_output=True,
         text=True,

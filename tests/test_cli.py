@@ -8,7 +8,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from ftrain.cli import main
+from ftrain.cli.main import main
 from tests.conftest import stream_last_seq
 
 RUN = "dist-JPCP-2x4-fsdp"

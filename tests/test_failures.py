@@ -24,8 +24,10 @@ import pytest
 from nats.js.errors import BadRequestError
 
 from events.chain import GENESIS, ChainHead, link_hash, seal, unseal
-from events.connection import open_store, settings_from_env
-from events.nats_server import ServerProcess, kill_server, restart_server
+from events.jetstream.connection import open_store, settings_from_env
+from events.jetstream.server import ServerProcess
+from events.jetstream.store import WRONG_LAST_SEQUENCE, AppendConflict, Appended, LogUnavailable
+from events.record import run_subject
 from events.schema import (
     Actor,
     AnyEvent,
@@ -38,12 +40,12 @@ from events.schema import (
     encode_event,
     now,
 )
-from events.store import WRONG_LAST_SEQUENCE, AppendConflict, Appended, LogUnavailable, run_subject
 from ftrain.errors import Refused
 from ftrain.service import Ftrain, ResumeOutcome, checkpoint_storage, readmodel_path
 from projections.projector import Projector
 from projections.readmodel import ReadModel
 from tests.conftest import ftrain_process, stream_last_seq
+from tests.servers import kill_server, restart_server
 
 MALLORY = Actor(user="mallory", host="elsewhere", pid=666)
 BROKER_DOWN_LIMIT_S = 10.0

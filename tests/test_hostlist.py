@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ftrain.hostlist import (
+from ftrain.supervise.hostlist import (
     MAX_HOSTS,
     Allocation,
     HostlistError,

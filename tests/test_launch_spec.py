@@ -8,7 +8,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from ftrain.launch_spec import (
+from ftrain.supervise.launch_spec import (
     DEFAULT_TRAIN_CMD,
     STRATEGIES,
     LaunchSpec,

@@ -17,17 +17,17 @@ import nats
 import pytest
 from nats.js.api import StorageType
 
-from events import nats_server as ns
-from events.nats_server import (
+from events.jetstream import server as ns
+from events.jetstream.server import (
     NatsServerError,
     ServerProcess,
     ensure_server,
-    kill_server,
     server_status,
     start_server,
     stop_server,
     throwaway_server,
 )
+from tests.servers import kill_server, restart_server
 
 
 @pytest.fixture
@@ -84,7 +84,7 @@ def test_start_server_refuses_a_second_server_on_the_same_store(home: Path) -> N
 
 def test_concurrent_ensure_from_processes_starts_one_server(home: Path) -> None:
     code = (
-        "import sys, msgspec; from pathlib import Path; from events.nats_server import ensure_server; "
+        "import sys, msgspec; from pathlib import Path; from events.jetstream.server import ensure_server; "
         "sys.stdout.buffer.write(msgspec.json.encode(ensure_server(Path(sys.argv[1]))))"
     )
     procs = [
@@ -166,7 +166,7 @@ async def test_kill_9_then_ensure_keeps_every_acked_message(home: Path) -> None:
 def test_throwaway_server_and_restart_are_cleaned_up(tmp_path: Path) -> None:
     with throwaway_server(tmp_path) as first:
         assert server_status(tmp_path) == first
-        second = ns.restart_server(first)
+        second = restart_server(first)
         assert (second.port, second.store_dir) == (first.port, first.store_dir)
         assert second.pid != first.pid
     assert server_status(tmp_path) is None

@@ -21,7 +21,7 @@ import pytest
 import structlog
 
 from events.chain import ChainHead, unseal
-from events.nats_server import ServerProcess, kill_server, restart_server
+from events.jetstream.server import ServerProcess
 from events.schema import (
     AnyEvent,
     Checkpointed,
@@ -34,9 +34,10 @@ from events.schema import (
 )
 from ftrain.recorder import Recorder, drain
 from ftrain.service import Ftrain
-from projections.state import IllegalTransition, RunState, apply, check
+from projections.lifecycle import IllegalTransition, RunState, apply, check
 from tests.builders import launched
 from tests.conftest import free_port
+from tests.servers import kill_server, restart_server
 from workers.outbox import (
     CheckpointIntent,
     CompleteIntent,

@@ -4,7 +4,7 @@ import asyncio
 from pathlib import Path
 
 from events.chain import ChainHead
-from events.nats_server import throwaway_server
+from events.jetstream.server import throwaway_server
 from events.schema import Failed
 from ftrain.service import Ftrain
 from projections.projector import Projector

@@ -9,10 +9,10 @@ import msgspec
 import pytest
 
 from events.schema import AnyEvent, Completed, Failed, Resumed
-from ftrain.restart_analysis import PhaseInput, Record, analyze, analyze_phase
-from ftrain.restart_config import Kill, parse_injection
-from ftrain.restart_report import markdown
-from ftrain.restart_schedule import KillSchedule
+from ftrain.experiments.analysis import PhaseInput, Record, analyze, analyze_phase
+from ftrain.experiments.config import Kill, parse_injection
+from ftrain.experiments.report import markdown
+from ftrain.experiments.schedule import KillSchedule
 from tests.builders import checkpointed, launched
 
 T0 = 1_800_000_000.0
@@ -169,7 +169,7 @@ def test_time_based_kills_count_from_the_first_checkpoint_and_never_hit_a_stalle
 
 def test_the_analysis_and_the_drawing_never_import_torch() -> None:
     code = (
-        "import sys, ftrain.restart_inputs, ftrain.restart_plot, ftrain.restart_schedule;"
+        "import sys, ftrain.experiments.inputs, ftrain.experiments.plot, ftrain.experiments.schedule;"
         "bad = [m for m in sys.modules if m == 'torch' or m.startswith('torch.')]; assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -15,9 +15,9 @@ from typing import Any
 import msgspec
 import pytest
 
-from events.nats_server import stop_server
+from events.jetstream.server import stop_server
 from events.schema import AnyEvent, Checkpointed, Failed, Resumed, event_type
-from ftrain.restart_config import PHASES, ExperimentConfig, Kill, read_config, read_kills
+from ftrain.experiments.config import PHASES, ExperimentConfig, Kill, read_config, read_kills
 from ftrain.service import Ftrain
 from tests.training import FINAL
 

@@ -8,7 +8,7 @@ import pytest
 
 from events.chain import ChainHead
 from events.schema import AnyEvent, Checkpointed, Completed, CorruptSkipped, Failed, Launched, Resumed
-from projections.state import IllegalTransition, RunState, apply, restart_event
+from projections.lifecycle import IllegalTransition, RunState, apply, restart_event
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 

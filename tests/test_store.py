@@ -5,9 +5,10 @@ import asyncio
 import pytest
 
 from events.chain import GENESIS, ChainHead
-from events.nats_client import Nats
-from events.nats_server import ServerProcess
-from events.store import STREAM, AppendConflict, EventStore, parse_subject, run_subject
+from events.jetstream.client import Nats
+from events.jetstream.server import ServerProcess
+from events.jetstream.store import STREAM, AppendConflict, EventStore
+from events.record import parse_subject, run_subject
 from tests.builders import checkpointed, launched
 
 

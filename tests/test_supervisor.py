@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from ftrain.launch_spec import LaunchSpec
-from ftrain.supervisor import (
+from ftrain.supervise.launch_spec import LaunchSpec
+from ftrain.supervise.supervisor import (
     FailureReport,
     RetryPolicy,
     Supervisor,

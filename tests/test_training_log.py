@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from events.nats_server import ServerProcess, kill_server, restart_server
+from events.jetstream.server import ServerProcess
 from events.schema import Checkpointed, CorruptSkipped, Launched, Resumed
 from ftrain.recorder import Recorder
 from ftrain.service import Ftrain
 from tests.conftest import ftrain_process
+from tests.servers import kill_server, restart_server
 from tests.test_training import flip
 from tests.training import FINAL, RESUMED, torchrun, torchrun_command, torchrun_env
 

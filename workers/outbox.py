@@ -17,9 +17,9 @@ from pathlib import Path
 import msgspec
 import structlog
 
-from events.connection import ftrain_home
+from events.jetstream.connection import ftrain_home
 from events.schema import AnyEvent, Checkpointed, Completed, Failed, now
-from projections.state import CheckpointRef, RunState, corrupt_skipped_event, restart_event, resumed_event
+from projections.lifecycle import CheckpointRef, RunState, corrupt_skipped_event, restart_event, resumed_event
 
 
 class CheckpointIntent(msgspec.Struct, frozen=True, kw_only=True, tag="checkpoint"):

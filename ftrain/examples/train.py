@@ -24,14 +24,14 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
 from events.run_id import InvalidRunId, validate_run_id
-from ftrain.checkpointing import CheckpointConfig, CheckpointManager, SaveTimes, TrainState
+from ftrain.cadence import parse_policy
 from ftrain.examples.data import ResumableLoader, synthetic_tokens
 from ftrain.examples.model import MODELS, TinyGPT, parameter_count
-from ftrain.faults import fault_point
 from ftrain.logs import configure as configure_logging
-from ftrain.metrics import MetricsWriter, process_start_time, reached_step
-from ftrain.policy import parse_policy
-from ftrain.resume import NoValidCheckpoint, ResumeFailed, ResumeRefused
+from ftrain.train.checkpointing import CheckpointConfig, CheckpointManager, SaveTimes, TrainState
+from ftrain.train.faults import fault_point
+from ftrain.train.metrics import MetricsWriter, process_start_time, reached_step
+from ftrain.train.resume import NoValidCheckpoint, ResumeFailed, ResumeRefused
 
 META_INIT_AUTO_PARAMS = 6_000_000_000  # the seed's threshold: dense init stays exact for smaller models
 PROCESS_START = process_start_time()

@@ -8,9 +8,9 @@ from typing import Any
 import msgspec
 
 from events.schema import AnyEvent, Checkpointed, Completed, CorruptSkipped, Failed, Launched, Resumed
-from ftrain.launch_spec import format_command
+from ftrain.supervise.launch_spec import format_command
 from projections.audit import Finding
-from projections.state import RunState
+from projections.lifecycle import RunState
 
 
 def short_hash(digest: str) -> str:

@@ -22,13 +22,13 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
-from ftrain.ckpt_config import CheckpointConfig
+from ftrain.cli.render import skipped_line
 from ftrain.errors import Refused, UsageError
 from ftrain.recorder import Recorder
-from ftrain.render import skipped_line
-from ftrain.run_log import read_run
-from ftrain.train_state import TrainState
-from projections.state import RunState
+from ftrain.train.config import CheckpointConfig
+from ftrain.train.run_log import read_run
+from ftrain.train.state import TrainState
+from projections.lifecycle import RunState
 from workers.checkpoint_dir import (
     complete_steps,
     quarantine,

@@ -19,7 +19,7 @@ from typing import Final
 import msgspec
 
 from events.schema import AnyEvent, Checkpointed, Completed, Failed, Launched, Resumed
-from ftrain.restart_config import Kill
+from ftrain.experiments.config import Kill
 
 RESUMED_LINE: Final = re.compile(r"^RESUMED from step=(\d+) \(epoch=\d+\)", re.MULTILINE)
 FINAL_LINE: Final = re.compile(r"^FINAL step=(\d+) params_sha256=([0-9a-f]{64})", re.MULTILINE)

@@ -17,12 +17,12 @@ from typing import NoReturn
 import msgspec
 import nats.errors
 
-from events.nats_server import NatsServerError
+from events.jetstream.server import NatsServerError
+from events.jetstream.store import LogUnavailable
 from events.run_id import InvalidRunId, validate_run_id
 from events.schema import FAILURE_REASONS, json_schema
-from events.store import LogUnavailable
 from ftrain.errors import Refused, UsageError
-from ftrain.launch_spec import STRATEGIES
+from ftrain.supervise.launch_spec import STRATEGIES
 
 
 class _Parser(argparse.ArgumentParser):
@@ -223,26 +223,28 @@ def _dispatch(args: argparse.Namespace) -> int:
         sys.stdout.write(msgspec.json.format(msgspec.json.encode(json_schema())).decode() + "\n")
         return 0
     if args.command == "server":
-        from ftrain.server_cmd import server_command
+        from ftrain.cli.server_cmd import server_command
 
         return server_command(args.action, os.environ)
     if args.command == "demo":
+        from ftrain.cli.shell import Shell
+
         if args.log_only:
-            from ftrain.demo_log import run_log_demo
+            from ftrain.cli.demo_log import run_log_demo
 
-            return run_log_demo()
-        from ftrain.demo import run_demo
+            return run_log_demo(Shell(main))
+        from ftrain.cli.demo import run_demo
 
-        return run_demo()
+        return run_demo(Shell(main))
     if args.command == "run":
-        from ftrain.commands import supervise
+        from ftrain.cli.commands import supervise
 
         return supervise(args)
     return asyncio.run(_async_dispatch(args))
 
 
 async def _async_dispatch(args: argparse.Namespace) -> int:
-    from ftrain.commands import COMMANDS
+    from ftrain.cli.commands import COMMANDS
     from ftrain.service import Ftrain
 
     command = COMMANDS[args.command]

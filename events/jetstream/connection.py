@@ -12,8 +12,8 @@ import msgspec
 import nats.errors
 import structlog
 
-from events.nats_client import Nats
-from events.store import EventStore, LogUnavailable
+from events.jetstream.client import Nats
+from events.jetstream.store import EventStore, LogUnavailable
 
 log = structlog.get_logger(__name__)
 
@@ -61,7 +61,7 @@ def server_urls(settings: NatsSettings) -> list[str]:
     """The servers to connect to; starts (or reuses) the embedded server when no URL is configured."""
     if settings.url is not None:
         return [u.strip() for u in settings.url.split(",") if u.strip()]
-    from events.nats_server import ensure_server
+    from events.jetstream.server import ensure_server
 
     return [ensure_server(settings.home).url]
 

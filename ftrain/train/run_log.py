@@ -10,10 +10,10 @@ from collections.abc import Mapping
 import structlog
 from nats.errors import Error as NatsError
 
-from events.nats_server import NatsServerError
-from events.store import LogUnavailable
+from events.jetstream.server import NatsServerError
+from events.jetstream.store import LogUnavailable
 from ftrain.service import Ftrain
-from projections.state import RunState
+from projections.lifecycle import RunState
 
 log = structlog.get_logger(__name__)
 

@@ -22,12 +22,12 @@ from nats.js.api import StorageType, StreamConfig
 from nats.js.errors import BadRequestError, NotFoundError, ServiceUnavailableError
 
 from events.chain import ChainHead, seal, unseal
-from events.nats_client import Nats, header_value, is_status
+from events.jetstream.client import Nats, header_value, is_status
+from events.record import SUBJECT_ROOT, StoredRecord, parse_subject, run_subject
 from events.run_id import validate_run_id
 from events.schema import Actor, AnyEvent, decode_event, encode_event, event_type, now
 
 STREAM = "FTRAIN_EVENTS"
-SUBJECT_ROOT = "ftrain.run"
 WRONG_LAST_SEQUENCE = 10071
 DUPLICATE_WINDOW_S = 120.0
 _RETRYABLE = (
@@ -59,21 +59,6 @@ class _Backoff:
         self._delay = min(self._delay * 2, 1.0)
 
 
-def run_subject(run_id: str, event_type: str = "*") -> str:
-    """`ftrain.run.<run_id>.<event_type>`; with the default, the wildcard over one run's events."""
-    return f"{SUBJECT_ROOT}.{run_id}.{event_type}"
-
-
-def parse_subject(subject: str) -> tuple[str, str]:
-    """(run_id, event_type) of a subject in the stream.
-
-    A subject no ftrain writer would use (`ftrain.run.a.b.failed`, `ftrain.run.x`) still parses, into a
-    run id that cannot be valid, so a forgery filed there is reported by the chain check, never skipped.
-    """
-    tokens = subject.split(".")[2:]
-    return (".".join(tokens[:-1]), tokens[-1]) if len(tokens) > 1 else ("".join(tokens), "")
-
-
 def process_actor(rank: int | None = None) -> Actor:
     """The actor stamped on this process's events."""
     try:
@@ -81,15 +66,6 @@ def process_actor(rank: int | None = None) -> Actor:
     except (KeyError, OSError):
         user = str(os.getuid())
     return Actor(user=user, host=socket.gethostname(), pid=os.getpid(), rank=rank)
-
-
-class StoredRecord(msgspec.Struct, frozen=True):
-    """One message of the stream, as stored: the raw payload is what the chain is verified over."""
-
-    stream_seq: int
-    run_id: str
-    event_type: str
-    payload: bytes
 
 
 class Appended(msgspec.Struct, frozen=True):

@@ -15,14 +15,14 @@ import msgspec
 
 from events.run_id import RUN_ID_MAX, InvalidRunId, validate_run_id
 from events.schema import Completed, CorruptSkipped, Launched, now
-from ftrain import render
+from ftrain.cadence import parse_policy
+from ftrain.cli import render
 from ftrain.errors import Refused, UsageError
-from ftrain.hostlist import HostlistError, resolve_allocation
-from ftrain.launch_spec import DEFAULT_TRAIN_CMD, LaunchSpec, LaunchSpecError, build_command
-from ftrain.policy import parse_policy
 from ftrain.service import Ftrain, checkpoint_storage
-from ftrain.supervisor import RetryPolicy, Supervisor, attempt_commands, child_env
-from projections.state import RunState
+from ftrain.supervise.hostlist import HostlistError, resolve_allocation
+from ftrain.supervise.launch_spec import DEFAULT_TRAIN_CMD, LaunchSpec, LaunchSpecError, build_command
+from ftrain.supervise.supervisor import RetryPolicy, Supervisor, attempt_commands, child_env
+from projections.lifecycle import RunState
 from workers.checkpoint_dir import path_uri, uri_path
 
 T = TypeVar("T")

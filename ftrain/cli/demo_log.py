@@ -10,27 +10,18 @@ import io
 import json
 import os
 import re
-import shlex
 import sys
 
-from ftrain.cli import main
+from ftrain.cli.shell import Shell
 from ftrain.service import checkpoint_storage
 from workers.checkpoint_dir import checkpoint_path
 
 
-def _ftrain(*argv: str) -> int:
-    print(f"\n$ ftrain {shlex.join(argv)}", flush=True)
-    try:
-        return main(list(argv))
-    except SystemExit as exc:
-        return int(exc.code or 0)
-
-
-def _launch(*argv: str) -> str | None:
+def _launch(ftrain: Shell, *argv: str) -> str | None:
     """Run `ftrain launch`, showing its output, and return the run id it chose (None if it failed)."""
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        code = _ftrain(*argv)
+        code = ftrain(*argv)
     sys.stdout.write(out.getvalue())
     match = re.search(r"^Launched (\S+) ", out.getvalue(), re.MULTILINE)
     return match.group(1) if code == 0 and match else None
@@ -42,13 +33,14 @@ def _state(step: int) -> str:
     )
 
 
-def run_log_demo() -> int:
+def run_log_demo(ftrain: Shell) -> int:
     """Play the scenario; returns the first non-zero exit code, or 0."""
-    run_id = _launch("launch", "JPCP", "--nodes", "2", "--gpus-per-node", "4", "--strategy", "fsdp",
+    run_id = _launch(ftrain, "launch", "JPCP", "--nodes", "2", "--gpus-per-node", "4", "--strategy", "fsdp",
                      "--nodelist", "node[07-08]", "--dataset-revision", "A1-rev-42", "--checkpoint-every", "10min")  # fmt: skip
     if run_id is None:
         return 1
     code = _play(
+        ftrain,
         ("checkpoint", run_id, "--step", "500", "--epoch", "2", "--shards", "8", "--state", _state(500)),
         ("checkpoint", run_id, "--step", "1000", "--epoch", "5", "--shards", "8", "--state", _state(1000)),
         ("fail", run_id, "--reason", "preempted"),
@@ -61,6 +53,7 @@ def run_log_demo() -> int:
     victim.write_bytes(bytes(data))
     print(f"\n# flipped one bit of {victim} (silent corruption on the shared FS)", flush=True)
     return _play(
+        ftrain,
         ("resume", run_id),
         ("checkpoint", run_id, "--step", "1500", "--epoch", "7", "--shards", "8", "--state", _state(1500)),
         ("complete", run_id),
@@ -69,9 +62,9 @@ def run_log_demo() -> int:
     )
 
 
-def _play(*commands: tuple[str, ...]) -> int:
+def _play(ftrain: Shell, *commands: tuple[str, ...]) -> int:
     """Run commands in order; the first non-zero exit code stops the scenario."""
     for argv in commands:
-        if code := _ftrain(*argv):
+        if code := ftrain(*argv):
             return code
     return 0

@@ -11,7 +11,7 @@ reach the point kills torchrun's agent and every local rank at once. Run the job
 import os
 import signal
 
-from ftrain.procs import signal_job
+from ftrain.supervise.procs import signal_job
 
 POINTS = ("step", "stage", "write", "fanout", "finalize")
 

@@ -36,9 +36,7 @@ __all__ = [
     "NatsServerError",
     "ServerProcess",
     "ensure_server",
-    "kill_server",
     "nats_server_binary",
-    "restart_server",
     "server_status",
     "start_server",
     "stop_server",
@@ -473,29 +471,6 @@ def stop_server(home: Path, timeout: float = 10.0) -> bool:
             log.info("nats_server.stopped", pid=pid, store=str(_store_dir(nats_dir)))
         _remove_record(nats_dir)
         return bool(pids)
-
-
-# --------------------------------------------------------------------------------------------- tests
-
-
-def kill_server(proc: ServerProcess) -> None:
-    """SIGKILL (a crash: no shutdown, no flush) and wait until the process is gone."""
-    if not _server_alive(proc.pid, None):
-        return
-    _signal(proc.pid, signal.SIGKILL)
-    if not _wait_gone(proc.pid, 10.0):
-        raise NatsServerError(f"nats-server pid {proc.pid} survived SIGKILL")
-    log.info("nats_server.killed", pid=proc.pid, port=proc.port, store=proc.store_dir)
-
-
-def restart_server(proc: ServerProcess) -> ServerProcess:
-    """Start again on the same store dir and port (killing the old one first if still alive)."""
-    kill_server(proc)
-    home = Path(proc.store_dir).parent.parent  # store_dir is <home>/nats/store
-    new = start_server(home, port=proc.port)
-    if new.store_dir != proc.store_dir:
-        raise NatsServerError(f"restarted on {new.store_dir}, expected {proc.store_dir}")
-    return new
 
 
 @contextlib.contextmanager

@@ -20,11 +20,11 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
-from ftrain.ckpt_config import CheckpointConfig
-from ftrain.faults import fault_point
 from ftrain.recorder import Recorder
-from ftrain.resume import ResumePoint, cleanup_stale, resume
-from ftrain.train_state import TrainState
+from ftrain.train.config import CheckpointConfig
+from ftrain.train.faults import fault_point
+from ftrain.train.resume import ResumePoint, cleanup_stale, resume
+from ftrain.train.state import TrainState
 from workers.checkpoint_dir import checkpoint_path, seal_checkpoint
 from workers.dcp_writer import HashingWriter
 from workers.fanout import fan_out

@@ -26,10 +26,10 @@ from typing import IO, Final, Literal, NamedTuple, Protocol
 import msgspec
 import structlog
 
-from ftrain import render
-from ftrain.hostlist import compress_hostlist
-from ftrain.launch_spec import LaunchSpec, build_command
-from ftrain.procs import signal_job
+from ftrain.cli import render
+from ftrain.supervise.hostlist import compress_hostlist
+from ftrain.supervise.launch_spec import LaunchSpec, build_command
+from ftrain.supervise.procs import signal_job
 from workers.checkpoint_dir import complete_steps
 from workers.outbox import CompleteIntent, FailIntent
 

@@ -13,7 +13,7 @@ from typing import Final
 
 import msgspec
 
-from ftrain.hostlist import is_valid_hostname
+from ftrain.supervise.hostlist import is_valid_hostname
 
 __all__ = [
     "DEFAULT_TRAIN_CMD",

@@ -2,10 +2,10 @@
 
 from collections.abc import Mapping
 
-from events.connection import ftrain_home
-from events.nats_server import NatsServerError, ensure_server, server_status, stop_server
+from events.jetstream.connection import ftrain_home
+from events.jetstream.server import NatsServerError, ensure_server, server_status, stop_server
+from ftrain.cli.render import emit
 from ftrain.errors import Refused, UsageError
-from ftrain.render import emit
 
 
 def server_command(action: str, env: Mapping[str, str]) -> int:

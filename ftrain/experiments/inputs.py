@@ -13,12 +13,12 @@ from typing import Final
 
 import msgspec
 
-from events.nats_server import server_status, stop_server
+from events.jetstream.server import server_status, stop_server
 from events.schema import AnyEvent, Launched
-from ftrain.metrics import metrics_path
-from ftrain.restart_analysis import ExperimentResult, PhaseInput, Record, analyze
-from ftrain.restart_config import PHASES, ExperimentConfig, Kill, read_config, read_kills
+from ftrain.experiments.analysis import ExperimentResult, PhaseInput, Record, analyze
+from ftrain.experiments.config import PHASES, ExperimentConfig, Kill, read_config, read_kills
 from ftrain.service import Ftrain
+from ftrain.train.metrics import metrics_path
 from workers.checkpoint_dir import uri_path
 
 RUN_LOG: Final = "run.log"

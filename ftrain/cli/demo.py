@@ -15,8 +15,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ftrain.cli import main
-from ftrain.supervisor import free_port
+from ftrain.cli.shell import Shell
+from ftrain.supervise.supervisor import free_port
 
 ITERS, INTERVAL, KILL_STEP = 60, 10, 35
 TRAIN = ("-m", "ftrain.examples.train", "--train-iters", str(ITERS), "--save-interval", str(INTERVAL))
@@ -40,15 +40,7 @@ def _tee(argv: list[str], env: dict[str, str]) -> tuple[int, str]:
     return proc.returncode, "".join(lines)
 
 
-def _ftrain(*argv: str) -> int:
-    _show(["ftrain", *argv])
-    try:
-        return main(list(argv))
-    except SystemExit as exc:
-        return int(exc.code or 0)
-
-
-def run_demo() -> int:
+def run_demo(ftrain: Shell) -> int:
     """Play it; returns 0 when the interrupted run ends bit-identical to the uninterrupted one."""
     quiet = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_CPP_LOG_LEVEL": "ERROR", "LOGLEVEL": "ERROR"}
     with tempfile.TemporaryDirectory(prefix="ftrain-demo-") as scratch:
@@ -80,7 +72,7 @@ def run_demo() -> int:
 
     run_id = launched.group(1)
     print("\n# 3. the run as the log tells it", flush=True)
-    if code := _ftrain("status", run_id) or _ftrain("audit", "verify", run_id):
+    if code := ftrain("status", run_id) or ftrain("audit", "verify", run_id):
         return code
 
     print("\n# 4. exact resume", flush=True)

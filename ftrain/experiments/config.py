@@ -11,7 +11,7 @@ from typing import Final, Literal
 
 import msgspec
 
-from ftrain.faults import POINTS
+from ftrain.train.faults import POINTS
 
 PHASES: Final = ("baseline", "sync", "async")
 """Baseline: sync checkpointing, no failures. Then the same job with failures, sync and async."""

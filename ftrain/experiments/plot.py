@@ -14,8 +14,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
 
-from ftrain.restart_analysis import ExperimentResult, PhaseResult
-from ftrain.restart_report import PLOT, REPORT, markdown
+from ftrain.experiments.analysis import ExperimentResult, PhaseResult
+from ftrain.experiments.report import PLOT, REPORT, markdown
 
 COLORS = {"baseline": "tab:gray", "sync": "tab:blue", "async": "tab:orange"}
 

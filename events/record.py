@@ -1,0 +1,33 @@
+"""The stored format: a record as the stream holds it, and the subject grammar that files it under a run.
+
+`ftrain.run.<run_id>.<event_type>`: consumers subscribe by these subjects; the chain check
+(`events.chain.check_link`) is the one reader of a record's payload.
+"""
+
+import msgspec
+
+SUBJECT_ROOT = "ftrain.run"
+
+
+def run_subject(run_id: str, event_type: str = "*") -> str:
+    """`ftrain.run.<run_id>.<event_type>`; with the default, the wildcard over one run's events."""
+    return f"{SUBJECT_ROOT}.{run_id}.{event_type}"
+
+
+def parse_subject(subject: str) -> tuple[str, str]:
+    """(run_id, event_type) of a subject in the stream.
+
+    A subject no ftrain writer would use (`ftrain.run.a.b.failed`, `ftrain.run.x`) still parses, into a
+    run id that cannot be valid, so a forgery filed there is reported by the chain check, never skipped.
+    """
+    tokens = subject.split(".")[2:]
+    return (".".join(tokens[:-1]), tokens[-1]) if len(tokens) > 1 else ("".join(tokens), "")
+
+
+class StoredRecord(msgspec.Struct, frozen=True):
+    """One message of the stream, as stored: the raw payload is what the chain is verified over."""
+
+    stream_seq: int
+    run_id: str
+    event_type: str
+    payload: bytes
