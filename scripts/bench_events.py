@@ -8,7 +8,7 @@ Measures in one run, side by side:
    compare-and-set, ``Nats-Msg-Id``), interleaved in alternating blocks;
 2. the same from 8 runs at once (8 tasks on one connection);
 3. projection catch-up of a fresh SQLite read model over the whole stream, beside the raw read-back rate;
-4. ``audit verify`` (``Ftrain.verify``) over the same stream, beside the raw read-back rate;
+4. ``audit verify`` (``RunService.verify``) over the same stream, beside the raw read-back rate;
 5. wall time of a ``ftrain status RUN`` process, beside the interpreter-start floor.
 
 Every event it writes, raw or not, is a legal, correctly chained event, so the projector must accept all of
@@ -62,7 +62,7 @@ from events.schema import (
     now,
 )
 from ftrain.logs import configure as configure_logs
-from ftrain.service import Ftrain
+from ftrain.service import RunService
 from projections.lifecycle import RunState, apply, corrupt_skipped_event, resumed_event
 
 CONCURRENT_RUNS = 8
@@ -435,7 +435,7 @@ async def raw_read(store: EventStore) -> tuple[int, float]:
 
 async def bench_readback(env: dict[str, str], expected_runs: int) -> dict[str, Any]:
     """Projection catch-up (fresh model, then twice after a reset) and audit verify, beside raw reads."""
-    async with Ftrain.open(env) as app:
+    async with RunService.open(env) as app:
         last = await app.store.last_seq()
         reads: list[float] = []
 

@@ -50,7 +50,7 @@ from ftrain.experiments.inputs import RUN_LOG, analyze_directory, decode_record,
 from ftrain.experiments.plot import publish
 from ftrain.experiments.schedule import KillSchedule
 from ftrain.logs import configure as configure_logging
-from ftrain.service import Ftrain
+from ftrain.service import RunService
 from ftrain.supervise.procs import children, signal_job
 from ftrain.train.metrics import metrics_path
 from workers.checkpoint_dir import complete_steps
@@ -158,7 +158,13 @@ class Watch:
     """Follows one phase's attempts: delivers the driver's kills and records how each failed attempt ended."""
 
     def __init__(
-        self, app: Ftrain, phase: str, run_id: str, phase_dir: Path, injection: Injection | None, iters: int
+        self,
+        app: RunService,
+        phase: str,
+        run_id: str,
+        phase_dir: Path,
+        injection: Injection | None,
+        iters: int,
     ) -> None:
         self.app, self.phase, self.run_id = app, phase, run_id
         self.ckpt_dir = phase_dir / "ckpt" / run_id
@@ -178,7 +184,7 @@ class Watch:
             return None
         if steps[0] not in self._recorded:
             try:
-                state = await self.app.run(self.run_id)
+                state = await self.app.state_of(self.run_id)
             except UsageError:  # not launched yet
                 return None
             self._recorded = {c.step for c in state.checkpoints}
@@ -246,7 +252,7 @@ def train_command(config: ExperimentConfig, phase_dir: Path, run_id: str, async_
 
 
 async def run_phase(
-    app: Ftrain, config: ExperimentConfig, out: Path, phase: str, env: dict[str, str]
+    app: RunService, config: ExperimentConfig, out: Path, phase: str, env: dict[str, str]
 ) -> list[Kill]:
     """Supervise one phase to its end; returns its kills."""
     phase_dir = out / phase

@@ -11,7 +11,7 @@ import pytest
 
 from events.jetstream.server import ServerProcess, throwaway_server
 from events.jetstream.store import STREAM
-from ftrain.service import Ftrain
+from ftrain.service import RunService
 
 
 @pytest.fixture
@@ -38,9 +38,9 @@ def env(tmp_path: Path, server: ServerProcess, monkeypatch: pytest.MonkeyPatch) 
 
 
 @pytest.fixture
-async def app(env: dict[str, str]) -> AsyncIterator[Ftrain]:
+async def app(env: dict[str, str]) -> AsyncIterator[RunService]:
     """The application service, connected to the test's server."""
-    async with Ftrain.open(env) as service:
+    async with RunService.open(env) as service:
         yield service
 
 

@@ -41,7 +41,7 @@ from events.schema import (
     now,
 )
 from ftrain.errors import Refused
-from ftrain.service import Ftrain, ResumeOutcome, checkpoint_storage, readmodel_path
+from ftrain.service import ResumeOutcome, RunService, checkpoint_storage, readmodel_path
 from projections.projector import Projector
 from projections.readmodel import ReadModel
 from tests.conftest import ftrain_process, stream_last_seq
@@ -95,17 +95,17 @@ def launch_maker(project: str = "P") -> Callable[[str], Launched]:
     return make
 
 
-async def launch(app: Ftrain, run_id: str) -> Launched:
+async def launch(app: RunService, run_id: str) -> Launched:
     return await app.launch(launch_maker(), lambda: [run_id])
 
 
-async def checkpoint(app: Ftrain, run_id: str, step: int, state: bytes = b'{"a":1}') -> Checkpointed:
+async def checkpoint(app: RunService, run_id: str, step: int, state: bytes = b'{"a":1}') -> Checkpointed:
     return await app.checkpoint(
         run_id, step=step, epoch=step // 100, shards=1, sources=[("state.json", state)]
     )
 
 
-async def stored(app: Ftrain, run_id: str | None = None) -> list[tuple[int, AnyEvent, str]]:
+async def stored(app: RunService, run_id: str | None = None) -> list[tuple[int, AnyEvent, str]]:
     """(stream seq, decoded event, stored hash) of every record of the stream, or of one run."""
     out = []
     async for records in app.store.read(1, run_id=run_id):
@@ -204,7 +204,7 @@ def forge_reordered(history: list[tuple[int, AnyEvent, str]], raw: dict[int, byt
     ids=["edited-payload", "wrong-prev-hash", "sequence-gap", "reordered-pair"],
 )
 async def test_a_forged_event_is_named_by_audit_never_applied_and_blocks_further_appends(
-    app: Ftrain, env: dict[str, str], server: ServerProcess, forge: Any
+    app: RunService, env: dict[str, str], server: ServerProcess, forge: Any
 ) -> None:
     victim, bystander = "victim-run", "bystander-run"
     await launch(app, victim)
@@ -264,7 +264,7 @@ async def test_a_forged_event_is_named_by_audit_never_applied_and_blocks_further
     after = await cli(env, "status", victim, "--json")
     assert after.returncode == 0, after.stderr
     assert stable_status(after.stdout) == stable_status(before.stdout)
-    state = await app.run(victim)
+    state = await app.state_of(victim)
     assert (state.status, state.step, state.head.seq, len(state.checkpoints)) == ("running", 10, 4, 1)
     broken = await app.model.broken(victim)
     assert broken is not None and msgspec.to_builtins(broken) == finding
@@ -288,14 +288,14 @@ async def test_a_forged_event_is_named_by_audit_never_applied_and_blocks_further
     with pytest.raises(Refused, match="refusing to append"):
         await app.complete(victim, cost_gpu_hours=1.0)
     assert await stream_last_seq(server.url) == total
-    assert (await app.run(victim)).head.seq == 4
+    assert (await app.state_of(victim)).head.seq == 4
 
 
 # -- 2. kill -9 of the broker in the middle of a stream of appends ---------------------------------------------
 
 
 async def test_acknowledged_events_survive_kill_9_of_the_broker_mid_stream(
-    app: Ftrain, env: dict[str, str], server: ServerProcess
+    app: RunService, env: dict[str, str], server: ServerProcess
 ) -> None:
     run = "crash-run"
     first = await app.store.append(launch_maker()(run), ChainHead())
@@ -391,14 +391,14 @@ async def test_cli_with_the_broker_down_exits_1_with_one_line_and_writes_nothing
 
 
 @contextlib.asynccontextmanager
-async def service_with_deadline(env: dict[str, str], deadline: float) -> AsyncIterator[Ftrain]:
-    """`Ftrain.open(env)` put together by hand, with a short log deadline instead of the default 30 s."""
+async def service_with_deadline(env: dict[str, str], deadline: float) -> AsyncIterator[RunService]:
+    """`RunService.open(env)` put together by hand, with a short log deadline instead of the default 30 s."""
     settings = settings_from_env(env)
     async with open_store(settings, deadline=deadline) as store:
         stream_id = await store.ensure_stream()
         model = await ReadModel.open(readmodel_path(settings))
         try:
-            yield Ftrain(store, model, Projector(store, model, stream_id), checkpoint_storage(env))
+            yield RunService(store, model, Projector(store, model, stream_id), checkpoint_storage(env))
         finally:
             await model.close()
 
@@ -428,13 +428,13 @@ async def test_service_whose_broker_dies_raises_log_unavailable_and_writes_nothi
 async def test_log_unavailable_survives_closing_the_service_after_the_broker_died(
     env: dict[str, str], server: ServerProcess
 ) -> None:
-    # The CLI maps LogUnavailable escaping `async with Ftrain.open()` to exit 1 and one line; closing the
+    # The CLI maps LogUnavailable escaping `async with RunService.open()` to exit 1 and one line; closing the
     # connection to a dead broker must not replace it with another exception (a traceback).
     async def a_command_during_which_the_broker_dies() -> None:
         async with service_with_deadline(env, SHORT_DEADLINE_S) as app:
             await launch(app, "orphan-run")
             kill_server(server)
-            await asyncio.wait_for(app.runs(), 4 * SHORT_DEADLINE_S)
+            await asyncio.wait_for(app.states(), 4 * SHORT_DEADLINE_S)
 
     with pytest.raises(LogUnavailable):
         await a_command_during_which_the_broker_dies()
@@ -467,7 +467,7 @@ async def test_a_corrupt_read_model_file_does_not_hang_the_cli(env: dict[str, st
 # -- 4. races ------------------------------------------------------------------------------------------------
 
 
-async def _failed_run_with_corrupt_newest_checkpoint(app: Ftrain, storage: Path, run: str) -> None:
+async def _failed_run_with_corrupt_newest_checkpoint(app: RunService, storage: Path, run: str) -> None:
     await launch(app, run)
     await checkpoint(app, run, 10)
     await checkpoint(app, run, 20)
@@ -495,7 +495,7 @@ def _assert_one_skip_then_one_resume(
 
 
 async def test_two_cli_resumes_race_one_skip_one_resume_and_a_one_line_refusal(
-    app: Ftrain, env: dict[str, str]
+    app: RunService, env: dict[str, str]
 ) -> None:
     run, storage = "race-resume", Path(env["FTRAIN_STORAGE"])
     await _failed_run_with_corrupt_newest_checkpoint(app, storage, run)
@@ -528,10 +528,10 @@ async def test_two_cli_resumes_race_one_skip_one_resume_and_a_one_line_refusal(
 LOST_RACE_SCRIPT = """
 import asyncio, os, sys
 from ftrain.logs import configure
-from ftrain.service import Ftrain
+from ftrain.service import RunService
 
 async def main(run):
-    async with Ftrain.open(os.environ) as mine, Ftrain.open(os.environ) as theirs:
+    async with RunService.open(os.environ) as mine, RunService.open(os.environ) as theirs:
         start = await mine.model.last_seq()  # what `catch_up` reads first ...
         await theirs.fail(run, reason="oom", exit_code=1)  # ... then another process appends and applies ...
         await theirs.projector.catch_up()
@@ -543,7 +543,7 @@ asyncio.run(main(sys.argv[1]))
 
 
 async def test_a_projector_that_loses_the_catch_up_race_reports_no_chain_break(
-    app: Ftrain, env: dict[str, str]
+    app: RunService, env: dict[str, str]
 ) -> None:
     # Two CLI processes catching up one read model at once (e.g. the racing resumes above): the one that
     # loses must simply retry, not announce a chain break in a chain that is intact.
@@ -564,17 +564,17 @@ async def test_a_projector_that_loses_the_catch_up_race_reports_no_chain_break(
     assert "chain_break" not in done.stderr, done.stderr
     assert done.stderr == ""
     assert await app.model.broken(run) is None
-    state = await app.run(run)
+    state = await app.state_of(run)
     assert (state.status, state.head.seq) == ("failed", 3)
     assert (await app.verify(run)).ok
 
 
-async def test_two_services_racing_resume_never_fork_the_chain(app: Ftrain, env: dict[str, str]) -> None:
+async def test_two_services_racing_resume_never_fork_the_chain(app: RunService, env: dict[str, str]) -> None:
     storage = Path(env["FTRAIN_STORAGE"])
     runs = [f"race-{n}" for n in range(3)]
     for run in runs:
         await _failed_run_with_corrupt_newest_checkpoint(app, storage, run)
-    async with Ftrain.open(env) as one, Ftrain.open(env) as two:
+    async with RunService.open(env) as one, RunService.open(env) as two:
         for run in runs:
             outcomes = await asyncio.gather(one.resume(run), two.resume(run), return_exceptions=True)
             won = [o for o in outcomes if isinstance(o, ResumeOutcome)]
@@ -605,13 +605,13 @@ async def test_two_cli_launches_race_to_distinct_run_ids(env: dict[str, str], se
     assert audit.stdout.splitlines() == ["Verified 2 event(s) in 2 run(s): every chain intact"]
 
 
-async def test_three_services_racing_launch_take_three_run_ids(app: Ftrain, env: dict[str, str]) -> None:
+async def test_three_services_racing_launch_take_three_run_ids(app: RunService, env: dict[str, str]) -> None:
     base = "dist-P-1x1-fsdp"
 
     def candidates() -> list[str]:
         return [base] + [f"{base}-{n}" for n in range(2, 100)]
 
-    async with Ftrain.open(env) as one, Ftrain.open(env) as two, Ftrain.open(env) as three:
+    async with RunService.open(env) as one, RunService.open(env) as two, RunService.open(env) as three:
         events = await asyncio.gather(*(s.launch(launch_maker(), candidates) for s in (one, two, three)))
     assert sorted(e.run_id for e in events) == [base, f"{base}-2", f"{base}-3"]
     records = await stored(app)
@@ -623,10 +623,10 @@ async def test_three_services_racing_launch_take_three_run_ids(app: Ftrain, env:
     assert (await app.verify()).ok
 
 
-async def test_two_services_racing_fail_exactly_one_lands(app: Ftrain, env: dict[str, str]) -> None:
+async def test_two_services_racing_fail_exactly_one_lands(app: RunService, env: dict[str, str]) -> None:
     run = "race-fail"
     await launch(app, run)
-    async with Ftrain.open(env) as one, Ftrain.open(env) as two:
+    async with RunService.open(env) as one, RunService.open(env) as two:
         outcomes = await asyncio.gather(
             one.fail(run, reason="oom", exit_code=137),
             two.fail(run, reason="node-failure", exit_code=1),
@@ -639,7 +639,7 @@ async def test_two_services_racing_fail_exactly_one_lands(app: Ftrain, env: dict
     events = [e for _, e, _ in await stored(app, run)]
     assert [type(e).__name__ for e in events] == ["Launched", "Failed"]
     assert events[1].id == landed[0].id
-    state = await app.run(run)
+    state = await app.state_of(run)
     assert (state.status, state.failures, state.last_failure) == ("failed", 1, landed[0].reason)
     assert (await app.verify(run)).ok
 
@@ -648,7 +648,7 @@ async def test_two_services_racing_fail_exactly_one_lands(app: Ftrain, env: dict
 
 
 async def test_a_retried_append_whose_first_try_landed_is_stored_once(
-    app: Ftrain, server: ServerProcess
+    app: RunService, server: ServerProcess
 ) -> None:
     run = "retry-run"
     launched = await app.store.append(launch_maker()(run), ChainHead())
@@ -719,12 +719,12 @@ async def test_a_retried_append_whose_first_try_landed_is_stored_once(
     assert [e.seq for _, e, _ in await stored(app, run)] == [1, 2, 3, 4]
     report = await app.verify(run)
     assert (report.ok, report.events, report.runs) == (True, 4, 1)
-    state = await app.run(run)
+    state = await app.state_of(run)
     assert (state.status, state.resume_count, state.failures, state.head) == ("running", 1, 1, resumed.head)
 
 
 async def test_an_event_filed_under_a_subject_ftrain_never_writes_is_reported(
-    app: Ftrain, env: dict[str, str], server: ServerProcess
+    app: RunService, env: dict[str, str], server: ServerProcess
 ) -> None:
     await launch(app, "good")
     history = await stored(app, "good")

@@ -13,7 +13,6 @@ import sys
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from functools import partial
 from pathlib import Path
 
 import msgspec
@@ -21,6 +20,7 @@ import pytest
 import structlog
 
 from events.chain import ChainHead, unseal
+from events.jetstream.connection import settings_from_env
 from events.jetstream.server import ServerProcess
 from events.schema import (
     AnyEvent,
@@ -32,23 +32,26 @@ from events.schema import (
     Resumed,
     decode_event,
 )
-from ftrain.recorder import Recorder, drain
-from ftrain.service import Ftrain
-from projections.lifecycle import IllegalTransition, RunState, apply, check
-from tests.builders import launched
-from tests.conftest import free_port
-from tests.servers import kill_server, restart_server
-from workers.outbox import (
+from ftrain.service import RunService
+from projections.lifecycle import (
     CheckpointIntent,
     CompleteIntent,
     FailIntent,
+    IllegalTransition,
     Intent,
-    Outbox,
     ResumeIntent,
+    RunState,
     SkipIntent,
-    decide,
-    outbox_path,
+    apply,
+    check,
+    decide_intent,
 )
+from projections.run_log import RunLog
+from tests.builders import launched
+from tests.conftest import free_port
+from tests.servers import kill_server, restart_server
+from workers.outbox import Outbox, outbox_path
+from workers.recorder import Recorder, deliver
 
 RUN = "run-outbox"
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -81,7 +84,7 @@ def fold(*events: AnyEvent) -> RunState:
 
 
 def decided(state: RunState, intent: Intent) -> AnyEvent | None:
-    return decide(state, intent, "intent-1", AT)
+    return decide_intent(state, intent, "intent-1", AT)
 
 
 FAILED = Failed(run_id=RUN, reason="preempted")
@@ -225,11 +228,11 @@ def test_a_row_this_version_cannot_read_is_set_aside_not_left_to_block_the_rest(
 # -- against a real server -----------------------------------------------------------------------------------
 
 
-async def launch(app: Ftrain, run_id: str = RUN) -> None:
+async def launch(app: RunService, run_id: str = RUN) -> None:
     await app.launch(launched, lambda: [run_id])
 
 
-async def run_events(app: Ftrain, run_id: str = RUN) -> list[AnyEvent]:
+async def run_events(app: RunService, run_id: str = RUN) -> list[AnyEvent]:
     """The run's events as stored, oldest first."""
     out = []
     async for records in app.store.read(1, run_id=run_id):
@@ -252,7 +255,7 @@ def kinds(events: list[AnyEvent]) -> list[str]:
 
 
 async def test_with_the_broker_down_record_is_fast_and_the_intents_land_in_order_once_it_is_back(
-    app: Ftrain, env: dict[str, str], server: ServerProcess
+    app: RunService, env: dict[str, str], server: ServerProcess
 ) -> None:
     await launch(app)
     kill_server(server)
@@ -264,7 +267,7 @@ async def test_with_the_broker_down_record_is_fast_and_the_intents_land_in_order
         ckpt(300),
         CompleteIntent(),
     ]
-    with structlog.testing.capture_logs() as logs, Recorder(RUN, env) as recorder:
+    with structlog.testing.capture_logs() as logs, Recorder(RUN, settings_from_env(env)) as recorder:
         ids = []
         for intent in sequence:
             started = time.perf_counter()
@@ -273,7 +276,9 @@ async def test_with_the_broker_down_record_is_fast_and_the_intents_land_in_order
         assert not await asyncio.to_thread(recorder.flush, 0.5)
         await until(lambda: any(e["event"] == UNREACHABLE_WARNING for e in logs))
         await asyncio.sleep(SECOND_ATTEMPT_S)
-        assert [row.intent_id for row in Outbox(outbox_path(env)).pending(RUN)] == ids  # nothing appended
+        assert [
+            row.intent_id for row in Outbox(outbox_path(Path(env["FTRAIN_HOME"]))).pending(RUN)
+        ] == ids  # nothing appended
         await asyncio.to_thread(restart_server, server)  # same port, same store
         assert await asyncio.to_thread(recorder.flush, FLUSH_S)
     assert [e["event"] for e in logs if e["log_level"] == "warning"] == [
@@ -284,7 +289,7 @@ async def test_with_the_broker_down_record_is_fast_and_the_intents_land_in_order
                              "Completed"]  # fmt: skip
     assert [e.id for e in events[1:]] == ids
     assert (await app.verify(RUN)).ok
-    state = await app.run(RUN)
+    state = await app.state_of(RUN)
     assert (state.status, state.step, state.failures, state.resume_count) == ("completed", 300, 1, 1)
     assert [c.step for c in state.valid_checkpoints()] == [300, 200, 100]
     assert state.cost_source == "wall-time"
@@ -292,11 +297,12 @@ async def test_with_the_broker_down_record_is_fast_and_the_intents_land_in_order
 
 CHILD = """
 import os, signal, sys
-from ftrain.recorder import Recorder
-from workers.outbox import CheckpointIntent, FailIntent
+from events.jetstream.connection import settings_from_env
+from workers.recorder import Recorder
+from projections.lifecycle import CheckpointIntent, FailIntent
 
 run_id, first, count, then = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-recorder = Recorder(run_id)
+recorder = Recorder(run_id, settings_from_env(os.environ))
 for step in range(first, first + count):
     recorder.record(CheckpointIntent(step=step, epoch=0, shards=1, uri=f"file:///nowhere/{step}",
                                      checkpoint_hash=f"{run_id}-{step}", size_bytes=1))
@@ -315,14 +321,14 @@ def child(env: dict[str, str], run_id: str, first: int, count: int, then: str) -
 
 
 async def test_intents_of_a_killed_process_are_appended_in_order_by_the_next_recorder(
-    app: Ftrain, env: dict[str, str]
+    app: RunService, env: dict[str, str]
 ) -> None:
     await launch(app)
     nowhere = {**env, "FTRAIN_NATS_URL": f"nats://127.0.0.1:{free_port()}"}  # so it dies with all pending
     assert await asyncio.to_thread(child(nowhere, RUN, 1, 3, "die").wait) == -9
-    left = Outbox(outbox_path(env)).pending(RUN)
+    left = Outbox(outbox_path(Path(env["FTRAIN_HOME"]))).pending(RUN)
     assert [type(r.intent).__name__ for r in left] == [*["CheckpointIntent"] * 3, "FailIntent"]
-    with Recorder(RUN, env) as recorder:
+    with Recorder(RUN, settings_from_env(env)) as recorder:
         assert await asyncio.to_thread(recorder.flush, FLUSH_S)
     events = await run_events(app)
     assert kinds(events) == ["Launched", *["Checkpointed"] * 3, "Failed"]
@@ -332,36 +338,38 @@ async def test_intents_of_a_killed_process_are_appended_in_order_by_the_next_rec
 
 
 async def test_an_intent_appended_but_not_marked_done_is_not_appended_again(
-    app: Ftrain, env: dict[str, str]
+    app: RunService, env: dict[str, str]
 ) -> None:
     """A crash between the append and `done`: the event is in the log, the row still pending."""
     await launch(app)
-    outbox = Outbox(outbox_path(env))
+    outbox = Outbox(outbox_path(Path(env["FTRAIN_HOME"])))
     await app.fail(RUN, reason="preempted", exit_code=None)
     outbox.put(RUN, ResumeIntent(checkpoint_hash=None, step=0))
     (row,) = outbox.pending(RUN)
-    await app.record(RUN, partial(decide, intent=row.intent, intent_id=row.intent_id, at=row.created_at))
+    await RunLog(app.store, RUN).append(
+        lambda state: state and decide_intent(state, row.intent, row.intent_id, row.created_at)
+    )
     await app.fail(
         RUN, reason="node-failure", exit_code=None
     )  # another writer: re-deciding would resume again
     before = await run_events(app)
-    assert await drain(app, outbox, RUN) == 0
+    assert await deliver(RunLog(app.store, RUN), outbox) == 0
     assert await run_events(app) == before
     assert outbox.pending(RUN) == []
-    assert (await app.run(RUN)).resume_count == 1
+    assert (await app.state_of(RUN)).resume_count == 1
 
 
 async def test_a_resume_the_fold_refuses_is_set_aside_with_its_reason_and_the_rest_still_lands(
-    app: Ftrain, env: dict[str, str]
+    app: RunService, env: dict[str, str]
 ) -> None:
     await launch(app)
-    outbox = Outbox(outbox_path(env))
+    outbox = Outbox(outbox_path(Path(env["FTRAIN_HOME"])))
     outbox.put(RUN, ckpt(100))
     outbox.put(RUN, ckpt(200))
     outbox.put(RUN, FailIntent(reason="preempted"))
     outbox.put(RUN, ResumeIntent(checkpoint_hash=ckpt(100).checkpoint_hash, step=100))  # not the newest
     outbox.put(RUN, ResumeIntent(checkpoint_hash=ckpt(200).checkpoint_hash, step=200))
-    assert await drain(app, outbox, RUN) == 4
+    assert await deliver(RunLog(app.store, RUN), outbox) == 4
     (rejected,) = outbox.rejected(RUN)
     assert rejected.intent == ResumeIntent(checkpoint_hash=ckpt(100).checkpoint_hash, step=100)
     assert "newest valid checkpoint" in rejected.reason
@@ -370,7 +378,7 @@ async def test_a_resume_the_fold_refuses_is_set_aside_with_its_reason_and_the_re
 
 
 async def test_two_processes_recording_into_one_outbox_file_each_keep_their_order(
-    app: Ftrain, env: dict[str, str]
+    app: RunService, env: dict[str, str]
 ) -> None:
     runs = {"run-a": 1, "run-b": 1001}
     for run_id in runs:
@@ -381,5 +389,5 @@ async def test_two_processes_recording_into_one_outbox_file_each_keep_their_orde
         events = await run_events(app, run_id)
         assert [e.step for e in events if isinstance(e, Checkpointed)] == list(range(first, first + 10))
         assert not [e for e in events if not isinstance(e, Launched | Checkpointed)]
-        assert Outbox(outbox_path(env)).pending(run_id) == []
+        assert Outbox(outbox_path(Path(env["FTRAIN_HOME"]))).pending(run_id) == []
     assert (await app.verify()).ok

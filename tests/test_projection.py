@@ -6,13 +6,13 @@ from pathlib import Path
 from events.chain import ChainHead
 from events.jetstream.server import throwaway_server
 from events.schema import Failed
-from ftrain.service import Ftrain
+from ftrain.service import RunService
 from projections.projector import Projector
 from projections.readmodel import Batch, ReadModel
 from tests.builders import checkpointed, launched
 
 
-async def scenario(app: Ftrain, runs: int = 3, checkpoints: int = 20) -> int:
+async def scenario(app: RunService, runs: int = 3, checkpoints: int = 20) -> int:
     """Runs with checkpoints (no files behind them) and a preemption each; returns the number of events."""
     for r in range(runs):
         head = (await app.store.append(launched(f"run{r}", project=f"proj{r % 2}"), ChainHead())).head
@@ -22,24 +22,26 @@ async def scenario(app: Ftrain, runs: int = 3, checkpoints: int = 20) -> int:
     return runs * (checkpoints + 2)
 
 
-async def test_catch_up_is_incremental_and_read_your_writes(app: Ftrain, env: dict[str, str]) -> None:
+async def test_catch_up_is_incremental_and_read_your_writes(app: RunService, env: dict[str, str]) -> None:
     total = await scenario(app)
     assert await app.projector.catch_up() == total
     assert await app.projector.catch_up() == 0
-    state = await app.run("run1")
+    state = await app.state_of("run1")
     assert (state.status, state.step, len(state.checkpoints), state.failures) == ("failed", 200, 20, 1)
-    async with Ftrain.open(env) as other:  # another client appends; this one's next query sees it
+    async with RunService.open(env) as other:  # another client appends; this one's next query sees it
         await other.resume("run2")
-    assert (await app.run("run2")).status == "failed"  # every checkpoint was missing: no resume
-    assert all(c.status == "corrupt" for c in (await app.run("run2")).checkpoints)
-    assert [s.run_id for s in await app.runs("proj0")] == ["run0", "run2"]
+    assert (await app.state_of("run2")).status == "failed"  # every checkpoint was missing: no resume
+    assert all(c.status == "corrupt" for c in (await app.state_of("run2")).checkpoints)
+    assert [s.run_id for s in await app.states("proj0")] == ["run0", "run2"]
     dump = await app.model.dump()
     assert len(dump["audit"]) == total + 20 and {row[8] for row in dump["audit"]} == {"ok"}
     assert len(dump["checkpoints"]) == 60
     assert sum(1 for row in dump["checkpoints"] if row[8] == "corrupt") == 20
 
 
-async def test_rebuild_from_sequence_one_equals_the_incremental_model(app: Ftrain, tmp_path: Path) -> None:
+async def test_rebuild_from_sequence_one_equals_the_incremental_model(
+    app: RunService, tmp_path: Path
+) -> None:
     await scenario(app, runs=2, checkpoints=5)
     await app.projector.catch_up()
     await app.resume("run0")  # the files are missing: five corrupt_skipped events
@@ -56,7 +58,7 @@ async def test_rebuild_from_sequence_one_equals_the_incremental_model(app: Ftrai
     assert await app.model.dump() == incremental
 
 
-async def test_concurrent_projectors_apply_each_event_exactly_once(app: Ftrain, tmp_path: Path) -> None:
+async def test_concurrent_projectors_apply_each_event_exactly_once(app: RunService, tmp_path: Path) -> None:
     total = await scenario(app, runs=4, checkpoints=50)
     path = tmp_path / "shared.sqlite"
     models = [await ReadModel.open(path) for _ in range(3)]
@@ -72,7 +74,7 @@ async def test_concurrent_projectors_apply_each_event_exactly_once(app: Ftrain, 
             await m.close()
 
 
-async def test_a_stale_batch_is_refused_whole(app: Ftrain) -> None:
+async def test_a_stale_batch_is_refused_whole(app: RunService) -> None:
     await scenario(app, runs=1, checkpoints=3)
     await app.projector.catch_up()
     before = await app.model.dump()
@@ -82,12 +84,12 @@ async def test_a_stale_batch_is_refused_whole(app: Ftrain) -> None:
 
 
 async def test_a_model_bound_to_another_stream_is_reset(
-    app: Ftrain, env: dict[str, str], tmp_path: Path
+    app: RunService, env: dict[str, str], tmp_path: Path
 ) -> None:
     await scenario(app, runs=1, checkpoints=2)
     await app.projector.catch_up()
     with throwaway_server(tmp_path / "other") as other:
-        async with Ftrain.open({**env, "FTRAIN_NATS_URL": other.url}) as app2:
+        async with RunService.open({**env, "FTRAIN_NATS_URL": other.url}) as app2:
             await app2.store.append(launched("elsewhere"), ChainHead())
             # the same read-model file, another stream: none of the old rows may leak into its views
             projector = Projector(app2.store, app.model, app2.projector.stream_id)

@@ -18,7 +18,7 @@ import pytest
 from events.jetstream.server import stop_server
 from events.schema import AnyEvent, Checkpointed, Failed, Resumed, event_type
 from ftrain.experiments.config import PHASES, ExperimentConfig, Kill, read_config, read_kills
-from ftrain.service import Ftrain
+from ftrain.service import RunService
 from tests.training import FINAL
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,7 +52,7 @@ def log_env(out: Path) -> dict[str, str]:
 
 
 async def read_log(out: Path, run_ids: list[str]) -> tuple[dict[str, list[AnyEvent]], bool]:
-    async with Ftrain.open(log_env(out)) as app:
+    async with RunService.open(log_env(out)) as app:
         events = {r: [e.event for e in await app.timeline(r) if e.event is not None] for r in run_ids}
         verified = [(await app.verify(r)).ok for r in run_ids]
     return events, all(verified)

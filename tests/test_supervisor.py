@@ -27,9 +27,9 @@ from ftrain.supervise.supervisor import (
     failure,
     srun_command,
 )
+from projections.lifecycle import CompleteIntent, FailIntent
 from tests.conftest import free_port
 from tests.test_cli import Cli
-from workers.outbox import CompleteIntent, FailIntent
 
 RUN = "dist-P-1x1-fsdp"
 ONE_GPU = ("--nodes", "1", "--gpus-per-node", "1")

@@ -8,20 +8,21 @@ from pathlib import Path
 
 import pytest
 
+from events.jetstream.connection import settings_from_env
 from events.jetstream.server import ServerProcess
 from events.schema import Checkpointed, CorruptSkipped, Launched, Resumed
-from ftrain.recorder import Recorder
-from ftrain.service import Ftrain
+from ftrain.service import RunService
 from tests.conftest import ftrain_process
 from tests.servers import kill_server, restart_server
 from tests.test_training import flip
 from tests.training import FINAL, RESUMED, torchrun, torchrun_command, torchrun_env
+from workers.recorder import Recorder
 
 pytestmark = pytest.mark.timeout(300)
 RUN = "logged-1"
 
 
-async def run_events(app: Ftrain) -> list[object]:
+async def run_events(app: RunService) -> list[object]:
     """The run's events, as the timeline folds them."""
     return [entry.event for entry in await app.timeline(RUN)]
 
@@ -48,12 +49,12 @@ async def test_kill_corrupt_skip_resume_and_a_broker_outage_all_reach_the_log(
     assert FINAL.search(out), "training finished with the log down"
 
     await asyncio.to_thread(restart_server, server)
-    with Recorder(RUN, env) as recorder:
+    with Recorder(RUN, settings_from_env(env)) as recorder:
         assert await asyncio.to_thread(recorder.flush, 60)
-    async with Ftrain.open(env) as app:
+    async with RunService.open(env) as app:
         events = await run_events(app)
         report = await app.verify(RUN)
-        state = await app.run(RUN)
+        state = await app.state_of(RUN)
     assert report.ok and report.events == len(events)
     assert isinstance(events[0], Launched)
     assert [(type(e).__name__, getattr(e, "step", None)) for e in events[1:]] == [

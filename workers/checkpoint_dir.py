@@ -17,6 +17,7 @@ from urllib.parse import unquote, urlparse
 import msgspec
 
 from events.atomic_file import fsync_dir, write_atomic
+from projections.lifecycle import OnDisk
 from workers.files import copy_hashing, hash_files, write_file
 from workers.manifest import (
     MANIFEST,
@@ -150,6 +151,22 @@ def complete_steps(run_dir: Path) -> list[int]:
         ):
             steps.append(int(name[5:]))
     return sorted(steps, reverse=True)
+
+
+def on_disk(run_dir: Path) -> list[OnDisk]:
+    """The run's complete step directories, newest first, each with the digest its marker claims."""
+    return [
+        OnDisk(step, path_uri(run_dir / f"step-{step}"), marker_digest(run_dir / f"step-{step}"))
+        for step in complete_steps(run_dir)
+    ]
+
+
+def marker_digest(path: Path) -> str | None:
+    """The manifest digest the checkpoint's marker claims; None when it cannot be read."""
+    try:
+        return decode_marker((path / MARKER).read_bytes()).manifest_sha256
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError):
+        return None
 
 
 def verify_checkpoint(path: Path, expected_digest: str) -> str | None:

@@ -1,7 +1,7 @@
 """The durable local outbox: what a trainer or supervisor wants recorded, kept in SQLite until the log has it.
 
-The log must never stall or kill training. Writers put *intents* here (a local fsync'd SQLite insert), and a
-flusher turns each one, in insertion order, into an event decided against the run's state at that moment
+The log must never stall or kill training. Writers put *intents* here (a local fsync'd SQLite insert), and the
+recorder (`workers.recorder`) turns each one, in insertion order, into an event decided against the run's state at that moment
 (so an intent written while NATS was down still becomes a correctly chained, legal event later).
 """
 
@@ -9,7 +9,7 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
@@ -17,52 +17,8 @@ from pathlib import Path
 import msgspec
 import structlog
 
-from events.jetstream.connection import ftrain_home
-from events.schema import AnyEvent, Checkpointed, Completed, Failed, now
-from projections.lifecycle import CheckpointRef, RunState, corrupt_skipped_event, restart_event, resumed_event
-
-
-class CheckpointIntent(msgspec.Struct, frozen=True, kw_only=True, tag="checkpoint"):
-    """A checkpoint was finalized (manifest + marker in place): record `checkpointed`."""
-
-    step: int
-    epoch: int
-    shards: int
-    uri: str
-    checkpoint_hash: str
-    size_bytes: int
-
-
-class SkipIntent(msgspec.Struct, frozen=True, kw_only=True, tag="skip"):
-    """The checkpoint with this manifest digest failed verification: record `corrupt_skipped`."""
-
-    checkpoint_hash: str
-    step: int
-    reason: str
-
-
-class ResumeIntent(msgspec.Struct, frozen=True, kw_only=True, tag="resume"):
-    """Training restarted from the checkpoint with this digest (None: from step 0, none ever existed)."""
-
-    checkpoint_hash: str | None
-    step: int
-
-
-class FailIntent(msgspec.Struct, frozen=True, kw_only=True, tag="fail"):
-    """The training job stopped abnormally: record `failed`."""
-
-    reason: str
-    exit_code: int | None = None
-    message: str = ""
-
-
-class CompleteIntent(msgspec.Struct, frozen=True, kw_only=True, tag="complete"):
-    """The training job finished: record `completed` (GPU-hours reported, or wall time × GPUs when None)."""
-
-    cost_gpu_hours: float | None = None
-
-
-Intent = CheckpointIntent | SkipIntent | ResumeIntent | FailIntent | CompleteIntent
+from events.schema import now
+from projections.lifecycle import Intent
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS pending (
@@ -102,9 +58,9 @@ class RejectedIntent(msgspec.Struct, frozen=True):
     reason: str
 
 
-def outbox_path(env: Mapping[str, str]) -> Path:
-    """One outbox per $FTRAIN_HOME, shared by every process of the node (supervisor, trainer rank 0)."""
-    return ftrain_home(env) / "outbox.sqlite"
+def outbox_path(home: Path) -> Path:
+    """One outbox per ftrain home, shared by every process of the node (supervisor, trainer rank 0)."""
+    return home / "outbox.sqlite"
 
 
 class Outbox:
@@ -213,71 +169,3 @@ class Outbox:
                 self._db.execute("ROLLBACK")
                 raise
             self._db.execute("COMMIT")
-
-
-# -- deciding: pure, no I/O -----------------------------------------------------------------------------------
-
-
-def completed_event(state: RunState, cost_gpu_hours: float | None, at: datetime) -> Completed:
-    """`completed` as of `at`: the reported GPU-hours, else running wall time × GPUs."""
-    return Completed(
-        run_id=state.run_id,
-        cost_gpu_hours=cost_gpu_hours if cost_gpu_hours is not None else state.gpu_hours_at(at),
-        running_seconds=state.running_seconds_at(at),
-        cost_source="reported" if cost_gpu_hours is not None else "wall-time",
-    )
-
-
-def decide(state: RunState, intent: Intent, intent_id: str, at: datetime) -> AnyEvent | None:
-    """The event that records `intent` against the run's current state, or None when the state already
-    reflects it (an intent retried after its event landed). Stamped with the intent's id and time, so a
-    retried append is deduplicated and the log says when it happened, not when the log was reachable.
-
-    Never judges legality: an intent that cannot apply still becomes its event, for `check` to refuse."""
-    event = _event(state, intent, at)
-    return None if event is None else msgspec.structs.replace(event, id=intent_id, time=at)
-
-
-def _event(state: RunState, intent: Intent, at: datetime) -> AnyEvent | None:
-    running = state.status == "running"
-    if isinstance(intent, CheckpointIntent):
-        if _by_hash(state, intent.checkpoint_hash) is not None:
-            return None
-        return Checkpointed(
-            run_id=state.run_id,
-            step=intent.step,
-            epoch=intent.epoch,
-            shards=intent.shards,
-            uri=intent.uri,
-            checkpoint_hash=intent.checkpoint_hash,
-            size_bytes=intent.size_bytes,
-        )
-    if isinstance(intent, SkipIntent):
-        ref = _by_hash(state, intent.checkpoint_hash) or _unknown(intent.checkpoint_hash, intent.step, at)
-        return None if ref.status == "corrupt" else corrupt_skipped_event(state, ref, intent.reason)
-    if isinstance(intent, ResumeIntent):
-        if intent.checkpoint_hash is None:
-            return restart_event(state, forced=running)
-        # built for the named checkpoint even when it is not the newest valid one: `check` refuses it then,
-        # rather than the run silently resuming from a checkpoint the trainer did not load
-        ref = _by_hash(state, intent.checkpoint_hash) or _unknown(intent.checkpoint_hash, intent.step, at)
-        return resumed_event(state, ref, forced=running)
-    if isinstance(intent, FailIntent):
-        if not running:  # a failure of a stopped run is no transition
-            return None
-        return Failed(
-            run_id=state.run_id, reason=intent.reason, exit_code=intent.exit_code, message=intent.message
-        )
-    return None if state.status == "completed" else completed_event(state, intent.cost_gpu_hours, at)
-
-
-def _by_hash(state: RunState, checkpoint_hash: str) -> CheckpointRef | None:
-    """The run's checkpoint with this manifest digest, valid or not."""
-    return next((c for c in reversed(state.checkpoints) if c.checkpoint_hash == checkpoint_hash), None)
-
-
-def _unknown(checkpoint_hash: str, step: int, at: datetime) -> CheckpointRef:
-    """A checkpoint the log never recorded: seq 0 is no checkpointed event, so `check` refuses what names it."""
-    return CheckpointRef(
-        seq=0, step=step, epoch=0, shards=1, uri="", checkpoint_hash=checkpoint_hash, size_bytes=0, time=at
-    )

@@ -1,4 +1,4 @@
-"""The `ftrain` command line: a thin shell over `ftrain.service.Ftrain`.
+"""The `ftrain` command line: a thin shell over `ftrain.service.RunService`.
 
 Exit codes: 0 success; 1 refused on the merits (no valid checkpoint, failed audit, illegal transition,
 event log unreachable; `run`: gave up retrying); 2 usage or bad input; `run` stopped by signal N: 128+N.
@@ -237,7 +237,7 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         return run_demo(Shell(main))
     if args.command == "run":
-        from ftrain.cli.commands import supervise
+        from ftrain.cli.launch import supervise
 
         return supervise(args)
     return asyncio.run(_async_dispatch(args))
@@ -245,9 +245,9 @@ def _dispatch(args: argparse.Namespace) -> int:
 
 async def _async_dispatch(args: argparse.Namespace) -> int:
     from ftrain.cli.commands import COMMANDS
-    from ftrain.service import Ftrain
+    from ftrain.service import RunService
 
     command = COMMANDS[args.command]
     prepared = command.prepare(args)
-    async with Ftrain.open() as app:
+    async with RunService.open() as app:
         return await command.run(app, args, prepared)

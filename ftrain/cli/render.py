@@ -10,7 +10,7 @@ import msgspec
 from events.schema import AnyEvent, Checkpointed, Completed, CorruptSkipped, Failed, Launched, Resumed
 from ftrain.supervise.launch_spec import format_command
 from projections.audit import Finding
-from projections.lifecycle import RunState
+from projections.lifecycle import RunState, skipped_line
 
 
 def short_hash(digest: str) -> str:
@@ -38,11 +38,6 @@ def checkpointed(event: Checkpointed) -> str:
 def skipped(event: CorruptSkipped) -> str:
     """One line per checkpoint a resume refused."""
     return skipped_line(event.step, event.reason)
-
-
-def skipped_line(step: int, reason: str) -> str:
-    """The line for a checkpoint refused at resume, from the CLI or from a trainer."""
-    return f"checkpoint step {step} {reason} → skipped"
 
 
 def resumed(event: Resumed) -> list[str]:

@@ -17,7 +17,7 @@ from events.jetstream.server import server_status, stop_server
 from events.schema import AnyEvent, Launched
 from ftrain.experiments.analysis import ExperimentResult, PhaseInput, Record, analyze
 from ftrain.experiments.config import PHASES, ExperimentConfig, Kill, read_config, read_kills
-from ftrain.service import Ftrain
+from ftrain.service import RunService
 from ftrain.train.metrics import metrics_path
 from workers.checkpoint_dir import uri_path
 
@@ -63,7 +63,7 @@ def set_aside_steps(ckpt_dir: Path) -> list[int]:
     return sorted(steps)
 
 
-async def run_events(app: Ftrain, run_id: str) -> tuple[list[AnyEvent], list[str]]:
+async def run_events(app: RunService, run_id: str) -> tuple[list[AnyEvent], list[str]]:
     """The run's events as the chain walk folds them, and every break it found."""
     entries = await app.timeline(run_id)
     events = [e.event for e in entries if e.event is not None]
@@ -71,7 +71,7 @@ async def run_events(app: Ftrain, run_id: str) -> tuple[list[AnyEvent], list[str
 
 
 async def phase_input(
-    app: Ftrain, phase: str, run_id: str, *, stdout: str | None, kills: list[Kill] | None
+    app: RunService, phase: str, run_id: str, *, stdout: str | None, kills: list[Kill] | None
 ) -> PhaseInput:
     """One phase's inputs: the log's events, and rank 0's metrics where the trainer's command put them."""
     events, findings = await run_events(app, run_id)
@@ -115,12 +115,12 @@ def log_env(directory: Path, config: ExperimentConfig, env: Mapping[str, str]) -
 
 
 @asynccontextmanager
-async def opened(env: Mapping[str, str]) -> AsyncIterator[Ftrain]:
+async def opened(env: Mapping[str, str]) -> AsyncIterator[RunService]:
     """The service over `env`'s log; an embedded server started for this is stopped afterwards."""
     home = Path(env["FTRAIN_HOME"]) if env.get("FTRAIN_HOME") and not env.get("FTRAIN_NATS_URL") else None
     started = home is not None and server_status(home) is None
     try:
-        async with Ftrain.open(env) as app:
+        async with RunService.open(env) as app:
             yield app
     finally:
         if started and home is not None:

@@ -30,8 +30,8 @@ from ftrain.cli import render
 from ftrain.supervise.hostlist import compress_hostlist
 from ftrain.supervise.launch_spec import LaunchSpec, build_command
 from ftrain.supervise.procs import signal_job
+from projections.lifecycle import CompleteIntent, FailIntent
 from workers.checkpoint_dir import complete_steps
-from workers.outbox import CompleteIntent, FailIntent
 
 BACKOFF_CAP: Final = 60.0
 GRACE_SECONDS: Final = 25.0
@@ -48,7 +48,7 @@ log = structlog.get_logger(__name__)
 
 
 class Recording(Protocol):
-    """What the supervisor needs of `ftrain.recorder.Recorder`."""
+    """What the supervisor needs of `workers.recorder.Recorder`."""
 
     def record(self, intent: FailIntent | CompleteIntent) -> str: ...
 

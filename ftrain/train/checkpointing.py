@@ -7,6 +7,7 @@ training. All checkpoint collectives run on a dedicated gloo group, never on the
 pipeline runs them from a background thread, where a training-group collective would deadlock.
 """
 
+import os
 import shutil
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -20,16 +21,17 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
-from ftrain.recorder import Recorder
+from events.jetstream.connection import settings_from_env
 from ftrain.train.config import CheckpointConfig
 from ftrain.train.faults import fault_point
 from ftrain.train.resume import ResumePoint, cleanup_stale, resume
 from ftrain.train.state import TrainState
+from projections.lifecycle import CheckpointIntent
 from workers.checkpoint_dir import checkpoint_path, seal_checkpoint
 from workers.dcp_writer import HashingWriter
 from workers.fanout import fan_out
 from workers.manifest import FileEntry, Manifest
-from workers.outbox import CheckpointIntent
+from workers.recorder import Recorder
 from workers.retention import prune
 from workers.staging import StagingBuffers
 
@@ -58,7 +60,11 @@ class CheckpointManager:
         self.state = state
         self.rank = dist.get_rank()
         # rank 0 records the lifecycle of a run the log knows; without a run id the directory is the truth
-        self.recorder = Recorder(config.run_id) if config.run_id and self.rank == 0 else None
+        self.recorder = (
+            Recorder(config.run_id, settings_from_env(os.environ))
+            if config.run_id and self.rank == 0
+            else None
+        )
         self.world = dist.get_world_size()
         self.group = dist.new_group(backend="gloo")
         self._due_group = dist.new_group(backend="gloo") if config.every_seconds else None

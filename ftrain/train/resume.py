@@ -22,22 +22,24 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
-from ftrain.cli.render import skipped_line
-from ftrain.errors import Refused, UsageError
-from ftrain.recorder import Recorder
+from events.jetstream.connection import settings_from_env
 from ftrain.train.config import CheckpointConfig
-from ftrain.train.run_log import read_run
+from ftrain.train.run_log import RunUnknown, read_run
 from ftrain.train.state import TrainState
-from projections.lifecycle import RunState
-from workers.checkpoint_dir import (
-    complete_steps,
-    quarantine,
-    read_manifest,
-    uri_path,
-    verify_files,
+from projections.lifecycle import (
+    Candidate,
+    FailIntent,
+    IllegalTransition,
+    ResumeIntent,
+    ResumePlan,
+    RunState,
+    SkipIntent,
+    plan_resume,
+    skipped_line,
 )
-from workers.manifest import MARKER, FileEntry, Manifest, decode_marker
-from workers.outbox import FailIntent, ResumeIntent, SkipIntent
+from workers.checkpoint_dir import marker_digest, on_disk, quarantine, read_manifest, uri_path, verify_files
+from workers.manifest import FileEntry, Manifest
+from workers.recorder import Recorder
 
 FLUSH_TIMEOUT = 15.0
 LOG_TIMEOUT = 15.0
@@ -65,20 +67,10 @@ class ResumePoint(msgspec.Struct, frozen=True):
     epoch: int
 
 
-class Candidate(msgspec.Struct, frozen=True):
-    """A checkpoint to try, with the manifest digest it must have (the log's, or its own marker's)."""
-
-    step: int
-    path: str
-    digest: str | None
-
-
 class Plan(msgspec.Struct, frozen=True):
-    """Rank 0's decision, broadcast to every rank."""
+    """Rank 0's decision, broadcast to every rank: the lifecycle's plan, or why the start is refused."""
 
-    candidates: list[Candidate]
-    had_checkpoints: bool
-    restart: bool = False
+    plan: ResumePlan = ResumePlan()
     refused: str | None = None
 
 
@@ -98,11 +90,12 @@ def resume(
 ) -> ResumePoint | None:
     """Load the newest valid checkpoint into `state` on every rank; None when there is none to resume."""
     rank = dist.get_rank()
-    plan = _broadcast(_safe_plan(config, recorder) if rank == 0 else None, group)
-    if plan.refused:
-        raise ResumeRefused(plan.refused)
+    decision = _broadcast(_safe_plan(config, recorder) if rank == 0 else None, group)
+    if decision.refused:
+        raise ResumeRefused(decision.refused)
+    plan = decision.plan
     for candidate in plan.candidates:
-        path = Path(candidate.path)
+        path = uri_path(candidate.uri)
         header = cast(
             Manifest | str, _broadcast(read_manifest(path, candidate.digest) if rank == 0 else None, group)
         )
@@ -167,15 +160,15 @@ def _resumed(path: Path, candidate: Candidate, state: TrainState, recorder: Reco
     point = ResumePoint(state.step, state.epoch)
     if dist.get_rank() == 0:
         if recorder is not None:
-            digest = candidate.digest or _marker_digest(path) or ""
+            digest = candidate.digest or marker_digest(path) or ""
             recorder.record(ResumeIntent(checkpoint_hash=digest, step=point.step))
         print(f"RESUMED from step={point.step} (epoch={point.epoch})", flush=True)
     return point
 
 
 def _skip(candidate: Candidate, reason: str, recorder: Recorder | None) -> None:
-    path = Path(candidate.path)
-    digest = candidate.digest or _marker_digest(path) or ""
+    path = uri_path(candidate.uri)
+    digest = candidate.digest or marker_digest(path) or ""
     if recorder is not None:
         recorder.record(SkipIntent(checkpoint_hash=digest, step=candidate.step, reason=reason))
     try:
@@ -188,40 +181,35 @@ def _skip(candidate: Candidate, reason: str, recorder: Recorder | None) -> None:
 def _safe_plan(config: CheckpointConfig, recorder: Recorder | None) -> Plan:
     """Rank 0's plan; a refusal travels to every rank (raising here alone would leave the others waiting)."""
     try:
-        return _plan(config, recorder)
-    except (UsageError, Refused) as exc:
-        return Plan([], False, refused=str(exc))
+        return Plan(_plan(config, recorder))
+    except (IllegalTransition, RunUnknown) as exc:
+        return Plan(refused=str(exc))
 
 
-def _plan(config: CheckpointConfig, recorder: Recorder | None) -> Plan:
-    """Rank 0: the candidates, from the log when it answers, else from the directory."""
-    run_dir: Path = config.ckpt_dir
+def _plan(config: CheckpointConfig, recorder: Recorder | None) -> ResumePlan:
+    """Rank 0: the lifecycle's plan, from the log when it answers, else from the directory alone; the
+    directories it sets aside are moved here (kept, never deleted)."""
     state = _run_state(config, recorder)
-    if state is not None and state.status == "completed":
-        return Plan([], False, refused=f"run {state.run_id} is completed; nothing may follow completion")
-    if not config.resume:
-        return _fresh(run_dir, state)
-    if state is None:
-        steps = complete_steps(run_dir)
-        candidates = [
-            Candidate(s, str(run_dir / f"step-{s}"), _marker_digest(run_dir / f"step-{s}")) for s in steps
-        ]
-        return Plan(candidates, bool(candidates))
     restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
-    failed = state.status == "failed"
-    if state.status == "running" and restarts > 0 and recorder is not None:
+    in_place = state is not None and state.status == "running" and restarts > 0 and config.resume
+    plan = plan_resume(
+        state, on_disk(config.ckpt_dir), forced=True, fresh=not config.resume, failed_in_place=in_place
+    )
+    if in_place and recorder is not None:
         recorder.record(
             FailIntent(
                 reason="exit-code",
                 message=f"torchrun restarted the workers (TORCHELASTIC_RESTART_COUNT={restarts})",
             )
         )
-        failed = True
-    _set_aside_unrecorded(run_dir, state)
-    candidates = [
-        Candidate(c.step, str(uri_path(c.uri)), c.checkpoint_hash) for c in state.valid_checkpoints()
-    ]
-    return Plan(candidates, bool(state.checkpoints), restart=failed and not state.checkpoints)
+    stamp = int(time.time())
+    for unrecorded in plan.unrecorded:
+        log.warning("unrecorded_checkpoint_set_aside", uri=unrecorded.uri)
+        quarantine(uri_path(unrecorded.uri), f"unrecorded-{stamp}")
+    for old in plan.superseded:
+        path = uri_path(old.uri)
+        path.rename(path.with_name(f"{path.name}.superseded-{stamp}"))
+    return plan
 
 
 def _run_state(config: CheckpointConfig, recorder: Recorder | None) -> RunState | None:
@@ -230,40 +218,7 @@ def _run_state(config: CheckpointConfig, recorder: Recorder | None) -> RunState 
     if not recorder.flush(FLUSH_TIMEOUT):
         log.warning("outbox_not_flushed", run_id=config.run_id)
         return None
-    return read_run(config.run_id, os.environ, LOG_TIMEOUT)
-
-
-def _fresh(run_dir: Path, state: RunState | None) -> Plan:
-    """--no-resume: a run the log knows has checkpoints cannot start over; on disk, older checkpoints are
-    renamed `step-N.superseded-<time>` (kept, never deleted) so the fresh run owns the step names."""
-    if state is not None and state.checkpoints:
-        return Plan(
-            [], False, refused=f"run {state.run_id} has checkpoints; --no-resume needs a new --run-id"
-        )
-    stamp = int(time.time())
-    for step in complete_steps(run_dir):
-        path = run_dir / f"step-{step}"
-        path.rename(path.with_name(f"{path.name}.superseded-{stamp}"))
-    return Plan([], False, restart=state is not None and state.status == "failed")
-
-
-def _set_aside_unrecorded(run_dir: Path, state: RunState) -> None:
-    """A complete directory newer than anything the log knows was sealed but never recorded (killed between
-    the rename and the outbox): nothing vouches for it, so it is set aside, not trusted."""
-    known = {uri_path(c.uri) for c in state.checkpoints}
-    newest = max((c.step for c in state.checkpoints), default=-1)
-    for step in complete_steps(run_dir):
-        path = run_dir / f"step-{step}"
-        if step > newest and path not in known:
-            log.warning("unrecorded_checkpoint_set_aside", path=str(path))
-            quarantine(path, f"unrecorded-{int(time.time())}")
-
-
-def _marker_digest(path: Path) -> str | None:
-    try:
-        return decode_marker((path / MARKER).read_bytes()).manifest_sha256
-    except (OSError, msgspec.DecodeError, msgspec.ValidationError):
-        return None
+    return read_run(config.run_id, settings_from_env(os.environ), LOG_TIMEOUT)
 
 
 def _broadcast(value: T | None, group: dist.ProcessGroup) -> T:

@@ -1,33 +1,44 @@
-"""What a trainer asks of the log at start-up: the run's state, or None when the log is out of reach.
+"""What a trainer asks of the log at start-up: its own run's state, folded from its own events only.
 
 Training must never stall on the log: the query is bounded, and an unreachable log sends the trainer to the
-checkpoint directory itself (the newest directory whose marker and manifest agree).
+checkpoint directory itself (the newest directory whose marker and manifest agree). The query reads the
+run's subject alone, so it costs the same whatever else the stream holds.
 """
 
 import asyncio
-from collections.abc import Mapping
 
 import structlog
 from nats.errors import Error as NatsError
 
+from events.jetstream.connection import NatsSettings, open_store
 from events.jetstream.server import NatsServerError
 from events.jetstream.store import LogUnavailable
-from ftrain.service import Ftrain
 from projections.lifecycle import RunState
+from projections.run_log import BrokenRun, RunLog
 
 log = structlog.get_logger(__name__)
 
 
-def read_run(run_id: str, env: Mapping[str, str], timeout: float) -> RunState | None:
-    """The caught-up state of `run_id`; None if the log cannot be read within `timeout` seconds.
-    UsageError when the log is readable and has never heard of the run."""
+class RunUnknown(Exception):
+    """The log answered and has never heard of the run (or its chain is broken): nothing to resume by."""
 
-    async def query() -> RunState:
-        async with Ftrain.open(env) as app:
-            return await app.run(run_id)
+
+def read_run(run_id: str, settings: NatsSettings, timeout: float) -> RunState | None:
+    """The state of `run_id` from its own events; None if the log cannot be read within `timeout` seconds.
+    Raises RunUnknown when the log is readable but knows no such run, or its chain is broken."""
+
+    async def query() -> RunState | None:
+        async with open_store(settings) as store:
+            await store.ensure_stream()
+            return await RunLog(store, run_id).state()
 
     try:
-        return asyncio.run(asyncio.wait_for(query(), timeout))
+        state = asyncio.run(asyncio.wait_for(query(), timeout))
+    except BrokenRun as exc:
+        raise RunUnknown(str(exc)) from exc
     except (LogUnavailable, NatsServerError, NatsError, OSError, TimeoutError) as exc:
         log.warning("log_unreachable", run_id=run_id, error=f"{type(exc).__name__}: {exc}")
         return None
+    if state is None:
+        raise RunUnknown(f"unknown run {run_id!r}")
+    return state

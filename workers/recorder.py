@@ -1,8 +1,9 @@
-"""The recorder: trainers and the supervisor record lifecycle transitions without ever waiting on the log.
+"""The outbox worker: trainers and the supervisor record lifecycle transitions without ever waiting on the log.
 
 `record` is a local SQLite commit into the outbox. A daemon thread, with its own event loop and NATS
-connection, appends the run's pending intents in order; while the log is unreachable it backs off and retries
-forever. Nothing the log does reaches the training thread: the log must never stall or kill training.
+connection, delivers the run's pending intents to the log in order, each decided against the run's own log
+(`projections.run_log.RunLog`); while the log is unreachable it backs off and retries forever. Nothing the
+log does reaches the training thread: the log must never stall or kill training.
 """
 
 import asyncio
@@ -11,7 +12,8 @@ import fcntl
 import os
 import threading
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
+from datetime import datetime
 from functools import partial
 from types import TracebackType
 from typing import Self
@@ -21,11 +23,13 @@ import nats.errors
 import structlog
 
 from events.chain import unseal
+from events.jetstream.connection import NatsSettings, open_store
 from events.jetstream.server import NatsServerError
 from events.jetstream.store import LogUnavailable
-from ftrain.errors import Refused, UsageError
-from ftrain.service import Ftrain
-from workers.outbox import Intent, Outbox, decide, outbox_path
+from events.schema import AnyEvent
+from projections.lifecycle import IllegalTransition, Intent, RunState, decide_intent
+from projections.run_log import BrokenRun, ContendedRun, RunLog
+from workers.outbox import Outbox, outbox_path
 
 PERIOD_S = 1.0
 BACKOFF_MIN_S = 0.5
@@ -37,10 +41,10 @@ log = structlog.get_logger(__name__)
 
 
 @contextlib.asynccontextmanager
-async def sole_drainer(outbox: Outbox) -> AsyncIterator[None]:
-    """Hold the outbox file's drain lock. Two drainers of one run (supervisor and trainer share the file)
-    would otherwise race: one could decide a row the other has appended but not yet marked done."""
-    fd = os.open(f"{outbox.path}.drain-lock", os.O_RDWR | os.O_CREAT, 0o644)
+async def sole_deliverer(outbox: Outbox) -> AsyncIterator[None]:
+    """Hold the outbox file's delivery lock. Two deliverers of one run (supervisor and trainer share the
+    file) would otherwise race: one could decide a row the other has appended but not yet marked done."""
+    fd = os.open(f"{outbox.path}.deliver-lock", os.O_RDWR | os.O_CREAT, 0o600)
     try:
         while True:
             try:
@@ -59,9 +63,9 @@ class _EventId(msgspec.Struct):
     id: str = ""
 
 
-async def in_log(app: Ftrain, run_id: str, event_id: str) -> bool:
+async def in_log(run_log: RunLog, event_id: str) -> bool:
     """Whether the run's log holds the event with this id."""
-    async for records in app.store.read(1, run_id=run_id):
+    async for records in run_log.store.read(1, run_id=run_log.run_id):
         for record in records:
             parts = unseal(record.payload)
             with contextlib.suppress(msgspec.DecodeError):  # not ours, whatever it is
@@ -70,24 +74,31 @@ async def in_log(app: Ftrain, run_id: str, event_id: str) -> bool:
     return False
 
 
-async def drain(app: Ftrain, outbox: Outbox, run_id: str) -> int:
+def _decided(state: RunState | None, intent: Intent, intent_id: str, at: datetime) -> AnyEvent | None:
+    if state is None:
+        raise IllegalTransition("the log has no such run")
+    return decide_intent(state, intent, intent_id, at)
+
+
+async def deliver(run_log: RunLog, outbox: Outbox) -> int:
     """Append the run's pending intents, oldest first; returns how many events were appended.
 
     A row is marked done only once its event is in the log, and rows are appended one at a time, so only the
     oldest pending row can be in the log already (a crash, or a lost ack, between append and done): it is
     looked up by id, since re-deciding it against a state that moved on could record it twice. An intent the
-    fold refuses is moved to `rejected`. The log's errors propagate, leaving the rest pending, in order."""
+    judge refuses is moved to `rejected`. The log's errors propagate, leaving the rest pending, in order."""
     appended = 0
-    async with sole_drainer(outbox):
+    run_id = run_log.run_id
+    async with sole_deliverer(outbox):
         rows = outbox.pending(run_id)
-        if rows and await in_log(app, run_id, rows[0].intent_id):
+        if rows and await in_log(run_log, rows[0].intent_id):
             outbox.done(rows.pop(0).row_id)
         for row in rows:
             try:
-                event = await app.record(
-                    run_id, partial(decide, intent=row.intent, intent_id=row.intent_id, at=row.created_at)
+                event = await run_log.append(
+                    partial(_decided, intent=row.intent, intent_id=row.intent_id, at=row.created_at)
                 )
-            except (Refused, UsageError) as exc:
+            except (IllegalTransition, BrokenRun, ContendedRun) as exc:
                 log.error(
                     "outbox_intent_rejected",
                     run_id=run_id,
@@ -105,10 +116,10 @@ async def drain(app: Ftrain, outbox: Outbox, run_id: str) -> int:
 class Recorder:
     """Records one run's lifecycle intents from training code: durable at once, in the log when it answers."""
 
-    def __init__(self, run_id: str, env: Mapping[str, str] = os.environ) -> None:
+    def __init__(self, run_id: str, settings: NatsSettings) -> None:
         self.run_id = run_id
-        self._env = dict(env)
-        self._outbox = Outbox(outbox_path(env))
+        self._settings = settings
+        self._outbox = Outbox(outbox_path(settings.home))
         self._wake = asyncio.Event()
         self._stop = threading.Event()
         self._closing = threading.Lock()
@@ -177,20 +188,22 @@ class Recorder:
         self._wake.clear()
 
     async def _serve(self) -> None:
-        """Drain whenever there is something to append, connecting only then; while that fails, back off
+        """Deliver whenever there is something to append, connecting only then; while that fails, back off
         (0.5 s doubling to 5 s) and retry, forever. Only `close` ends it."""
         outbox = Outbox(self._outbox.path)  # this thread's own connection
-        backoff = 0.0  # > 0 while draining fails
+        backoff = 0.0  # > 0 while delivering fails
         try:
             while not self._stop.is_set():
                 await (asyncio.sleep(backoff) if backoff else self._idle())
                 try:
                     if not outbox.pending(self.run_id):
-                        backoff = 0.0  # another process drained them
+                        backoff = 0.0  # another process delivered them
                         continue
-                    async with Ftrain.open(self._env) as app:
+                    async with open_store(self._settings) as store:
+                        await store.ensure_stream()
+                        run_log = RunLog(store, self.run_id)
                         while not self._stop.is_set():
-                            await drain(app, outbox, self.run_id)
+                            await deliver(run_log, outbox)
                             if backoff:
                                 log.info("event_log_reachable", run_id=self.run_id)
                                 backoff = 0.0
@@ -211,4 +224,4 @@ class Recorder:
                 error=f"{type(exc).__name__}: {exc}",
             )
         else:
-            log.error("outbox_drain_failed", run_id=self.run_id, exc_info=exc)
+            log.error("outbox_delivery_failed", run_id=self.run_id, exc_info=exc)

@@ -1,7 +1,8 @@
-"""The run state machine as a pure fold: the one place that says which transition is legal."""
+"""The judge and the fold: whether an event may follow a run's state, and the state it leads to.
 
-from datetime import datetime
-from typing import Literal
+Every writer's decision is checked here (the CLI, the outbox, the supervisor), and so is every stored event
+when the projector or the audit folds it: one place says which transition is legal, in one set of words.
+"""
 
 import msgspec
 
@@ -16,72 +17,24 @@ from events.schema import (
     Resumed,
     event_type,
 )
-
-RunStatus = Literal["running", "failed", "completed"]
-
-
-class CheckpointRef(msgspec.Struct, frozen=True, kw_only=True):
-    """A checkpoint the log knows of; `status` turns to "corrupt" when a resume skipped it."""
-
-    seq: int
-    step: int
-    epoch: int
-    shards: int
-    uri: str
-    checkpoint_hash: str
-    size_bytes: int
-    time: datetime
-    status: Literal["valid", "corrupt"] = "valid"
-    reason: str | None = None
-
-
-class RunState(msgspec.Struct, frozen=True, kw_only=True):
-    """Everything the log says about one run, folded from its events."""
-
-    run_id: str
-    project: str
-    status: RunStatus
-    launch: Launched
-    head: ChainHead
-    updated_at: datetime
-    step: int = 0
-    epoch: int = 0
-    resume_count: int = 0
-    failures: int = 0
-    last_failure: str | None = None
-    checkpoints: tuple[CheckpointRef, ...] = ()
-    running_since: datetime | None = None
-    running_seconds: float = 0.0
-    cost_gpu_hours: float | None = None
-    cost_source: str | None = None
-
-    @property
-    def gpus(self) -> int:
-        """GPUs allocated to the run."""
-        return self.launch.nodes * self.launch.gpus_per_node
-
-    def valid_checkpoints(self) -> list[CheckpointRef]:
-        """Checkpoints not known to be corrupt, newest first."""
-        return [c for c in reversed(self.checkpoints) if c.status == "valid"]
-
-    def checkpoint(self, seq: int) -> CheckpointRef | None:
-        """The checkpoint recorded by event `seq`."""
-        return next((c for c in self.checkpoints if c.seq == seq), None)
-
-    def running_seconds_at(self, moment: datetime) -> float:
-        """Wall time spent running, counting the current attempt up to `moment`."""
-        current = (moment - self.running_since).total_seconds() if self.running_since else 0.0
-        return self.running_seconds + max(current, 0.0)
-
-    def gpu_hours_at(self, moment: datetime) -> float:
-        """Reported cost once completed, else running wall time × GPUs."""
-        if self.cost_gpu_hours is not None:
-            return self.cost_gpu_hours
-        return self.running_seconds_at(moment) * self.gpus / 3600.0
+from projections.lifecycle.state import CheckpointRef, RunState
 
 
 class IllegalTransition(Exception):
     """The event is not legal in the run's current state; the message names that state."""
+
+
+def check_open(state: RunState) -> None:
+    """A completed run is closed: nothing may follow completion."""
+    if state.status == "completed":
+        raise IllegalTransition(f"run {state.run_id} is completed; nothing may follow completion")
+
+
+def check_may_resume(state: RunState, *, forced: bool) -> None:
+    """Resume follows a failure; a run the log still thinks is running resumes only when forced."""
+    check_open(state)
+    if state.status == "running" and not forced:
+        raise IllegalTransition(f"run {state.run_id} is running; resume follows a failure (or use --force)")
 
 
 def check(state: RunState | None, event: AnyEvent) -> None:
@@ -91,13 +44,13 @@ def check(state: RunState | None, event: AnyEvent) -> None:
         if not isinstance(event, Launched):
             raise IllegalTransition(f"run {event.run_id} does not exist; it cannot be {kind}")
         return
-    where = f"run {state.run_id} is {state.status}"
     if isinstance(event, Launched):
         raise IllegalTransition(f"run {state.run_id} already exists ({state.status})")
-    if state.status == "completed":
-        raise IllegalTransition(f"{where}; nothing may follow completion")
+    check_open(state)
     if isinstance(event, Checkpointed | Failed | Completed) and state.status != "running":
-        raise IllegalTransition(f"{where}; it cannot be {kind} (resume it first)")
+        raise IllegalTransition(
+            f"run {state.run_id} is {state.status}; it cannot be {kind} (resume it first)"
+        )
     if isinstance(event, Checkpointed):
         if event.step < 0 or event.epoch < 0 or event.shards < 1:
             raise IllegalTransition("step and epoch must be ≥ 0 and shards ≥ 1")
@@ -116,8 +69,7 @@ def check(state: RunState | None, event: AnyEvent) -> None:
 
 
 def _check_resume(state: RunState, event: Resumed) -> None:
-    if state.status == "running" and not event.forced:
-        raise IllegalTransition(f"run {state.run_id} is running; resume follows a failure (or use --force)")
+    check_may_resume(state, forced=event.forced)
     if event.checkpoint_seq == 0:
         _check_restart(state, event)
         return
@@ -128,6 +80,10 @@ def _check_resume(state: RunState, event: Resumed) -> None:
         )
     if newest.step != event.step or newest.checkpoint_hash != event.checkpoint_hash:
         raise IllegalTransition(f"resumed event does not match checkpoint seq {event.checkpoint_seq}")
+    _check_resume_count(state, event)
+
+
+def _check_resume_count(state: RunState, event: Resumed) -> None:
     if event.resume_count != state.resume_count + 1:
         raise IllegalTransition(f"resume count must be {state.resume_count + 1}, not {event.resume_count}")
 
@@ -141,8 +97,7 @@ def _check_restart(state: RunState, event: Resumed) -> None:
         )
     if event.step != 0 or event.epoch != 0 or event.uri or event.checkpoint_hash:
         raise IllegalTransition("a restart from step 0 names no checkpoint")
-    if event.resume_count != state.resume_count + 1:
-        raise IllegalTransition(f"resume count must be {state.resume_count + 1}, not {event.resume_count}")
+    _check_resume_count(state, event)
 
 
 def apply(state: RunState | None, event: AnyEvent, head: ChainHead) -> RunState:
@@ -205,40 +160,3 @@ def apply(state: RunState | None, event: AnyEvent, head: ChainHead) -> RunState:
             cost_source=event.cost_source,
         )
     return msgspec.structs.replace(state, **changes)
-
-
-def resumed_event(state: RunState, ref: CheckpointRef, *, forced: bool) -> Resumed:
-    """The `resumed` event for resuming `state` from checkpoint `ref`, relaunching the launch command."""
-    return Resumed(
-        run_id=state.run_id,
-        checkpoint_seq=ref.seq,
-        step=ref.step,
-        epoch=ref.epoch,
-        uri=ref.uri,
-        checkpoint_hash=ref.checkpoint_hash,
-        resume_count=state.resume_count + 1,
-        forced=forced,
-        command=state.launch.command,
-    )
-
-
-def restart_event(state: RunState, *, forced: bool) -> Resumed:
-    """The `resumed` event restarting from step 0 a run that never checkpointed (preempted before its first)."""
-    return Resumed(
-        run_id=state.run_id,
-        checkpoint_seq=0,
-        step=0,
-        epoch=0,
-        uri="",
-        checkpoint_hash="",
-        resume_count=state.resume_count + 1,
-        forced=forced,
-        command=state.launch.command,
-    )
-
-
-def corrupt_skipped_event(state: RunState, ref: CheckpointRef, reason: str) -> CorruptSkipped:
-    """The `corrupt_skipped` event refusing checkpoint `ref` for `reason`."""
-    return CorruptSkipped(
-        run_id=state.run_id, checkpoint_seq=ref.seq, step=ref.step, uri=ref.uri, reason=reason
-    )

@@ -1,0 +1,130 @@
+"""The read-only commands: status, list, cost, audit verify, replay."""
+
+import argparse
+from typing import Any
+
+from events.schema import now
+from ftrain.cli import render
+from ftrain.service import RunService
+from projections.lifecycle import RunState
+
+# -- queries ---------------------------------------------------------------------------------------------------
+
+
+def status_document(state: RunState) -> dict[str, Any]:
+    """`status --json`: the folded state plus derived figures."""
+    moment = now()
+    valid = next(iter(state.valid_checkpoints()), None)
+    return {
+        "run_id": state.run_id,
+        "project": state.project,
+        "state": state.status,
+        "step": state.step,
+        "epoch": state.epoch,
+        "last_valid_checkpoint": valid,
+        "resume_count": state.resume_count,
+        "failures": state.failures,
+        "last_failure": state.last_failure,
+        "gpu_hours": round(state.gpu_hours_at(moment), 6),
+        "running_seconds": round(state.running_seconds_at(moment), 3),
+        "chain_head": state.head,
+        "checkpoints": state.checkpoints,
+        "launch": state.launch,
+    }
+
+
+async def run_status(app: RunService, args: argparse.Namespace, _: None) -> int:
+    """One run."""
+    state = await app.state_of(args.run_id)
+    if args.json:
+        render.emit_json(status_document(state))
+    else:
+        render.emit(render.status(state, now()))
+    return 0
+
+
+async def run_list(app: RunService, args: argparse.Namespace, _: None) -> int:
+    """Runs, optionally of one project."""
+    states = await app.states(args.project)
+    if args.json:
+        render.emit_json([status_document(s) for s in states])
+        return 0
+    moment = now()
+    rows = [
+        (
+            s.run_id,
+            s.project,
+            s.status,
+            str(s.step),
+            str(s.resume_count),
+            str(s.failures),
+            f"{s.gpu_hours_at(moment):.2f}",
+        )
+        for s in states
+    ]
+    render.emit(render.table(("RUN", "PROJECT", "STATE", "STEP", "RESUMES", "FAILURES", "GPU-HOURS"), rows))
+    return 0
+
+
+async def run_cost(app: RunService, args: argparse.Namespace, _: None) -> int:
+    """GPU-hours per run and in total."""
+    states = await app.states(args.project)
+    moment = now()
+    per_run = [
+        (s.run_id, s.status, s.gpus, round(s.gpu_hours_at(moment), 6), s.cost_source or "so far")
+        for s in states
+    ]
+    total = round(sum(r[3] for r in per_run), 6)
+    if args.json:
+        runs = [
+            {"run_id": r, "state": st, "gpus": g, "gpu_hours": h, "source": src}
+            for r, st, g, h, src in per_run
+        ]
+        render.emit_json({"project": args.project, "runs": runs, "total_gpu_hours": total})
+        return 0
+    rows = [(r, st, str(g), f"{h:.2f}", src) for r, st, g, h, src in per_run]
+    render.emit(render.table(("RUN", "STATE", "GPUS", "GPU-HOURS", "SOURCE"), rows))
+    render.emit(f"total {total:.2f} GPU-hours over {len(per_run)} run(s)")
+    return 0
+
+
+async def run_audit(app: RunService, args: argparse.Namespace, _: None) -> int:
+    """Verify chains from the stream; exit 1 naming the first bad event of each broken run."""
+    if args.run_id is not None:
+        await app.state_of(args.run_id)
+    report = await app.verify(args.run_id)
+    if args.json:
+        render.emit_json(
+            {"ok": report.ok, "events": report.events, "runs": report.runs, "findings": report.findings}
+        )
+    else:
+        for item in report.findings:
+            render.emit(render.finding(item))
+        verdict = "every chain intact" if report.ok else f"{len(report.findings)} broken chain(s)"
+        render.emit(f"Verified {report.events} event(s) in {report.runs} run(s): {verdict}")
+    return 0 if report.ok else 1
+
+
+async def run_replay(app: RunService, args: argparse.Namespace, _: None) -> int:
+    """The timeline, oldest first, or a rebuild of the read model."""
+    if args.rebuild:
+        applied = await app.projector.rebuild()
+        render.emit(f"Rebuilt the read model from stream seq 1: {applied} event(s) applied")
+        return 0
+    if args.run_id is not None:
+        await app.state_of(args.run_id)
+    entries = await app.timeline(args.run_id)
+    if args.json:
+        render.emit_json(entries)
+        return 0
+    for e in entries:
+        if e.event is not None:
+            render.emit(
+                f"#{e.stream_seq:<6} {e.event.time:%Y-%m-%d %H:%M:%S}  {e.run_id}  seq {e.event.seq:<4} "
+                f"{e.event_type:<16} {render.summary(e.event)}"
+            )
+        elif e.finding is not None:
+            render.emit(
+                f"#{e.stream_seq:<6} {'?':19}  {e.run_id}  {e.event_type:<16} REJECTED: {e.finding.reason}"
+            )
+    return 0

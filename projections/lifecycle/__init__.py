@@ -1,0 +1,61 @@
+"""The run's lifecycle, pure: the state folded from its events, the judge of every transition, and the
+deciders that turn a writer's request into the event the judge checks. No I/O; unit tests need no server.
+
+- `state`: RunState and CheckpointRef, what the log says about a run.
+- `judge`: `check` (is this event legal now?) and `apply` (the fold); IllegalTransition.
+- `deciders`: relaunch, resume, skip, complete, and outbox intent → event.
+- `resume_plan`: which checkpoints a resume tries, for the CLI and the trainer alike.
+- `intents`: what trainers and supervisors ask to record through the outbox.
+"""
+
+from projections.lifecycle.deciders import (
+    check_relaunch,
+    completed_event,
+    corrupt_skipped_event,
+    decide_intent,
+    restart_event,
+    resume_from,
+    resumed_event,
+    skip,
+)
+from projections.lifecycle.intents import (
+    CheckpointIntent,
+    CompleteIntent,
+    FailIntent,
+    Intent,
+    ResumeIntent,
+    SkipIntent,
+)
+from projections.lifecycle.judge import IllegalTransition, apply, check, check_may_resume, check_open
+from projections.lifecycle.resume_plan import Candidate, OnDisk, ResumePlan, plan_resume, skipped_line
+from projections.lifecycle.state import CheckpointRef, RunState, RunStatus
+
+__all__ = [
+    "Candidate",
+    "CheckpointIntent",
+    "CheckpointRef",
+    "CompleteIntent",
+    "FailIntent",
+    "IllegalTransition",
+    "Intent",
+    "OnDisk",
+    "ResumeIntent",
+    "ResumePlan",
+    "RunState",
+    "RunStatus",
+    "SkipIntent",
+    "apply",
+    "check",
+    "check_may_resume",
+    "check_open",
+    "check_relaunch",
+    "completed_event",
+    "corrupt_skipped_event",
+    "decide_intent",
+    "plan_resume",
+    "restart_event",
+    "resume_from",
+    "resumed_event",
+    "skip",
+    "skipped_line",
+]

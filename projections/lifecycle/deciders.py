@@ -1,0 +1,161 @@
+"""Deciders: the event a writer's request becomes against the run's current state. Pure, no I/O.
+
+A decider either builds the event (which the judge then checks, so a stale decision is refused, never
+redirected), says the state already reflects the request (None), or raises IllegalTransition itself when
+the request makes no sense before any event is built (a relaunch of a completed run).
+"""
+
+from datetime import datetime
+
+import msgspec
+
+from events.schema import AnyEvent, Checkpointed, Completed, CorruptSkipped, Failed, Resumed
+from projections.lifecycle.intents import (
+    CheckpointIntent,
+    FailIntent,
+    Intent,
+    ResumeIntent,
+    SkipIntent,
+)
+from projections.lifecycle.judge import IllegalTransition, check_open
+from projections.lifecycle.state import CheckpointRef, RunState
+
+
+def check_relaunch(state: RunState, *, project: str, nodes: int, gpus_per_node: int, strategy: str) -> None:
+    """Only a failed run is relaunched (a running one may still have its supervisor), and only as itself."""
+    check_open(state)
+    if state.status == "running":
+        raise IllegalTransition(
+            f"run {state.run_id} is running (another supervisor?); if it is dead, record that first: "
+            f"ftrain fail {state.run_id}"
+        )
+    launch = state.launch
+    if (launch.project, launch.nodes, launch.gpus_per_node, launch.strategy) != (
+        project,
+        nodes,
+        gpus_per_node,
+        strategy,
+    ):
+        raise IllegalTransition(
+            f"run {state.run_id} was launched as {launch.project} {launch.nodes}×{launch.gpus_per_node} "
+            f"{launch.strategy}; relaunch it with the same project, --nodes, --gpus-per-node and --strategy"
+        )
+
+
+def resumed_event(state: RunState, ref: CheckpointRef, *, forced: bool) -> Resumed:
+    """The `resumed` event for resuming `state` from checkpoint `ref`, relaunching the launch command."""
+    return Resumed(
+        run_id=state.run_id,
+        checkpoint_seq=ref.seq,
+        step=ref.step,
+        epoch=ref.epoch,
+        uri=ref.uri,
+        checkpoint_hash=ref.checkpoint_hash,
+        resume_count=state.resume_count + 1,
+        forced=forced,
+        command=state.launch.command,
+    )
+
+
+def restart_event(state: RunState, *, forced: bool) -> Resumed:
+    """The `resumed` event restarting from step 0 a run that never checkpointed (preempted before its first)."""
+    return Resumed(
+        run_id=state.run_id,
+        checkpoint_seq=0,
+        step=0,
+        epoch=0,
+        uri="",
+        checkpoint_hash="",
+        resume_count=state.resume_count + 1,
+        forced=forced,
+        command=state.launch.command,
+    )
+
+
+def corrupt_skipped_event(state: RunState, ref: CheckpointRef, reason: str) -> CorruptSkipped:
+    """The `corrupt_skipped` event refusing checkpoint `ref` for `reason`."""
+    return CorruptSkipped(
+        run_id=state.run_id, checkpoint_seq=ref.seq, step=ref.step, uri=ref.uri, reason=reason
+    )
+
+
+def completed_event(state: RunState, cost_gpu_hours: float | None, at: datetime) -> Completed:
+    """`completed` as of `at`: the reported GPU-hours, else running wall time × GPUs."""
+    return Completed(
+        run_id=state.run_id,
+        cost_gpu_hours=cost_gpu_hours if cost_gpu_hours is not None else state.gpu_hours_at(at),
+        running_seconds=state.running_seconds_at(at),
+        cost_source="reported" if cost_gpu_hours is not None else "wall-time",
+    )
+
+
+def resume_from(state: RunState, ref: CheckpointRef, *, forced: bool) -> Resumed | None:
+    """Resume from `ref` unless another writer changed which checkpoint is newest meanwhile (None: decide
+    again). `forced` matters only while the log still says running."""
+    newest = next(iter(state.valid_checkpoints()), None)
+    if newest is None or newest.seq != ref.seq:
+        return None
+    return resumed_event(state, ref, forced=forced and state.status == "running")
+
+
+def skip(state: RunState, ref: CheckpointRef, reason: str) -> CorruptSkipped | None:
+    """Refuse checkpoint `ref`, unless another writer already did (None)."""
+    current = state.checkpoint(ref.seq)
+    if current is None or current.status != "valid":
+        return None
+    return corrupt_skipped_event(state, ref, reason)
+
+
+def decide_intent(state: RunState, intent: Intent, intent_id: str, at: datetime) -> AnyEvent | None:
+    """The event that records `intent` against the run's current state, or None when the state already
+    reflects it (an intent retried after its event landed). Stamped with the intent's id and time, so a
+    retried append is deduplicated and the log says when it happened, not when the log was reachable.
+
+    Never judges legality: an intent that cannot apply still becomes its event, for the judge to refuse."""
+    event = _intent_event(state, intent, at)
+    return None if event is None else msgspec.structs.replace(event, id=intent_id, time=at)
+
+
+def _intent_event(state: RunState, intent: Intent, at: datetime) -> AnyEvent | None:
+    running = state.status == "running"
+    if isinstance(intent, CheckpointIntent):
+        if _by_hash(state, intent.checkpoint_hash) is not None:
+            return None
+        return Checkpointed(
+            run_id=state.run_id,
+            step=intent.step,
+            epoch=intent.epoch,
+            shards=intent.shards,
+            uri=intent.uri,
+            checkpoint_hash=intent.checkpoint_hash,
+            size_bytes=intent.size_bytes,
+        )
+    if isinstance(intent, SkipIntent):
+        ref = _by_hash(state, intent.checkpoint_hash) or _unknown(intent.checkpoint_hash, intent.step, at)
+        return None if ref.status == "corrupt" else corrupt_skipped_event(state, ref, intent.reason)
+    if isinstance(intent, ResumeIntent):
+        if intent.checkpoint_hash is None:
+            return restart_event(state, forced=running)
+        # built for the named checkpoint even when it is not the newest valid one: the judge refuses it then,
+        # rather than the run silently resuming from a checkpoint the trainer did not load
+        ref = _by_hash(state, intent.checkpoint_hash) or _unknown(intent.checkpoint_hash, intent.step, at)
+        return resumed_event(state, ref, forced=running)
+    if isinstance(intent, FailIntent):
+        if not running:  # a failure of a stopped run is no transition
+            return None
+        return Failed(
+            run_id=state.run_id, reason=intent.reason, exit_code=intent.exit_code, message=intent.message
+        )
+    return None if state.status == "completed" else completed_event(state, intent.cost_gpu_hours, at)
+
+
+def _by_hash(state: RunState, checkpoint_hash: str) -> CheckpointRef | None:
+    """The run's checkpoint with this manifest digest, valid or not."""
+    return next((c for c in reversed(state.checkpoints) if c.checkpoint_hash == checkpoint_hash), None)
+
+
+def _unknown(checkpoint_hash: str, step: int, at: datetime) -> CheckpointRef:
+    """A checkpoint the log never recorded: seq 0 is no checkpointed event, so the judge refuses what names it."""
+    return CheckpointRef(
+        seq=0, step=step, epoch=0, shards=1, uri="", checkpoint_hash=checkpoint_hash, size_bytes=0, time=at
+    )

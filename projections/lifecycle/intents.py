@@ -1,0 +1,51 @@
+"""Intents: what a trainer or supervisor wants recorded, kept in the local outbox until the log has it.
+
+An intent names a transition by what the writer knows (a checkpoint's digest, a step), never by the log's
+position: the position is decided when the log is reachable, against the run's state then
+(`projections.lifecycle.deciders.decide_intent`).
+"""
+
+import msgspec
+
+
+class CheckpointIntent(msgspec.Struct, frozen=True, kw_only=True, tag="checkpoint"):
+    """A checkpoint was finalized (manifest + marker in place): record `checkpointed`."""
+
+    step: int
+    epoch: int
+    shards: int
+    uri: str
+    checkpoint_hash: str
+    size_bytes: int
+
+
+class SkipIntent(msgspec.Struct, frozen=True, kw_only=True, tag="skip"):
+    """The checkpoint with this manifest digest failed verification: record `corrupt_skipped`."""
+
+    checkpoint_hash: str
+    step: int
+    reason: str
+
+
+class ResumeIntent(msgspec.Struct, frozen=True, kw_only=True, tag="resume"):
+    """Training restarted from the checkpoint with this digest (None: from step 0, none ever existed)."""
+
+    checkpoint_hash: str | None
+    step: int
+
+
+class FailIntent(msgspec.Struct, frozen=True, kw_only=True, tag="fail"):
+    """The training job stopped abnormally: record `failed`."""
+
+    reason: str
+    exit_code: int | None = None
+    message: str = ""
+
+
+class CompleteIntent(msgspec.Struct, frozen=True, kw_only=True, tag="complete"):
+    """The training job finished: record `completed` (GPU-hours reported, or wall time × GPUs when None)."""
+
+    cost_gpu_hours: float | None = None
+
+
+Intent = CheckpointIntent | SkipIntent | ResumeIntent | FailIntent | CompleteIntent

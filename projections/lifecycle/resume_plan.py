@@ -1,0 +1,82 @@
+"""Which checkpoints a resume tries, in which order, and what it sets aside: one plan for `ftrain resume`
+and for the trainer's automatic resume. Pure: the caller lists the storage and reads the log, executes the
+plan (verifying, loading, recording), and each verdict is recorded through the deciders.
+"""
+
+from collections.abc import Sequence
+
+import msgspec
+
+from projections.lifecycle.judge import IllegalTransition, check_may_resume, check_open
+from projections.lifecycle.state import CheckpointRef, RunState
+
+
+class OnDisk(msgspec.Struct, frozen=True):
+    """A step directory in the run's storage that carries a completion marker (not yet verified)."""
+
+    step: int
+    uri: str
+    digest: str | None  # the manifest digest its marker claims; None when the marker is unreadable
+
+
+class Candidate(msgspec.Struct, frozen=True):
+    """A checkpoint to try, with the manifest digest it must have: the log's, or, with no log to ask, its
+    own marker's. `ref` is the log's record of it (None without a log)."""
+
+    step: int
+    uri: str
+    digest: str | None
+    ref: CheckpointRef | None = None
+
+
+class ResumePlan(msgspec.Struct, frozen=True):
+    """What to do, in order: set aside `unrecorded` and `superseded`, try `candidates` newest first; when
+    none verifies and `had_checkpoints`, stop (never start over); `restart` records a start from step 0."""
+
+    candidates: tuple[Candidate, ...] = ()
+    unrecorded: tuple[OnDisk, ...] = ()
+    superseded: tuple[OnDisk, ...] = ()
+    had_checkpoints: bool = False
+    restart: bool = False
+
+
+def plan_resume(
+    state: RunState | None,
+    on_disk: Sequence[OnDisk],
+    *,
+    forced: bool = False,
+    fresh: bool = False,
+    failed_in_place: bool = False,
+) -> ResumePlan:
+    """The plan for a run in `state` (None: no log to ask) whose storage holds `on_disk`.
+
+    `forced`: resume a run the log still thinks is running. `fresh`: start over (`--no-resume`), legal only
+    while the log knows no checkpoint; the directories on disk are superseded, never deleted.
+    `failed_in_place`: the launcher restarted the workers itself, a failure the log is about to record.
+    A complete directory newer than anything the log recorded was sealed but never recorded (killed between
+    the two): nothing vouches for it, so it is set aside, not trusted. Raises IllegalTransition."""
+    if state is None:
+        if fresh:
+            return ResumePlan(superseded=tuple(on_disk))
+        candidates = tuple(Candidate(d.step, d.uri, d.digest) for d in on_disk)
+        return ResumePlan(candidates, had_checkpoints=bool(candidates))
+    check_open(state)
+    failed = state.status == "failed" or failed_in_place
+    if fresh:
+        if state.checkpoints:
+            raise IllegalTransition(f"run {state.run_id} has checkpoints; --no-resume needs a new --run-id")
+        return ResumePlan(superseded=tuple(on_disk), restart=failed)
+    check_may_resume(state, forced=forced or failed_in_place)
+    known = {c.uri for c in state.checkpoints}
+    newest = max((c.step for c in state.checkpoints), default=-1)
+    return ResumePlan(
+        candidates=tuple(Candidate(c.step, c.uri, c.checkpoint_hash, c) for c in state.valid_checkpoints()),
+        unrecorded=tuple(d for d in on_disk if d.step > newest and d.uri not in known),
+        had_checkpoints=bool(state.checkpoints),
+        restart=failed and not state.checkpoints,
+    )
+
+
+def skipped_line(step: int, reason: str) -> str:
+    """The line for a checkpoint a resume refused, from the CLI or from a trainer."""
+    return f"checkpoint step {step} {reason} → skipped"

@@ -1,0 +1,71 @@
+"""What the log says about one run: its folded state and the checkpoints it recorded."""
+
+from datetime import datetime
+from typing import Literal
+
+import msgspec
+
+from events.chain import ChainHead
+from events.schema import Launched
+
+RunStatus = Literal["running", "failed", "completed"]
+
+
+class CheckpointRef(msgspec.Struct, frozen=True, kw_only=True):
+    """A checkpoint the log knows of; `status` turns to "corrupt" when a resume skipped it."""
+
+    seq: int
+    step: int
+    epoch: int
+    shards: int
+    uri: str
+    checkpoint_hash: str
+    size_bytes: int
+    time: datetime
+    status: Literal["valid", "corrupt"] = "valid"
+    reason: str | None = None
+
+
+class RunState(msgspec.Struct, frozen=True, kw_only=True):
+    """Everything the log says about one run, folded from its events."""
+
+    run_id: str
+    project: str
+    status: RunStatus
+    launch: Launched
+    head: ChainHead
+    updated_at: datetime
+    step: int = 0
+    epoch: int = 0
+    resume_count: int = 0
+    failures: int = 0
+    last_failure: str | None = None
+    checkpoints: tuple[CheckpointRef, ...] = ()
+    running_since: datetime | None = None
+    running_seconds: float = 0.0
+    cost_gpu_hours: float | None = None
+    cost_source: str | None = None
+
+    @property
+    def gpus(self) -> int:
+        """GPUs allocated to the run."""
+        return self.launch.nodes * self.launch.gpus_per_node
+
+    def valid_checkpoints(self) -> list[CheckpointRef]:
+        """Checkpoints not known to be corrupt, newest first."""
+        return [c for c in reversed(self.checkpoints) if c.status == "valid"]
+
+    def checkpoint(self, seq: int) -> CheckpointRef | None:
+        """The checkpoint recorded by event `seq`."""
+        return next((c for c in self.checkpoints if c.seq == seq), None)
+
+    def running_seconds_at(self, moment: datetime) -> float:
+        """Wall time spent running, counting the current attempt up to `moment`."""
+        current = (moment - self.running_since).total_seconds() if self.running_since else 0.0
+        return self.running_seconds + max(current, 0.0)
+
+    def gpu_hours_at(self, moment: datetime) -> float:
+        """Reported cost once completed, else running wall time × GPUs."""
+        if self.cost_gpu_hours is not None:
+            return self.cost_gpu_hours
+        return self.running_seconds_at(moment) * self.gpus / 3600.0
