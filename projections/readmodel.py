@@ -19,6 +19,7 @@ import aiosqlite
 import msgspec
 import structlog
 
+from events.schema import Checkpointed
 from projections.audit import Finding
 from projections.lifecycle import CheckpointRef, RunState
 
@@ -86,37 +87,27 @@ def _encode_state(state: RunState) -> bytes:
     return _encoder.encode(msgspec.structs.replace(state, checkpoints=()))
 
 
-def _checkpoint_ref(row: Sequence[Any]) -> CheckpointRef:
+def _checkpoint_ref(run_id: str, row: Sequence[Any]) -> CheckpointRef:
     """A checkpoint from (seq, step, epoch, shards, uri, checkpoint_hash, size_bytes, status, reason, time)."""
     seq, step, epoch, shards, uri, checkpoint_hash, size_bytes, status, reason, time_text = row
-    return CheckpointRef(
+    recorded = Checkpointed(
+        run_id=run_id,
         seq=seq,
+        time=datetime.fromisoformat(time_text),
         step=step,
         epoch=epoch,
         shards=shards,
         uri=uri,
         checkpoint_hash=checkpoint_hash,
         size_bytes=size_bytes,
-        status=status,
-        reason=reason,
-        time=datetime.fromisoformat(time_text),
     )
+    return CheckpointRef(recorded=recorded, status=status, reason=reason)
 
 
 def _checkpoint_row(run_id: str, c: CheckpointRef) -> tuple[Any, ...]:
-    return (
-        run_id,
-        c.seq,
-        c.step,
-        c.epoch,
-        c.shards,
-        c.uri,
-        c.checkpoint_hash,
-        c.size_bytes,
-        c.status,
-        c.reason,
-        c.time.isoformat(),
-    )
+    r = c.recorded
+    return (run_id, r.seq, r.step, r.epoch, r.shards, r.uri, r.checkpoint_hash, r.size_bytes, c.status, c.reason,
+            r.time.isoformat())  # fmt: skip
 
 
 class ReadModel:
@@ -246,7 +237,7 @@ class ReadModel:
         states = {}
         for blob, refs in await self._fetch(query, args):
             state = _state_decoder.decode(blob)
-            checkpoints = tuple(_checkpoint_ref(row) for row in _rows_decoder.decode(refs))
+            checkpoints = tuple(_checkpoint_ref(state.run_id, row) for row in _rows_decoder.decode(refs))
             states[state.run_id] = msgspec.structs.replace(state, checkpoints=checkpoints)
         return states
 

@@ -9,7 +9,9 @@ Measures in one run, side by side:
 2. the same from 8 runs at once (8 tasks on one connection);
 3. projection catch-up of a fresh SQLite read model over the whole stream, beside the raw read-back rate;
 4. ``audit verify`` (``RunService.verify``) over the same stream, beside the raw read-back rate;
-5. wall time of a ``ftrain status RUN`` process, beside the interpreter-start floor.
+5. wall time of a ``ftrain status RUN`` process, beside the interpreter-start floor;
+6. the trainer's start-up query (``read_run``: one run's own events, folded) on a stream holding only that
+   run, and again once the stream holds the mixed-lifecycle events of every other run: it must not grow.
 
 Every event it writes, raw or not, is a legal, correctly chained event, so the projector must accept all of
 them; the script checks that it did. The mixed-lifecycle events for 3-4 are sealed here and published pipelined
@@ -47,6 +49,7 @@ from nats.js import JetStreamContext
 
 from events.chain import ChainHead, seal
 from events.jetstream.client import Nats
+from events.jetstream.connection import NatsSettings
 from events.jetstream.server import nats_server_binary, throwaway_server
 from events.jetstream.store import EventStore, process_actor
 from events.record import run_subject
@@ -63,6 +66,7 @@ from events.schema import (
 )
 from ftrain.logs import configure as configure_logs
 from ftrain.service import RunService
+from ftrain.train.run_log import read_run
 from projections.lifecycle import RunState, apply, corrupt_skipped_event, resumed_event
 
 CONCURRENT_RUNS = 8
@@ -421,6 +425,30 @@ async def populate(
     }
 
 
+# ------------------------------------------------------------------------------ 6. the trainer's query
+
+
+async def probe_run(store: EventStore, rng: random.Random) -> str:
+    """A run of three events (launched, two checkpoints), appended before anything else fills the stream."""
+    builder = ChainBuilder("trainer-probe", rng, store.actor)
+    head = ChainHead()
+    for event in (builder.launched(), builder.checkpointed(), builder.checkpointed()):
+        head = (await store.append(event, head)).head
+    return builder.run_id
+
+
+async def time_trainer_query(settings: NatsSettings, run_id: str, repeats: int = 7) -> float:
+    """Median wall time of the trainer's start-up query (`read_run`, connection included)."""
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        state = await asyncio.to_thread(read_run, run_id, settings, 30.0)
+        times.append(time.perf_counter() - start)
+        if state is None or len(state.checkpoints) != 2:
+            raise SystemExit(f"the trainer's query read {state!r}")
+    return statistics.median(times)
+
+
 # ------------------------------------------------------------------------------ 3/4. projection & verify
 
 
@@ -641,6 +669,17 @@ def rows(r: dict[str, Any]) -> list[tuple[str, ...]]:
         status < 0.5,
     )
     row("5   of which imports (python -c 'import ...')", pr["python_floor_s"], pr["import_s"], ".3f", None)
+    tq = r["trainer_query"]
+    grows = tq["among_s"] / tq["alone_s"]
+    row(
+        f"6 trainer start-up query s (alone vs among {r['population']['events']:,})",
+        tq["alone_s"],
+        tq["among_s"],
+        ".4f",
+        grows,
+        "ratio <= 1.5",
+        grows <= 1.5,
+    )
     return out
 
 
@@ -702,11 +741,15 @@ async def bench(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                 flush=True,
             )
             result["concurrent"] = await bench_concurrent(js, store, args.events, rng)
+            probe = await probe_run(store, rng)
+            settings = NatsSettings(home=tmp / "home", url=server.url)
+            result["trainer_query"] = {"alone_s": await time_trainer_query(settings, probe)}
             print(f"      populating {args.mixed_events:,} mixed-lifecycle events", flush=True)
             result["population"] = await populate(js, store, args.mixed_events, rng)
+            result["trainer_query"]["among_s"] = await time_trainer_query(settings, probe)
         finally:
             await nc.close()
-        expected_runs = 2 + 2 * CONCURRENT_RUNS + result["population"]["runs"]
+        expected_runs = 3 + 2 * CONCURRENT_RUNS + result["population"]["runs"]
         print("[3/5 4/5] projection catch-up, audit verify, raw read-back", flush=True)
         result["readback"] = await bench_readback(env, expected_runs)
         print("[5/5] `ftrain status` processes", flush=True)

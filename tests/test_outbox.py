@@ -63,14 +63,13 @@ SECOND_ATTEMPT_S = 6.0  # the first back-off (0.5 s) and another connection atte
 
 
 def ckpt(step: int) -> CheckpointIntent:
-    return CheckpointIntent(step=step, epoch=step // 100, shards=1, uri=f"file:///nowhere/step-{step}",
-                            checkpoint_hash=f"{step:064x}", size_bytes=step)  # fmt: skip
+    return CheckpointIntent(checkpointed=Checkpointed(run_id=RUN, step=step, epoch=step // 100, shards=1,
+                            uri=f"file:///nowhere/step-{step}", checkpoint_hash=f"{step:064x}", size_bytes=step))  # fmt: skip
 
 
 def recorded(intent: CheckpointIntent) -> Checkpointed:
     """The checkpointed event an intent becomes, unstamped, for building states."""
-    fields = msgspec.structs.asdict(intent)
-    return Checkpointed(run_id=RUN, **fields)
+    return intent.checkpointed
 
 
 def fold(*events: AnyEvent) -> RunState:
@@ -107,14 +106,18 @@ def test_checkpoint_already_in_the_log_decides_nothing() -> None:
 def test_skip_marks_the_valid_checkpoint_with_that_hash_and_only_once() -> None:
     state = fold(launched(RUN), recorded(ckpt(100)), recorded(ckpt(200)), FAILED)
     event = decided(
-        state, SkipIntent(checkpoint_hash=ckpt(200).checkpoint_hash, step=200, reason="hash mismatch")
+        state,
+        SkipIntent(checkpoint_hash=ckpt(200).checkpointed.checkpoint_hash, step=200, reason="hash mismatch"),
     )
     assert isinstance(event, CorruptSkipped)
     assert (event.checkpoint_seq, event.step, event.reason, event.id) == (3, 200, "hash mismatch", "intent-1")
     check(state, event)
     skipped = apply(state, msgspec.structs.replace(event, seq=5), ChainHead(5, "5" * 64, 5))
     assert (
-        decided(skipped, SkipIntent(checkpoint_hash=ckpt(200).checkpoint_hash, step=200, reason="x")) is None
+        decided(
+            skipped, SkipIntent(checkpoint_hash=ckpt(200).checkpointed.checkpoint_hash, step=200, reason="x")
+        )
+        is None
     )
 
 
@@ -128,7 +131,7 @@ def test_skip_of_a_checkpoint_the_log_never_recorded_is_refused_by_the_fold() ->
 
 def test_resume_from_the_newest_valid_checkpoint_after_a_failure_is_not_forced() -> None:
     state = fold(launched(RUN), recorded(ckpt(100)), recorded(ckpt(200)), FAILED)
-    event = decided(state, ResumeIntent(checkpoint_hash=ckpt(200).checkpoint_hash, step=200))
+    event = decided(state, ResumeIntent(checkpoint_hash=ckpt(200).checkpointed.checkpoint_hash, step=200))
     assert isinstance(event, Resumed)
     assert (event.checkpoint_seq, event.step, event.resume_count, event.forced) == (3, 200, 1, False)
     assert event.command == state.launch.command
@@ -137,13 +140,13 @@ def test_resume_from_the_newest_valid_checkpoint_after_a_failure_is_not_forced()
 
 def test_resume_while_the_log_says_running_is_forced() -> None:
     state = fold(launched(RUN), recorded(ckpt(100)))
-    event = decided(state, ResumeIntent(checkpoint_hash=ckpt(100).checkpoint_hash, step=100))
+    event = decided(state, ResumeIntent(checkpoint_hash=ckpt(100).checkpointed.checkpoint_hash, step=100))
     assert isinstance(event, Resumed)
     assert event.forced
     check(state, event)
 
 
-@pytest.mark.parametrize("checkpoint_hash", [ckpt(100).checkpoint_hash, "e" * 64])
+@pytest.mark.parametrize("checkpoint_hash", [ckpt(100).checkpointed.checkpoint_hash, "e" * 64])
 def test_resume_from_anything_but_the_newest_valid_checkpoint_is_refused_never_redirected(
     checkpoint_hash: str,
 ) -> None:
@@ -263,7 +266,7 @@ async def test_with_the_broker_down_record_is_fast_and_the_intents_land_in_order
         ckpt(100),
         ckpt(200),
         FailIntent(reason="preempted"),
-        ResumeIntent(checkpoint_hash=ckpt(200).checkpoint_hash, step=200),
+        ResumeIntent(checkpoint_hash=ckpt(200).checkpointed.checkpoint_hash, step=200),
         ckpt(300),
         CompleteIntent(),
     ]
@@ -300,12 +303,13 @@ import os, signal, sys
 from events.jetstream.connection import settings_from_env
 from workers.recorder import Recorder
 from projections.lifecycle import CheckpointIntent, FailIntent
+from events.schema import Checkpointed
 
 run_id, first, count, then = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 recorder = Recorder(run_id, settings_from_env(os.environ))
 for step in range(first, first + count):
-    recorder.record(CheckpointIntent(step=step, epoch=0, shards=1, uri=f"file:///nowhere/{step}",
-                                     checkpoint_hash=f"{run_id}-{step}", size_bytes=1))
+    recorder.record(CheckpointIntent(checkpointed=Checkpointed(run_id=run_id, step=step, epoch=0, shards=1,
+                                     uri=f"file:///nowhere/{step}", checkpoint_hash=f"{run_id}-{step}", size_bytes=1)))
 if then == "die":
     recorder.record(FailIntent(reason="signal", exit_code=-9))
     os.kill(os.getpid(), signal.SIGKILL)
@@ -367,11 +371,13 @@ async def test_a_resume_the_fold_refuses_is_set_aside_with_its_reason_and_the_re
     outbox.put(RUN, ckpt(100))
     outbox.put(RUN, ckpt(200))
     outbox.put(RUN, FailIntent(reason="preempted"))
-    outbox.put(RUN, ResumeIntent(checkpoint_hash=ckpt(100).checkpoint_hash, step=100))  # not the newest
-    outbox.put(RUN, ResumeIntent(checkpoint_hash=ckpt(200).checkpoint_hash, step=200))
+    outbox.put(
+        RUN, ResumeIntent(checkpoint_hash=ckpt(100).checkpointed.checkpoint_hash, step=100)
+    )  # not the newest
+    outbox.put(RUN, ResumeIntent(checkpoint_hash=ckpt(200).checkpointed.checkpoint_hash, step=200))
     assert await deliver(RunLog(app.store, RUN), outbox) == 4
     (rejected,) = outbox.rejected(RUN)
-    assert rejected.intent == ResumeIntent(checkpoint_hash=ckpt(100).checkpoint_hash, step=100)
+    assert rejected.intent == ResumeIntent(checkpoint_hash=ckpt(100).checkpointed.checkpoint_hash, step=100)
     assert "newest valid checkpoint" in rejected.reason
     assert kinds(await run_events(app)) == ["Launched", "Checkpointed", "Checkpointed", "Failed", "Resumed"]
     assert outbox.pending(RUN) == []

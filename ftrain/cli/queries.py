@@ -6,9 +6,17 @@ from typing import Any
 from events.schema import now
 from ftrain.cli import render
 from ftrain.service import RunService
-from projections.lifecycle import RunState
+from projections.lifecycle import CheckpointRef, RunState
 
 # -- queries ---------------------------------------------------------------------------------------------------
+
+
+def checkpoint_document(ref: CheckpointRef) -> dict[str, Any]:
+    """A checkpoint in `status --json`: the fields of the event that recorded it, its status and reason."""
+    r = ref.recorded
+    return {"seq": r.seq, "step": r.step, "epoch": r.epoch, "shards": r.shards, "uri": r.uri,
+            "checkpoint_hash": r.checkpoint_hash, "size_bytes": r.size_bytes, "time": r.time,
+            "status": ref.status, "reason": ref.reason}  # fmt: skip
 
 
 def status_document(state: RunState) -> dict[str, Any]:
@@ -21,14 +29,14 @@ def status_document(state: RunState) -> dict[str, Any]:
         "state": state.status,
         "step": state.step,
         "epoch": state.epoch,
-        "last_valid_checkpoint": valid,
+        "last_valid_checkpoint": valid and checkpoint_document(valid),
         "resume_count": state.resume_count,
         "failures": state.failures,
         "last_failure": state.last_failure,
         "gpu_hours": round(state.gpu_hours_at(moment), 6),
         "running_seconds": round(state.running_seconds_at(moment), 3),
         "chain_head": state.head,
-        "checkpoints": state.checkpoints,
+        "checkpoints": [checkpoint_document(c) for c in state.checkpoints],
         "launch": state.launch,
     }
 

@@ -22,6 +22,7 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from events.jetstream.connection import settings_from_env
+from events.schema import Checkpointed
 from ftrain.train.config import CheckpointConfig
 from ftrain.train.faults import fault_point
 from ftrain.train.resume import ResumePoint, cleanup_stale, resume
@@ -185,12 +186,15 @@ class CheckpointManager:
         if self.recorder is not None:
             self.recorder.record(
                 CheckpointIntent(
-                    step=step,
-                    epoch=epoch,
-                    shards=self.world,
-                    uri=written.uri,
-                    checkpoint_hash=written.digest,
-                    size_bytes=manifest.size_bytes,
+                    checkpointed=Checkpointed(
+                        run_id=self.recorder.run_id,
+                        step=step,
+                        epoch=epoch,
+                        shards=self.world,
+                        uri=written.uri,
+                        checkpoint_hash=written.digest,
+                        size_bytes=manifest.size_bytes,
+                    )
                 )
             )
         log.info("checkpoint_finalized", step=step, path=str(final), bytes=manifest.size_bytes)

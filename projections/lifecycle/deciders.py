@@ -119,17 +119,9 @@ def decide_intent(state: RunState, intent: Intent, intent_id: str, at: datetime)
 def _intent_event(state: RunState, intent: Intent, at: datetime) -> AnyEvent | None:
     running = state.status == "running"
     if isinstance(intent, CheckpointIntent):
-        if _by_hash(state, intent.checkpoint_hash) is not None:
+        if _by_hash(state, intent.checkpointed.checkpoint_hash) is not None:
             return None
-        return Checkpointed(
-            run_id=state.run_id,
-            step=intent.step,
-            epoch=intent.epoch,
-            shards=intent.shards,
-            uri=intent.uri,
-            checkpoint_hash=intent.checkpoint_hash,
-            size_bytes=intent.size_bytes,
-        )
+        return msgspec.structs.replace(intent.checkpointed, run_id=state.run_id)
     if isinstance(intent, SkipIntent):
         ref = _by_hash(state, intent.checkpoint_hash) or _unknown(intent.checkpoint_hash, intent.step, at)
         return None if ref.status == "corrupt" else corrupt_skipped_event(state, ref, intent.reason)
@@ -156,6 +148,14 @@ def _by_hash(state: RunState, checkpoint_hash: str) -> CheckpointRef | None:
 
 def _unknown(checkpoint_hash: str, step: int, at: datetime) -> CheckpointRef:
     """A checkpoint the log never recorded: seq 0 is no checkpointed event, so the judge refuses what names it."""
-    return CheckpointRef(
-        seq=0, step=step, epoch=0, shards=1, uri="", checkpoint_hash=checkpoint_hash, size_bytes=0, time=at
+    unrecorded = Checkpointed(
+        run_id="",
+        time=at,
+        step=step,
+        epoch=0,
+        shards=1,
+        uri="",
+        checkpoint_hash=checkpoint_hash,
+        size_bytes=0,
     )
+    return CheckpointRef(recorded=unrecorded)

@@ -7,16 +7,13 @@ position: the position is decided when the log is reachable, against the run's s
 
 import msgspec
 
+from events.schema import Checkpointed
+
 
 class CheckpointIntent(msgspec.Struct, frozen=True, kw_only=True, tag="checkpoint"):
-    """A checkpoint was finalized (manifest + marker in place): record `checkpointed`."""
+    """A checkpoint was finalized (manifest + marker in place): record this `checkpointed` event."""
 
-    step: int
-    epoch: int
-    shards: int
-    uri: str
-    checkpoint_hash: str
-    size_bytes: int
+    checkpointed: Checkpointed
 
 
 class SkipIntent(msgspec.Struct, frozen=True, kw_only=True, tag="skip"):

@@ -116,16 +116,7 @@ def apply(state: RunState | None, event: AnyEvent, head: ChainHead) -> RunState:
         )
     changes: dict[str, object] = {"head": head, "updated_at": event.time}
     if isinstance(event, Checkpointed):
-        ref = CheckpointRef(
-            seq=event.seq,
-            step=event.step,
-            epoch=event.epoch,
-            shards=event.shards,
-            uri=event.uri,
-            checkpoint_hash=event.checkpoint_hash,
-            size_bytes=event.size_bytes,
-            time=event.time,
-        )
+        ref = CheckpointRef(recorded=event)
         changes.update(step=event.step, epoch=event.epoch, checkpoints=(*state.checkpoints, ref))
     elif isinstance(event, CorruptSkipped):
         changes["checkpoints"] = tuple(

@@ -6,24 +6,43 @@ from typing import Literal
 import msgspec
 
 from events.chain import ChainHead
-from events.schema import Launched
+from events.schema import Checkpointed, Launched
 
 RunStatus = Literal["running", "failed", "completed"]
 
 
 class CheckpointRef(msgspec.Struct, frozen=True, kw_only=True):
-    """A checkpoint the log knows of; `status` turns to "corrupt" when a resume skipped it."""
+    """A checkpoint the log knows of: the `checkpointed` event that recorded it (the one struct that names a
+    checkpoint's step, epoch, shards, URI, digest and size), and whether a resume has since refused it."""
 
-    seq: int
-    step: int
-    epoch: int
-    shards: int
-    uri: str
-    checkpoint_hash: str
-    size_bytes: int
-    time: datetime
+    recorded: Checkpointed
     status: Literal["valid", "corrupt"] = "valid"
     reason: str | None = None
+
+    @property
+    def seq(self) -> int:
+        """The per-run seq of the recording event: how the log names this checkpoint."""
+        return self.recorded.seq
+
+    @property
+    def step(self) -> int:
+        return self.recorded.step
+
+    @property
+    def epoch(self) -> int:
+        return self.recorded.epoch
+
+    @property
+    def uri(self) -> str:
+        return self.recorded.uri
+
+    @property
+    def checkpoint_hash(self) -> str:
+        return self.recorded.checkpoint_hash
+
+    @property
+    def time(self) -> datetime:
+        return self.recorded.time
 
 
 class RunState(msgspec.Struct, frozen=True, kw_only=True):
