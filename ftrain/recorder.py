@@ -23,6 +23,7 @@ import structlog
 from events.chain import unseal
 from events.jetstream.server import NatsServerError
 from events.jetstream.store import LogUnavailable
+from ftrain import settings
 from ftrain.errors import Refused, UsageError
 from ftrain.service import Ftrain
 from workers.outbox import Intent, Outbox, decide, outbox_path
@@ -108,7 +109,7 @@ class Recorder:
     def __init__(self, run_id: str, env: Mapping[str, str] = os.environ) -> None:
         self.run_id = run_id
         self._env = dict(env)
-        self._outbox = Outbox(outbox_path(env))
+        self._outbox = Outbox(outbox_path(settings.home(env)))
         self._wake = asyncio.Event()
         self._stop = threading.Event()
         self._closing = threading.Lock()

@@ -32,6 +32,7 @@ from events.schema import (
     Resumed,
     decode_event,
 )
+from ftrain import settings
 from ftrain.recorder import Recorder, drain
 from ftrain.service import Ftrain
 from projections.lifecycle import IllegalTransition, RunState, apply, check
@@ -240,6 +241,11 @@ async def run_events(app: Ftrain, run_id: str = RUN) -> list[AnyEvent]:
     return out
 
 
+def node_outbox(env: dict[str, str]) -> Outbox:
+    """The outbox the recorder of a process with `env` writes to."""
+    return Outbox(outbox_path(settings.home(env)))
+
+
 async def until(condition: Callable[[], bool], limit_s: float = 20.0) -> None:
     deadline = time.monotonic() + limit_s
     while not condition():
@@ -273,7 +279,7 @@ async def test_with_the_broker_down_record_is_fast_and_the_intents_land_in_order
         assert not await asyncio.to_thread(recorder.flush, 0.5)
         await until(lambda: any(e["event"] == UNREACHABLE_WARNING for e in logs))
         await asyncio.sleep(SECOND_ATTEMPT_S)
-        assert [row.intent_id for row in Outbox(outbox_path(env)).pending(RUN)] == ids  # nothing appended
+        assert [row.intent_id for row in node_outbox(env).pending(RUN)] == ids  # nothing appended
         await asyncio.to_thread(restart_server, server)  # same port, same store
         assert await asyncio.to_thread(recorder.flush, FLUSH_S)
     assert [e["event"] for e in logs if e["log_level"] == "warning"] == [
@@ -320,7 +326,7 @@ async def test_intents_of_a_killed_process_are_appended_in_order_by_the_next_rec
     await launch(app)
     nowhere = {**env, "FTRAIN_NATS_URL": f"nats://127.0.0.1:{free_port()}"}  # so it dies with all pending
     assert await asyncio.to_thread(child(nowhere, RUN, 1, 3, "die").wait) == -9
-    left = Outbox(outbox_path(env)).pending(RUN)
+    left = node_outbox(env).pending(RUN)
     assert [type(r.intent).__name__ for r in left] == [*["CheckpointIntent"] * 3, "FailIntent"]
     with Recorder(RUN, env) as recorder:
         assert await asyncio.to_thread(recorder.flush, FLUSH_S)
@@ -336,7 +342,7 @@ async def test_an_intent_appended_but_not_marked_done_is_not_appended_again(
 ) -> None:
     """A crash between the append and `done`: the event is in the log, the row still pending."""
     await launch(app)
-    outbox = Outbox(outbox_path(env))
+    outbox = node_outbox(env)
     await app.fail(RUN, reason="preempted", exit_code=None)
     outbox.put(RUN, ResumeIntent(checkpoint_hash=None, step=0))
     (row,) = outbox.pending(RUN)
@@ -355,7 +361,7 @@ async def test_a_resume_the_fold_refuses_is_set_aside_with_its_reason_and_the_re
     app: Ftrain, env: dict[str, str]
 ) -> None:
     await launch(app)
-    outbox = Outbox(outbox_path(env))
+    outbox = node_outbox(env)
     outbox.put(RUN, ckpt(100))
     outbox.put(RUN, ckpt(200))
     outbox.put(RUN, FailIntent(reason="preempted"))
@@ -381,5 +387,5 @@ async def test_two_processes_recording_into_one_outbox_file_each_keep_their_orde
         events = await run_events(app, run_id)
         assert [e.step for e in events if isinstance(e, Checkpointed)] == list(range(first, first + 10))
         assert not [e for e in events if not isinstance(e, Launched | Checkpointed)]
-        assert Outbox(outbox_path(env)).pending(run_id) == []
+        assert node_outbox(env).pending(run_id) == []
     assert (await app.verify()).ok

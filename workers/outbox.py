@@ -9,7 +9,7 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
@@ -17,7 +17,6 @@ from pathlib import Path
 import msgspec
 import structlog
 
-from events.jetstream.connection import ftrain_home
 from events.schema import AnyEvent, Checkpointed, Completed, Failed, now
 from projections.lifecycle import CheckpointRef, RunState, corrupt_skipped_event, restart_event, resumed_event
 
@@ -102,9 +101,9 @@ class RejectedIntent(msgspec.Struct, frozen=True):
     reason: str
 
 
-def outbox_path(env: Mapping[str, str]) -> Path:
-    """One outbox per $FTRAIN_HOME, shared by every process of the node (supervisor, trainer rank 0)."""
-    return ftrain_home(env) / "outbox.sqlite"
+def outbox_path(home: Path) -> Path:
+    """One outbox per ftrain home, shared by every process of the node (supervisor, trainer rank 0)."""
+    return home / "outbox.sqlite"
 
 
 class Outbox:

@@ -26,6 +26,7 @@ from typing import IO, Final, Literal, NamedTuple, Protocol
 import msgspec
 import structlog
 
+from ftrain import settings
 from ftrain.cli import render
 from ftrain.supervise.hostlist import compress_hostlist
 from ftrain.supervise.launch_spec import LaunchSpec, build_command
@@ -114,7 +115,7 @@ def attempt_commands(
 
 def child_env(env: Mapping[str, str], run_id: str, ckpt_dir: Path) -> dict[str, str]:
     """The trainer's environment: ours, plus the run and its checkpoint directory, all it needs to resume."""
-    return {**env, "FTRAIN_RUN_ID": run_id, "FTRAIN_CKPT_DIR": str(ckpt_dir)}
+    return {**env, settings.RUN_ID: run_id, settings.CKPT_DIR: str(ckpt_dir)}
 
 
 def free_port() -> int:
