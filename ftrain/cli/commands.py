@@ -19,9 +19,10 @@ from ftrain.cadence import parse_policy
 from ftrain.cli import render
 from ftrain.errors import Refused, UsageError
 from ftrain.service import Ftrain, checkpoint_storage
+from ftrain.supervise.attempts import attempt_commands, child_env
 from ftrain.supervise.hostlist import HostlistError, resolve_allocation
 from ftrain.supervise.launch_spec import DEFAULT_TRAIN_CMD, LaunchSpec, LaunchSpecError, build_command
-from ftrain.supervise.supervisor import RetryPolicy, Supervisor, attempt_commands, child_env
+from ftrain.supervise.supervisor import Relaunches, Supervisor
 from projections.lifecycle import RunState
 from workers.checkpoint_dir import path_uri, uri_path
 
@@ -134,7 +135,7 @@ class RunPlan(NamedTuple):
 
     launch: LaunchPlan
     spec: Callable[[str], LaunchSpec]
-    policy: RetryPolicy
+    relaunches: Relaunches
     torchrun: str
     slurm: bool
 
@@ -166,7 +167,7 @@ def prepare_run(args: argparse.Namespace) -> RunPlan:
     except LaunchSpecError as exc:
         raise UsageError(str(exc)) from exc
     return RunPlan(
-        launch, spec, RetryPolicy(max_retries=args.max_retries, backoff=args.backoff), torchrun, slurm
+        launch, spec, Relaunches(max_retries=args.max_retries, backoff=args.backoff), torchrun, slurm
     )
 
 
@@ -219,7 +220,7 @@ def supervise(args: argparse.Namespace) -> int:
     env = child_env(os.environ, run_id, ckpt_dir)
     recorder = Recorder(run_id, os.environ)
     try:
-        outcome = Supervisor(run_id, command, env, ckpt_dir, plan.policy, recorder).run()
+        outcome = Supervisor(run_id, command, env, ckpt_dir, plan.relaunches, recorder).run()
     finally:
         recorder.close()
     if outcome.status != "completed":

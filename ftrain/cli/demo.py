@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ftrain import settings
 from ftrain.cli.shell import Shell
-from ftrain.supervise.supervisor import free_port
+from ftrain.supervise.attempts import free_port
 
 ITERS, INTERVAL, KILL_STEP = 60, 10, 35
 TRAIN = ("-m", "ftrain.examples.train", "--train-iters", str(ITERS), "--save-interval", str(INTERVAL))
