@@ -16,8 +16,10 @@ import msgspec
 from events.jetstream.server import server_status, stop_server
 from events.schema import AnyEvent, Launched
 from ftrain import settings
-from ftrain.experiments.analysis import ExperimentResult, PhaseInput, Record, analyze
+from ftrain.experiments.analysis import analyze
 from ftrain.experiments.config import PHASES, ExperimentConfig, Kill, read_config, read_kills
+from ftrain.experiments.readings import PhaseInput, Record
+from ftrain.experiments.results import ExperimentResult
 from ftrain.service import Ftrain
 from ftrain.train.metrics import metrics_path
 from workers.checkpoint_dir import uri_path
