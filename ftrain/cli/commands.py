@@ -15,7 +15,7 @@ import msgspec
 
 from events.run_id import RUN_ID_MAX, InvalidRunId, validate_run_id
 from events.schema import Completed, CorruptSkipped, Launched, now
-from ftrain.cadence import parse_policy
+from ftrain.cadence import parse_checkpoint_every
 from ftrain.cli import render
 from ftrain.errors import Refused, UsageError
 from ftrain.service import Ftrain, checkpoint_storage
@@ -54,11 +54,11 @@ class LaunchPlan(NamedTuple):
 
 
 def prepare_launch(args: argparse.Namespace) -> LaunchPlan:
-    """Resolve the allocation, parse the policy and build the command; any mistake is a usage error."""
+    """Resolve the allocation, parse --checkpoint-every and build the command; any mistake is a usage error."""
     env = os.environ
     try:
         allocation = resolve_allocation(args.nodelist, env, args.nodes)
-        policy = parse_policy(args.checkpoint_every) if args.checkpoint_every else None
+        cadence = parse_checkpoint_every(args.checkpoint_every) if args.checkpoint_every else None
     except (HostlistError, ValueError) as exc:
         raise UsageError(str(exc)) from exc
     base_id = args.run_id or f"dist-{args.project}-{args.nodes}x{args.gpus_per_node}-{args.strategy}"
@@ -101,7 +101,7 @@ def prepare_launch(args: argparse.Namespace) -> LaunchPlan:
             command=tuple(build_command(launch)),
             storage=storage,
             dataset_revision=args.dataset_revision,
-            checkpoint_policy=policy,
+            checkpoint_policy=cadence,
             mlflow_run_id=env.get("MLFLOW_RUN_ID") or None,
         )
 

@@ -25,7 +25,7 @@ from torch.distributed.tensor import DTensor
 
 from events.run_id import InvalidRunId, validate_run_id
 from ftrain import settings
-from ftrain.cadence import parse_policy
+from ftrain.cadence import parse_checkpoint_every
 from ftrain.examples.data import ResumableLoader, synthetic_tokens
 from ftrain.examples.model import MODELS, TinyGPT, parameter_count
 from ftrain.logs import configure as configure_logging
@@ -91,11 +91,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args.every_seconds = None
     if args.checkpoint_every:
         try:
-            policy = parse_policy(args.checkpoint_every)
+            cadence = parse_checkpoint_every(args.checkpoint_every)
         except ValueError as exc:
             _usage(str(exc))
-        args.every_seconds = policy.seconds
-        args.save_interval = args.save_interval or policy.steps
+        args.every_seconds = cadence.seconds
+        args.save_interval = args.save_interval or cadence.steps
     args.ckpt_dir = args.ckpt_dir.expanduser().absolute()
     if args.ckpt_stage_dir is None:
         job = (
