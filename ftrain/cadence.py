@@ -8,8 +8,8 @@ _UNITS = {"s": 1, "sec": 1, "secs": 1, "m": 60, "min": 60, "mins": 60, "h": 3600
 _PATTERN = re.compile(r"(\d+(?:\.\d+)?)\s*([a-z]+)")
 
 
-def parse_policy(text: str) -> CheckpointPolicy:
-    """Parse a checkpoint cadence; raises ValueError naming the accepted forms."""
+def parse_checkpoint_every(text: str) -> CheckpointPolicy:
+    """A `--checkpoint-every` value as the schema's `CheckpointPolicy`; ValueError naming the accepted forms."""
     match = _PATTERN.fullmatch(text.strip().lower())
     if match:
         number, unit = float(match.group(1)), match.group(2)

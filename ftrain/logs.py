@@ -1,10 +1,10 @@
 """structlog set-up: key-value lines on stderr for a terminal, JSON otherwise; quiet unless asked."""
 
-import logging
-import os
 import sys
 
 import structlog
+
+from ftrain import settings
 
 
 class _Stderr:
@@ -17,9 +17,10 @@ class _Stderr:
         sys.stderr.flush()
 
 
-def configure(level: str | None = None) -> None:
-    """Send structlog to stderr at `level` (default $FTRAIN_LOG_LEVEL or warning) so stdout stays the output."""
-    name = (level or os.environ.get("FTRAIN_LOG_LEVEL") or "warning").upper()
+def configure(level: int | None = None) -> None:
+    """Send structlog to stderr at `level` (default: the settings' log level) so stdout stays the output;
+    InvalidSetting on a malformed FTRAIN_LOG_LEVEL."""
+    threshold = settings.log_level() if level is None else level
     renderer: structlog.typing.Processor = (
         structlog.dev.ConsoleRenderer(colors=False)
         if sys.stderr.isatty()
@@ -31,9 +32,7 @@ def configure(level: str | None = None) -> None:
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             renderer,
         ],
-        wrapper_class=structlog.make_filtering_bound_logger(
-            logging.getLevelNamesMapping().get(name, logging.WARNING)
-        ),
+        wrapper_class=structlog.make_filtering_bound_logger(threshold),
         logger_factory=structlog.PrintLoggerFactory(_Stderr()),  # type: ignore[arg-type]
         cache_logger_on_first_use=True,
     )

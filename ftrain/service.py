@@ -18,7 +18,7 @@ import msgspec
 import structlog
 
 from events.chain import ChainHead
-from events.jetstream.connection import NatsSettings, ftrain_home, open_store, settings_from_env
+from events.jetstream.connection import NatsSettings, open_store
 from events.jetstream.store import AppendConflict, EventStore
 from events.run_id import InvalidRunId, validate_run_id
 from events.schema import (
@@ -32,6 +32,7 @@ from events.schema import (
     event_type,
     now,
 )
+from ftrain import settings as ftrain_settings
 from ftrain.errors import Refused, UsageError
 from ftrain.history import AuditReport, TimelineEntry, timeline, verify
 from projections.lifecycle import (
@@ -82,7 +83,7 @@ def readmodel_path(settings: NatsSettings) -> Path:
 def checkpoint_storage(env: Mapping[str, str]) -> Path:
     """Where `ftrain checkpoint` writes: $FTRAIN_STORAGE, default $FTRAIN_HOME/checkpoints."""
     try:
-        return storage_root(env.get("FTRAIN_STORAGE") or str(ftrain_home(env) / "checkpoints"))
+        return storage_root(ftrain_settings.storage(env))
     except StorageError as exc:
         raise UsageError(str(exc)) from exc
 
@@ -101,7 +102,7 @@ class RunService:
     async def open(cls, env: Mapping[str, str] = os.environ) -> AsyncIterator["RunService"]:
         """Connect to the log (starting the embedded server if needed) and open the read model."""
         try:
-            settings = settings_from_env(env)
+            settings = ftrain_settings.nats(env)
         except ValueError as exc:
             raise UsageError(str(exc)) from exc
         storage = checkpoint_storage(env)

@@ -15,9 +15,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ftrain.experiments.analysis import ExperimentResult
 from ftrain.experiments.inputs import analyze_directory, analyze_runs
 from ftrain.experiments.plot import publish
+from ftrain.experiments.results import ExperimentResult
 from ftrain.logs import configure as configure_logging
 
 

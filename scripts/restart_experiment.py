@@ -34,6 +34,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
+from ftrain import settings
 from ftrain.errors import UsageError
 from ftrain.experiments.config import (
     CONFIG,
@@ -259,11 +260,11 @@ async def run_phase(
     phase_dir.mkdir(parents=True)
     run_id, async_ckpt = config.run_ids[phase], phase == "async"
     injection = config.injection if phase != "baseline" else None
-    job_env = {**env, "FTRAIN_STORAGE": str(phase_dir / "ckpt"), "PYTHONUNBUFFERED": "1"}
+    job_env = {**env, settings.STORAGE: str(phase_dir / "ckpt"), "PYTHONUNBUFFERED": "1"}
     job_env.setdefault("OMP_NUM_THREADS", "1")
-    job_env.pop("FTRAIN_KILL_AT", None)
+    job_env.pop(settings.KILL_AT, None)
     if injection is not None and (kill_at := injection.kill_at(async_ckpt)):
-        job_env.update(FTRAIN_KILL_AT=kill_at, FTRAIN_KILL_ONCE=str(phase_dir / "kill-once"))
+        job_env.update({settings.KILL_AT: kill_at, settings.KILL_ONCE: str(phase_dir / "kill-once")})
     argv = [str(Path(sys.executable).with_name("ftrain")), "run", "restart", "--nodes", "1",
             "--gpus-per-node", str(config.nproc), "--nodelist", "localhost", "--run-id", run_id,
             "--max-retries", str(config.max_retries), "--backoff", f"{config.backoff:g}",
@@ -303,17 +304,18 @@ async def experiment(config: ExperimentConfig, out: Path, env: dict[str, str]) -
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    configure_logging()
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out = (args.out or Path("experiments") / f"restart-{stamp}").absolute()
     if (out / CONFIG).exists():
         print(f"restart_experiment: {out} already holds an experiment", file=sys.stderr)
         return 2
     env = dict(os.environ)
-    if not env.get("FTRAIN_NATS_URL"):
-        env.update(FTRAIN_HOME=str(out / "home"), FTRAIN_NATS_URL="")
     try:
-        config = build_config(args, stamp, env["FTRAIN_NATS_URL"] or "embedded")
+        configure_logging()
+        url = settings.nats(env).url
+        if url is None:
+            env.update({settings.HOME: str(out / "home"), settings.NATS_URL: ""})
+        config = build_config(args, stamp, url or "embedded")
     except ValueError as exc:
         print(f"restart_experiment: {exc}", file=sys.stderr)
         return 2

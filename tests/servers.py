@@ -5,24 +5,18 @@ from pathlib import Path
 
 import structlog
 
-from events.jetstream.server import (
-    NatsServerError,
-    ServerProcess,
-    _server_alive,
-    _signal,
-    _wait_gone,
-    start_server,
-)
+from events.jetstream.server import NatsServerError, ServerProcess, start_server
+from events.jetstream.server_procs import send_signal, server_alive, wait_gone
 
 log = structlog.get_logger(__name__)
 
 
 def kill_server(proc: ServerProcess) -> None:
     """SIGKILL (a crash: no shutdown, no flush) and wait until the process is gone."""
-    if not _server_alive(proc.pid, None):
+    if not server_alive(proc.pid, None):
         return
-    _signal(proc.pid, signal.SIGKILL)
-    if not _wait_gone(proc.pid, 10.0):
+    send_signal(proc.pid, signal.SIGKILL)
+    if not wait_gone(proc.pid, 10.0):
         raise NatsServerError(f"nats-server pid {proc.pid} survived SIGKILL")
     log.info("nats_server.killed", pid=proc.pid, port=proc.port, store=proc.store_dir)
 

@@ -20,7 +20,7 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 import workers.dcp_writer
-from ftrain.train.faults import POINTS
+from ftrain.settings import KILL_POINTS
 from ftrain.train.metrics import last_iter, process_start_time, reached_step
 from ftrain.train.resume import cleanup_stale, owned
 from workers.checkpoint_dir import complete_steps
@@ -369,8 +369,8 @@ def test_an_invalid_kill_point_fails_at_import_naming_the_accepted_points(kill_a
     """A typo must not silently disable the fault an experiment relies on."""
     result = import_faults(kill_at)
     assert result.returncode == 1
-    assert f"ValueError: FTRAIN_KILL_AT={kill_at!r}" in result.stderr
-    assert ", ".join(POINTS) in result.stderr
+    assert f"InvalidSetting: FTRAIN_KILL_AT={kill_at!r}" in result.stderr
+    assert ", ".join(KILL_POINTS) in result.stderr
 
 
 def test_valid_kill_points_import_cleanly() -> None:

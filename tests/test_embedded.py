@@ -77,7 +77,7 @@ def test_demo_against_an_external_server(tmp_path: Path, server: ServerProcess) 
 
 def test_the_control_plane_never_imports_torch() -> None:
     code = (
-        "import sys, ftrain.cli.main, ftrain.cli.commands, ftrain.service, ftrain.cli.demo, ftrain.cli.demo_log, ftrain.supervise.supervisor, workers.recorder, events.jetstream.store, projections.projector;"
+        "import sys, ftrain.cli.main, ftrain.cli.commands, ftrain.service, ftrain.cli.demo, ftrain.cli.demo_log, ftrain.supervise.supervisor, workers.recorder, ftrain.settings, events.jetstream.store, projections.projector;"
         "bad = [m for m in sys.modules if m == 'torch' or m.startswith('torch.')]; assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -24,7 +24,7 @@ import pytest
 from nats.js.errors import BadRequestError
 
 from events.chain import GENESIS, ChainHead, link_hash, seal, unseal
-from events.jetstream.connection import open_store, settings_from_env
+from events.jetstream.connection import open_store
 from events.jetstream.server import ServerProcess
 from events.jetstream.store import WRONG_LAST_SEQUENCE, AppendConflict, Appended, LogUnavailable
 from events.record import run_subject
@@ -40,6 +40,7 @@ from events.schema import (
     encode_event,
     now,
 )
+from ftrain import settings
 from ftrain.errors import Refused
 from ftrain.service import ResumeOutcome, RunService, checkpoint_storage, readmodel_path
 from projections.projector import Projector
@@ -393,10 +394,10 @@ async def test_cli_with_the_broker_down_exits_1_with_one_line_and_writes_nothing
 @contextlib.asynccontextmanager
 async def service_with_deadline(env: dict[str, str], deadline: float) -> AsyncIterator[RunService]:
     """`RunService.open(env)` put together by hand, with a short log deadline instead of the default 30 s."""
-    settings = settings_from_env(env)
-    async with open_store(settings, deadline=deadline) as store:
+    nats = settings.nats(env)
+    async with open_store(nats, deadline=deadline) as store:
         stream_id = await store.ensure_stream()
-        model = await ReadModel.open(readmodel_path(settings))
+        model = await ReadModel.open(readmodel_path(nats))
         try:
             yield RunService(store, model, Projector(store, model, stream_id), checkpoint_storage(env))
         finally:
@@ -446,7 +447,7 @@ async def test_a_corrupt_read_model_file_does_not_hang_the_cli(env: dict[str, st
     run = "dist-P-1x1-fsdp"
     launched = await cli(env, "launch", "P", "--nodes", "1", "--gpus-per-node", "1")
     assert launched.returncode == 0, launched.stderr
-    path = readmodel_path(settings_from_env(env))
+    path = readmodel_path(settings.nats(env))
     for leftover in (path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
         leftover.unlink(missing_ok=True)
     path.write_bytes(b"this is not an SQLite database\n" * 200)

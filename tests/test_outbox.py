@@ -20,7 +20,6 @@ import pytest
 import structlog
 
 from events.chain import ChainHead, unseal
-from events.jetstream.connection import settings_from_env
 from events.jetstream.server import ServerProcess
 from events.schema import (
     AnyEvent,
@@ -32,6 +31,7 @@ from events.schema import (
     Resumed,
     decode_event,
 )
+from ftrain import settings
 from ftrain.service import RunService
 from projections.lifecycle import (
     CheckpointIntent,
@@ -246,6 +246,11 @@ async def run_events(app: RunService, run_id: str = RUN) -> list[AnyEvent]:
     return out
 
 
+def node_outbox(env: dict[str, str]) -> Outbox:
+    """The outbox the recorder of a process with `env` writes to."""
+    return Outbox(outbox_path(settings.home(env)))
+
+
 async def until(condition: Callable[[], bool], limit_s: float = 20.0) -> None:
     deadline = time.monotonic() + limit_s
     while not condition():
@@ -270,7 +275,7 @@ async def test_with_the_broker_down_record_is_fast_and_the_intents_land_in_order
         ckpt(300),
         CompleteIntent(),
     ]
-    with structlog.testing.capture_logs() as logs, Recorder(RUN, settings_from_env(env)) as recorder:
+    with structlog.testing.capture_logs() as logs, Recorder(RUN, settings.nats(env)) as recorder:
         ids = []
         for intent in sequence:
             started = time.perf_counter()
@@ -279,9 +284,7 @@ async def test_with_the_broker_down_record_is_fast_and_the_intents_land_in_order
         assert not await asyncio.to_thread(recorder.flush, 0.5)
         await until(lambda: any(e["event"] == UNREACHABLE_WARNING for e in logs))
         await asyncio.sleep(SECOND_ATTEMPT_S)
-        assert [
-            row.intent_id for row in Outbox(outbox_path(Path(env["FTRAIN_HOME"]))).pending(RUN)
-        ] == ids  # nothing appended
+        assert [row.intent_id for row in node_outbox(env).pending(RUN)] == ids  # nothing appended
         await asyncio.to_thread(restart_server, server)  # same port, same store
         assert await asyncio.to_thread(recorder.flush, FLUSH_S)
     assert [e["event"] for e in logs if e["log_level"] == "warning"] == [
@@ -300,13 +303,13 @@ async def test_with_the_broker_down_record_is_fast_and_the_intents_land_in_order
 
 CHILD = """
 import os, signal, sys
-from events.jetstream.connection import settings_from_env
+from ftrain import settings
 from workers.recorder import Recorder
 from projections.lifecycle import CheckpointIntent, FailIntent
 from events.schema import Checkpointed
 
 run_id, first, count, then = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-recorder = Recorder(run_id, settings_from_env(os.environ))
+recorder = Recorder(run_id, settings.nats(os.environ))
 for step in range(first, first + count):
     recorder.record(CheckpointIntent(checkpointed=Checkpointed(run_id=run_id, step=step, epoch=0, shards=1,
                                      uri=f"file:///nowhere/{step}", checkpoint_hash=f"{run_id}-{step}", size_bytes=1)))
@@ -330,9 +333,9 @@ async def test_intents_of_a_killed_process_are_appended_in_order_by_the_next_rec
     await launch(app)
     nowhere = {**env, "FTRAIN_NATS_URL": f"nats://127.0.0.1:{free_port()}"}  # so it dies with all pending
     assert await asyncio.to_thread(child(nowhere, RUN, 1, 3, "die").wait) == -9
-    left = Outbox(outbox_path(Path(env["FTRAIN_HOME"]))).pending(RUN)
+    left = node_outbox(env).pending(RUN)
     assert [type(r.intent).__name__ for r in left] == [*["CheckpointIntent"] * 3, "FailIntent"]
-    with Recorder(RUN, settings_from_env(env)) as recorder:
+    with Recorder(RUN, settings.nats(env)) as recorder:
         assert await asyncio.to_thread(recorder.flush, FLUSH_S)
     events = await run_events(app)
     assert kinds(events) == ["Launched", *["Checkpointed"] * 3, "Failed"]
@@ -346,7 +349,7 @@ async def test_an_intent_appended_but_not_marked_done_is_not_appended_again(
 ) -> None:
     """A crash between the append and `done`: the event is in the log, the row still pending."""
     await launch(app)
-    outbox = Outbox(outbox_path(Path(env["FTRAIN_HOME"])))
+    outbox = node_outbox(env)
     await app.fail(RUN, reason="preempted", exit_code=None)
     outbox.put(RUN, ResumeIntent(checkpoint_hash=None, step=0))
     (row,) = outbox.pending(RUN)
@@ -367,7 +370,7 @@ async def test_a_resume_the_fold_refuses_is_set_aside_with_its_reason_and_the_re
     app: RunService, env: dict[str, str]
 ) -> None:
     await launch(app)
-    outbox = Outbox(outbox_path(Path(env["FTRAIN_HOME"])))
+    outbox = node_outbox(env)
     outbox.put(RUN, ckpt(100))
     outbox.put(RUN, ckpt(200))
     outbox.put(RUN, FailIntent(reason="preempted"))
@@ -395,5 +398,5 @@ async def test_two_processes_recording_into_one_outbox_file_each_keep_their_orde
         events = await run_events(app, run_id)
         assert [e.step for e in events if isinstance(e, Checkpointed)] == list(range(first, first + 10))
         assert not [e for e in events if not isinstance(e, Launched | Checkpointed)]
-        assert Outbox(outbox_path(Path(env["FTRAIN_HOME"]))).pending(run_id) == []
+        assert node_outbox(env).pending(run_id) == []
     assert (await app.verify()).ok

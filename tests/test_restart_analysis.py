@@ -9,8 +9,9 @@ import msgspec
 import pytest
 
 from events.schema import AnyEvent, Completed, Failed, Resumed
-from ftrain.experiments.analysis import PhaseInput, Record, analyze, analyze_phase
+from ftrain.experiments.analysis import analyze, analyze_phase
 from ftrain.experiments.config import Kill, parse_injection
+from ftrain.experiments.readings import PhaseInput, Record
 from ftrain.experiments.report import markdown
 from ftrain.experiments.schedule import KillSchedule
 from tests.builders import checkpointed, launched

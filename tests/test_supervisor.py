@@ -17,16 +17,10 @@ from typing import Any
 
 import pytest
 
+from ftrain.supervise.attempts import child_env, srun_command
+from ftrain.supervise.failure_report import FailureReport, failure
 from ftrain.supervise.launch_spec import LaunchSpec
-from ftrain.supervise.supervisor import (
-    FailureReport,
-    RetryPolicy,
-    Supervisor,
-    backoff_delay,
-    child_env,
-    failure,
-    srun_command,
-)
+from ftrain.supervise.supervisor import Relaunches, Supervisor, backoff_delay
 from projections.lifecycle import CompleteIntent, FailIntent
 from tests.conftest import free_port
 from tests.test_cli import Cli
@@ -461,8 +455,9 @@ def test_a_job_ignoring_sigterm_is_killed_with_its_own_sessions(tmp_path: Path) 
         lambda: [sys.executable, str(stubborn)],
         os.environ,
         tmp_path / "ckpt",
-        RetryPolicy(grace=0.3),
+        Relaunches(),
         recorder,
+        grace=0.3,
     )
     started = time.monotonic()
     outcome = supervisor.run()

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from events.jetstream.connection import settings_from_env
 from events.jetstream.server import ServerProcess
 from events.schema import Checkpointed, CorruptSkipped, Launched, Resumed
+from ftrain import settings
 from ftrain.service import RunService
 from tests.conftest import ftrain_process
 from tests.servers import kill_server, restart_server
@@ -49,7 +49,7 @@ async def test_kill_corrupt_skip_resume_and_a_broker_outage_all_reach_the_log(
     assert FINAL.search(out), "training finished with the log down"
 
     await asyncio.to_thread(restart_server, server)
-    with Recorder(RUN, settings_from_env(env)) as recorder:
+    with Recorder(RUN, settings.nats(env)) as recorder:
         assert await asyncio.to_thread(recorder.flush, 60)
     async with RunService.open(env) as app:
         events = await run_events(app)

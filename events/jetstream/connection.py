@@ -1,9 +1,8 @@
-"""Where the log lives: the embedded nats-server by default, or the server or cluster in FTRAIN_NATS_URL."""
+"""Where the log lives: the embedded nats-server by default, or the server or cluster the settings name."""
 
 import asyncio
-import os
 import ssl
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,8 @@ log = structlog.get_logger(__name__)
 
 
 class NatsSettings(msgspec.Struct, frozen=True, kw_only=True):
-    """Connection settings, read from the environment (see the README's "real NATS cluster" section)."""
+    """How to reach the log; the application builds it from its environment (`ftrain.settings`). No `url`: the
+    embedded server under `home`."""
 
     home: Path
     url: str | None = None
@@ -31,30 +31,6 @@ class NatsSettings(msgspec.Struct, frozen=True, kw_only=True):
     tls_cert: str | None = None
     tls_key: str | None = None
     replicas: int = 1
-
-
-def ftrain_home(env: Mapping[str, str]) -> Path:
-    """`$FTRAIN_HOME`, default `~/.local/share/ftrain`."""
-    return Path(env.get("FTRAIN_HOME") or Path.home() / ".local/share/ftrain")
-
-
-def settings_from_env(env: Mapping[str, str] = os.environ) -> NatsSettings:
-    """Read FTRAIN_NATS_* variables; raises ValueError on a malformed value."""
-    replicas_text = env.get("FTRAIN_STREAM_REPLICAS", "1")
-    if not replicas_text.isdigit() or not 1 <= int(replicas_text) <= 5:
-        raise ValueError(f"FTRAIN_STREAM_REPLICAS must be 1..5, got {replicas_text!r}")
-    return NatsSettings(
-        home=ftrain_home(env),
-        url=env.get("FTRAIN_NATS_URL") or None,
-        user=env.get("FTRAIN_NATS_USER") or None,
-        password=env.get("FTRAIN_NATS_PASSWORD") or None,
-        token=env.get("FTRAIN_NATS_TOKEN") or None,
-        creds=env.get("FTRAIN_NATS_CREDS") or None,
-        tls_ca=env.get("FTRAIN_NATS_TLS_CA") or None,
-        tls_cert=env.get("FTRAIN_NATS_TLS_CERT") or None,
-        tls_key=env.get("FTRAIN_NATS_TLS_KEY") or None,
-        replicas=int(replicas_text),
-    )
 
 
 def server_urls(settings: NatsSettings) -> list[str]:

@@ -15,8 +15,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+from ftrain import settings
 from ftrain.cli.shell import Shell
-from ftrain.supervise.supervisor import free_port
+from ftrain.supervise.attempts import free_port
 
 ITERS, INTERVAL, KILL_STEP = 60, 10, 35
 TRAIN = ("-m", "ftrain.examples.train", "--train-iters", str(ITERS), "--save-interval", str(INTERVAL))
@@ -59,8 +60,8 @@ def run_demo(ftrain: Shell) -> int:
         print(f"\n# 2. the same job under the supervisor, SIGKILLed once after step {KILL_STEP}", flush=True)
         chaos = {
             **quiet,
-            "FTRAIN_KILL_AT": f"step:{KILL_STEP}",
-            "FTRAIN_KILL_ONCE": str(Path(scratch) / "kills"),
+            settings.KILL_AT: f"step:{KILL_STEP}",
+            settings.KILL_ONCE: str(Path(scratch) / "kills"),
         }
         run_cmd = [str(Path(sys.executable).with_name("ftrain")), "run", "demo", "--nodes", "1", "--gpus-per-node", "2",
                    "--nodelist", "localhost", "--max-retries", "2", "--backoff", "1", "--", *TRAIN]  # fmt: skip

@@ -12,16 +12,17 @@ from typing import NamedTuple, TypeVar
 
 import msgspec
 
-from events.jetstream.connection import settings_from_env
 from events.run_id import RUN_ID_MAX, InvalidRunId, validate_run_id
 from events.schema import Completed, Launched
-from ftrain.cadence import parse_policy
+from ftrain import settings
+from ftrain.cadence import parse_checkpoint_every
 from ftrain.cli import render
 from ftrain.errors import Refused, UsageError
 from ftrain.service import RunService, checkpoint_storage
+from ftrain.supervise.attempts import attempt_commands, child_env
 from ftrain.supervise.hostlist import HostlistError, resolve_allocation
 from ftrain.supervise.launch_spec import DEFAULT_TRAIN_CMD, LaunchSpec, LaunchSpecError, build_command
-from ftrain.supervise.supervisor import RetryPolicy, Supervisor, attempt_commands, child_env
+from ftrain.supervise.supervisor import Relaunches, Supervisor
 from projections.lifecycle import IllegalTransition, check_relaunch
 from workers.checkpoint_dir import path_uri, uri_path
 
@@ -42,11 +43,11 @@ class LaunchPlan(NamedTuple):
 
 
 def prepare_launch(args: argparse.Namespace) -> LaunchPlan:
-    """Resolve the allocation, parse the policy and build the command; any mistake is a usage error."""
+    """Resolve the allocation, parse --checkpoint-every and build the command; any mistake is a usage error."""
     env = os.environ
     try:
         allocation = resolve_allocation(args.nodelist, env, args.nodes)
-        policy = parse_policy(args.checkpoint_every) if args.checkpoint_every else None
+        cadence = parse_checkpoint_every(args.checkpoint_every) if args.checkpoint_every else None
     except (HostlistError, ValueError) as exc:
         raise UsageError(str(exc)) from exc
     base_id = args.run_id or f"dist-{args.project}-{args.nodes}x{args.gpus_per_node}-{args.strategy}"
@@ -89,7 +90,7 @@ def prepare_launch(args: argparse.Namespace) -> LaunchPlan:
             command=tuple(build_command(launch)),
             storage=storage,
             dataset_revision=args.dataset_revision,
-            checkpoint_policy=policy,
+            checkpoint_policy=cadence,
             mlflow_run_id=env.get("MLFLOW_RUN_ID") or None,
         )
 
@@ -123,7 +124,7 @@ class RunPlan(NamedTuple):
 
     launch: LaunchPlan
     spec: Callable[[str], LaunchSpec]
-    policy: RetryPolicy
+    relaunches: Relaunches
     torchrun: str
     slurm: bool
 
@@ -155,7 +156,7 @@ def prepare_run(args: argparse.Namespace) -> RunPlan:
     except LaunchSpecError as exc:
         raise UsageError(str(exc)) from exc
     return RunPlan(
-        launch, spec, RetryPolicy(max_retries=args.max_retries, backoff=args.backoff), torchrun, slurm
+        launch, spec, Relaunches(max_retries=args.max_retries, backoff=args.backoff), torchrun, slurm
     )
 
 
@@ -193,9 +194,9 @@ def supervise(args: argparse.Namespace) -> int:
     ckpt_dir = uri_path(launched.storage) / run_id
     command = attempt_commands(plan.spec(run_id), plan.launch.hosts, plan.torchrun, slurm=plan.slurm)
     env = child_env(os.environ, run_id, ckpt_dir)
-    recorder = Recorder(run_id, settings_from_env(os.environ))
+    recorder = Recorder(run_id, settings.nats(os.environ))
     try:
-        outcome = Supervisor(run_id, command, env, ckpt_dir, plan.policy, recorder).run()
+        outcome = Supervisor(run_id, command, env, ckpt_dir, plan.relaunches, recorder).run()
     finally:
         recorder.close()
     if outcome.status != "completed":

@@ -22,6 +22,7 @@ from events.jetstream.store import LogUnavailable
 from events.run_id import InvalidRunId, validate_run_id
 from events.schema import FAILURE_REASONS, json_schema
 from ftrain.errors import Refused, UsageError
+from ftrain.settings import InvalidSetting
 from ftrain.supervise.launch_spec import STRATEGIES
 
 
@@ -189,15 +190,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `ftrain` console script."""
     from ftrain.logs import configure
 
-    configure()
     args_list, train_cmd = _split_train_cmd(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(args_list)
     if train_cmd and args.command not in ("launch", "run"):
         _fail(2, f"ftrain {args.command}: error: unexpected arguments after --")
     args.train_cmd = train_cmd
     try:
+        configure()
         return _dispatch(args)
-    except UsageError as exc:
+    except (UsageError, InvalidSetting) as exc:
         _fail(2, f"ftrain {args.command}: error: {exc}")
     except (Refused, LogUnavailable, NatsServerError) as exc:
         _fail(1, f"ftrain {args.command}: {exc}")

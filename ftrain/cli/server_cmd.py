@@ -2,17 +2,18 @@
 
 from collections.abc import Mapping
 
-from events.jetstream.connection import ftrain_home
 from events.jetstream.server import NatsServerError, ensure_server, server_status, stop_server
+from ftrain import settings
 from ftrain.cli.render import emit
 from ftrain.errors import Refused, UsageError
 
 
 def server_command(action: str, env: Mapping[str, str]) -> int:
     """Run one server action; the embedded server only exists when FTRAIN_NATS_URL is unset."""
-    if env.get("FTRAIN_NATS_URL"):
-        raise UsageError("FTRAIN_NATS_URL is set: ftrain does not manage that server")
-    home = ftrain_home(env)
+    nats = settings.nats(env)
+    if nats.url is not None:
+        raise UsageError(f"{settings.NATS_URL} is set: ftrain does not manage that server")
+    home = nats.home
     try:
         if action == "start":
             proc = ensure_server(home)

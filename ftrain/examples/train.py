@@ -24,7 +24,8 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
 from events.run_id import InvalidRunId, validate_run_id
-from ftrain.cadence import parse_policy
+from ftrain import settings
+from ftrain.cadence import parse_checkpoint_every
 from ftrain.examples.data import ResumableLoader, synthetic_tokens
 from ftrain.examples.model import MODELS, TinyGPT, parameter_count
 from ftrain.logs import configure as configure_logging
@@ -50,9 +51,13 @@ def _usage(message: str) -> NoReturn:
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Flags in the seed's spirit; mistakes are one line and exit 2, before anything is written."""
+    try:
+        run_id, ckpt_dir, log_level = settings.run_id(), settings.ckpt_dir(), settings.log_level()
+    except settings.InvalidSetting as exc:
+        _usage(str(exc))
     p = _Parser(prog="python -m ftrain.examples.train", description=__doc__.split("\n")[0])
-    p.add_argument("--ckpt-dir", type=Path, default=os.environ.get("FTRAIN_CKPT_DIR"))
-    p.add_argument("--run-id", default=os.environ.get("FTRAIN_RUN_ID"))
+    p.add_argument("--ckpt-dir", type=Path, default=ckpt_dir)
+    p.add_argument("--run-id", default=run_id)
     p.add_argument("--save-interval", type=int, default=None, help="save every N steps")
     p.add_argument(
         "--checkpoint-every", default=None, help="save every duration (10min, 90s) or count (50steps)"
@@ -71,8 +76,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--optimizer", choices=("adamw", "sgd"), default="adamw")
     p.add_argument("--lr", type=float, default=3e-3)
     args = p.parse_args(argv)
+    args.log_level = log_level
     if args.ckpt_dir is None:
-        _usage("--ckpt-dir is required (or FTRAIN_CKPT_DIR)")
+        _usage(f"--ckpt-dir is required (or {settings.CKPT_DIR})")
     if args.keep < 2:
         _usage(f"--keep {args.keep}: keep at least 2 (the newest may be the one that turns out corrupt)")
     if args.train_iters < 1 or (args.save_interval is not None and args.save_interval < 1):
@@ -85,11 +91,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args.every_seconds = None
     if args.checkpoint_every:
         try:
-            policy = parse_policy(args.checkpoint_every)
+            cadence = parse_checkpoint_every(args.checkpoint_every)
         except ValueError as exc:
             _usage(str(exc))
-        args.every_seconds = policy.seconds
-        args.save_interval = args.save_interval or policy.steps
+        args.every_seconds = cadence.seconds
+        args.save_interval = args.save_interval or cadence.steps
     args.ckpt_dir = args.ckpt_dir.expanduser().absolute()
     if args.ckpt_stage_dir is None:
         job = (
@@ -255,7 +261,7 @@ def _say(rank: int, line: str) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point for torchrun."""
     args = parse_args(argv)
-    configure_logging()
+    configure_logging(args.log_level)
     return train(args)
 
 

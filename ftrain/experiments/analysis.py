@@ -6,8 +6,7 @@ its overhead over the baseline, split into relaunch (kill → the new trainer pr
 → first step, the trainer's `train/restart_seconds`), recomputation (the killed attempt's time past the
 checkpoint it resumed from), and the changes in save stall and in the time of the steps that count (a
 background save or a busy machine slows them); what that does not explain is shown as the residual.
-Every disagreement between the log, the metrics, the supervisor's output and the driver's kill records is
-kept as a problem for the report, never dropped.
+Every disagreement between the sources (`checks`) is kept as a problem for the report, never dropped.
 """
 
 import re
@@ -16,179 +15,13 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Final
 
-import msgspec
-
 from events.schema import AnyEvent, Checkpointed, Completed, Failed, Launched, Resumed
+from ftrain.experiments.checks import count_problems, failure_problems
 from ftrain.experiments.config import Kill
+from ftrain.experiments.readings import PhaseInput, Record
+from ftrain.experiments.results import ExperimentResult, Failure, Overhead, PhaseResult, Stall
 
-RESUMED_LINE: Final = re.compile(r"^RESUMED from step=(\d+) \(epoch=\d+\)", re.MULTILINE)
 FINAL_LINE: Final = re.compile(r"^FINAL step=(\d+) params_sha256=([0-9a-f]{64})", re.MULTILINE)
-FAILED_LINE: Final = re.compile(r"^Attempt \d+ of \d+ failed ", re.MULTILINE)
-
-
-class Record(
-    msgspec.Struct,
-    frozen=True,
-    kw_only=True,
-    rename={
-        "iter": "train/iter",
-        "loss": "train/loss",
-        "dt": "train/dt",
-        "save_seconds": "train/ckpt_save_seconds",
-        "stage_seconds": "train/ckpt_stage_seconds",
-        "drain_seconds": "train/ckpt_drain_seconds",
-        "restart_seconds": "train/restart_seconds",
-        "lost_steps": "train/lost_steps",
-    },
-):
-    """One line of a trainer's metrics JSONL (the fields this analysis reads)."""
-
-    time: float
-    iter: int | None = None
-    loss: float | None = None
-    dt: float | None = None
-    save_seconds: float | None = None
-    stage_seconds: float | None = None
-    drain_seconds: float | None = None
-    restart_seconds: float | None = None
-    lost_steps: int | None = None
-    final: bool = False
-
-    @property
-    def is_step(self) -> bool:
-        """A training step's line (not a save's, not the end-of-job drain)."""
-        return self.dt is not None and self.iter is not None
-
-    @property
-    def is_save(self) -> bool:
-        """The line a save writes once the training loop may go on."""
-        return self.iter is not None and (self.save_seconds is not None or self.stage_seconds is not None)
-
-    @property
-    def stall(self) -> float:
-        """Seconds this save held up training: the sync write, or async stage plus waiting for the previous."""
-        return (self.save_seconds or 0.0) + (self.stage_seconds or 0.0) + (self.drain_seconds or 0.0)
-
-
-class PhaseInput(msgspec.Struct, frozen=True, kw_only=True):
-    """Everything read for one phase. `stdout` (the supervisor's output) and `kills` (the driver's records)
-    are None for a run analysed by id alone; then the checks that need them are skipped, and said to be."""
-
-    phase: str
-    run_id: str
-    async_ckpt: bool
-    save_interval: int | None
-    events: list[AnyEvent]
-    findings: list[str]
-    records: list[Record]
-    stdout: str | None
-    kills: list[Kill] | None
-    set_aside: list[int]
-    """Steps of checkpoints the trainer set aside as sealed but never recorded (a kill between the two)."""
-
-
-class Failure(msgspec.Struct, frozen=True, kw_only=True):
-    """One failure and its resume. Times are seconds since the phase's first step began."""
-
-    index: int
-    trigger: str
-    kill_at: float
-    newest_complete: int | None
-    """The newest checkpoint complete at the kill (and not set aside): where the resume must start."""
-    resume_step: int
-    reached_step: int | None
-    lost_steps: int | None
-    restart_seconds: float | None
-    first_step_seconds: float | None
-    """`train/dt` of the first step after the resume, which `restart_seconds` includes."""
-    resumed_at: float | None
-    """When the first step after the resume ended."""
-    relaunch_seconds: float | None
-    recompute_seconds: float | None
-
-
-class Stall(msgspec.Struct, frozen=True, kw_only=True):
-    """Save stalls: per-save medians with their count, and the total the phase spent stalled."""
-
-    saves: int
-    median_save: float | None
-    median_stage: float | None
-    median_drain: float | None
-    median_total: float | None
-    total: float
-
-
-class PhaseResult(msgspec.Struct, frozen=True, kw_only=True):
-    """One phase, analysed."""
-
-    phase: str
-    run_id: str
-    async_ckpt: bool
-    save_interval: int | None
-    completed: bool
-    wall_seconds: float | None
-    """Training wall-clock: from the first step's start to rank 0's last line (the final save or drain
-    included). The first start-up is left out: it is the same work in every phase, and the coldest in the
-    first phase to run."""
-    launch_to_completed: float | None
-    final_step: int | None
-    digest: str | None
-    failures: list[Failure]
-    stall: Stall
-    step_seconds: float | None
-    steps_total: float
-    """`train/dt` summed over the steps that count: every step line but those a failure threw away."""
-    copy_window_steps: int
-    """Async: the most steps trained between a save and its checkpoint becoming complete."""
-    curve: list[tuple[float, int]]
-    """(seconds since the first step began, step) of rank 0's every step."""
-    problems: list[str]
-
-    @property
-    def lost_bound(self) -> int | None:
-        """The most steps a failure may cost: the save interval, plus the copy window when async."""
-        return None if self.save_interval is None else self.save_interval + self.copy_window_steps
-
-
-class Overhead(msgspec.Struct, frozen=True, kw_only=True):
-    """A phase's extra wall-clock over the baseline, and the parts that account for it (sums, seconds)."""
-
-    phase: str
-    failures: int
-    overhead: float
-    relaunch: float
-    restart: float
-    recompute: float
-    stall_delta: float
-    step_delta: float
-
-    @property
-    def explained(self) -> float:
-        """Relaunch + restart (less its first step, counted with the steps) + recomputation + the changes in
-        save stall and step time."""
-        return self.relaunch + self.restart + self.recompute + self.stall_delta + self.step_delta
-
-    @property
-    def residual(self) -> float:
-        """What the parts leave unexplained: the rest of the time between the lines (logging, the log's own
-        work), and whatever a kill cut short before its line was written."""
-        return self.overhead - self.explained
-
-
-class ExperimentResult(msgspec.Struct, frozen=True, kw_only=True):
-    """The whole experiment: phases in order (the first is the baseline), overheads, the digest verdict."""
-
-    title: str
-    notes: list[str]
-    phases: list[PhaseResult]
-    overheads: list[Overhead]
-    problems: list[str]
-
-    @property
-    def digests_equal(self) -> bool:
-        """Whether every phase ended with the baseline's parameters."""
-        digests = {p.digest for p in self.phases}
-        return len(digests) == 1 and None not in digests
 
 
 def _unix(moment: datetime) -> float:
@@ -275,7 +108,7 @@ def analyze_phase(data: PhaseInput) -> PhaseResult:
     parts = segments(records)
     restarts = [part[0] for part in parts[1:]]
     problems = [f"event log: {finding}" for finding in data.findings]
-    problems += _count_problems(data, failed, resumed, restarts)
+    problems += count_problems(data, failed, resumed, restarts)
 
     final = FINAL_LINE.findall(data.stdout or "")
     window = copy_window(records, events) if data.async_ckpt else 0
@@ -286,7 +119,7 @@ def analyze_phase(data: PhaseInput) -> PhaseResult:
         failure = _failure(
             i + 1, fail, resume, kill, restart, parts[i] if restart else [], origin, data.set_aside
         )
-        problems += _failure_problems(failure, restart, kill is not None, data.save_interval, window)
+        problems += failure_problems(failure, restart, kill is not None, data.save_interval, window)
         failures.append(failure)
     if completed is None:
         problems.append("the run did not complete (no `completed` event)")
@@ -357,62 +190,6 @@ def _thrown_away(parts: Sequence[Sequence[Record]], failures: Sequence[Failure])
         for r in parts[f.index - 1]
         if r.is_step and (r.iter or 0) > f.resume_step
     ]
-
-
-def _count_problems(
-    data: PhaseInput, failed: list[Failed], resumed: list[Resumed], restarts: list[Record]
-) -> list[str]:
-    """Counts that must agree: kills, `failed`, `resumed`, restart lines, RESUMED lines, failed attempts."""
-    problems = []
-    if data.kills is not None and not len(data.kills) == len(failed) == len(resumed):
-        problems.append(
-            f"{len(data.kills)} kill(s) but {len(failed)} `failed` and {len(resumed)} `resumed` event(s)"
-        )
-    elif len(failed) != len(resumed):
-        problems.append(f"{len(failed)} `failed` but {len(resumed)} `resumed` event(s)")
-    if len(restarts) != len(resumed):
-        problems.append(
-            f"{len(resumed)} `resumed` event(s) but {len(restarts)} `train/restart_seconds` line(s) in the metrics"
-        )
-    if data.stdout is not None:
-        lines = [int(step) for step in RESUMED_LINE.findall(data.stdout)]
-        logged = [e.step for e in resumed]
-        if lines != logged:
-            problems.append(
-                f"`resumed` events from steps {logged} but `RESUMED from step=` lines say {lines}"
-            )
-        attempts = len(FAILED_LINE.findall(data.stdout))
-        if attempts != len(failed):
-            problems.append(f"the supervisor reported {attempts} failed attempt(s), the log {len(failed)}")
-    return problems
-
-
-def _failure_problems(
-    failure: Failure, restart: Record | None, have_kill: bool, interval: int | None, window: int
-) -> list[str]:
-    """What must hold for one failure: resumed from the newest complete checkpoint, at the step after it,
-    losing no more than the interval (plus the copy window)."""
-    n, step = failure.index, failure.resume_step
-    problems = []
-    if have_kill and failure.newest_complete != step:
-        problems.append(
-            f"failure {n}: resumed from step {step}, but the newest complete checkpoint at the kill was "
-            f"{failure.newest_complete}"
-        )
-    if restart is not None and restart.iter != step + 1:
-        problems.append(
-            f"failure {n}: resumed from step {step}, but its first step logged was {restart.iter}"
-        )
-    lost = failure.lost_steps
-    if lost is not None and failure.reached_step is not None and lost < failure.reached_step - step:
-        problems.append(
-            f"failure {n}: train/lost_steps={lost}, but rank 0 had reached step {failure.reached_step}"
-        )
-    if lost is not None and interval is not None and lost > interval + window:
-        problems.append(
-            f"failure {n}: lost {lost} steps, more than the interval {interval} + copy window {window}"
-        )
-    return problems
 
 
 def overhead(phase: PhaseResult, baseline: PhaseResult) -> Overhead | None:

@@ -11,11 +11,11 @@ from typing import Final, Literal
 
 import msgspec
 
-from ftrain.train.faults import POINTS
+from ftrain.settings import KILL_POINTS
 
 PHASES: Final = ("baseline", "sync", "async")
 """Baseline: sync checkpointing, no failures. Then the same job with failures, sync and async."""
-SAVE_POINTS: Final = tuple(p for p in POINTS if p != "step")
+SAVE_POINTS: Final = tuple(p for p in KILL_POINTS if p != "step")
 SYNC_POINT: Final = {"stage": "write", "write": "write", "fanout": "write", "finalize": "finalize"}
 """A sync save has no stage and no fan-out (it writes straight to durable storage): a kill meant for those
 stages lands when its shards are written, the nearest point a sync save has."""

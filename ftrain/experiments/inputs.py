@@ -15,8 +15,11 @@ import msgspec
 
 from events.jetstream.server import server_status, stop_server
 from events.schema import AnyEvent, Launched
-from ftrain.experiments.analysis import ExperimentResult, PhaseInput, Record, analyze
+from ftrain import settings
+from ftrain.experiments.analysis import analyze
 from ftrain.experiments.config import PHASES, ExperimentConfig, Kill, read_config, read_kills
+from ftrain.experiments.readings import PhaseInput, Record
+from ftrain.experiments.results import ExperimentResult
 from ftrain.service import RunService
 from ftrain.train.metrics import metrics_path
 from workers.checkpoint_dir import uri_path
@@ -110,14 +113,15 @@ def notes(config: ExperimentConfig) -> list[str]:
 def log_env(directory: Path, config: ExperimentConfig, env: Mapping[str, str]) -> dict[str, str]:
     """The environment that reaches the experiment's log: its own embedded server, or the one it used."""
     if config.embedded:
-        return {**env, "FTRAIN_HOME": str(directory / "home"), "FTRAIN_NATS_URL": ""}
-    return {**env, "FTRAIN_NATS_URL": config.log}
+        return {**env, settings.HOME: str(directory / "home"), settings.NATS_URL: ""}
+    return {**env, settings.NATS_URL: config.log}
 
 
 @asynccontextmanager
 async def opened(env: Mapping[str, str]) -> AsyncIterator[RunService]:
     """The service over `env`'s log; an embedded server started for this is stopped afterwards."""
-    home = Path(env["FTRAIN_HOME"]) if env.get("FTRAIN_HOME") and not env.get("FTRAIN_NATS_URL") else None
+    nats = settings.nats(env)
+    home = nats.home if nats.url is None else None
     started = home is not None and server_status(home) is None
     try:
         async with RunService.open(env) as app:

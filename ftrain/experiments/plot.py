@@ -14,8 +14,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
 
-from ftrain.experiments.analysis import ExperimentResult, PhaseResult
 from ftrain.experiments.report import PLOT, REPORT, markdown
+from ftrain.experiments.results import ExperimentResult, PhaseResult
 
 COLORS = {"baseline": "tab:gray", "sync": "tab:blue", "async": "tab:orange"}
 

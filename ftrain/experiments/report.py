@@ -2,7 +2,7 @@
 
 from collections.abc import Sequence
 
-from ftrain.experiments.analysis import ExperimentResult, Overhead, PhaseResult
+from ftrain.experiments.results import ExperimentResult, Overhead, PhaseResult
 
 PLOT = "restart_plot.png"
 REPORT = "restart_report.md"

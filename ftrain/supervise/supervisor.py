@@ -4,31 +4,26 @@ The trainer resumes by itself from its newest valid checkpoint, so a relaunch is
 training process cannot do for itself is left here: notice that it died (exit code or signal, as torchrun
 reports it), record `failed`, wait a growing backoff, start it again, stop when retrying no longer helps, and pass
 a scheduler's preemption on to it. Every event goes through the durable outbox, so a log that is down never
-holds up a relaunch. The argv, the child's environment and the reading of torchrun's failure report are pure
-functions; nothing here imports torch.
+holds up a relaunch. What an attempt runs is in `attempts`, why it failed in `failure_report`; nothing here
+imports torch.
 """
 
-import codecs
 import contextlib
 import os
-import re
 import signal
-import socket
 import subprocess
-import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import FrameType
-from typing import IO, Final, Literal, NamedTuple, Protocol
+from typing import Final, Literal, NamedTuple, Protocol
 
 import msgspec
 import structlog
 
 from ftrain.cli import render
-from ftrain.supervise.hostlist import compress_hostlist
-from ftrain.supervise.launch_spec import LaunchSpec, build_command
+from ftrain.supervise.failure_report import FailureReport, describe, failure, signal_name, tee_stderr
 from ftrain.supervise.procs import signal_job
 from projections.lifecycle import CompleteIntent, FailIntent
 from workers.checkpoint_dir import complete_steps
@@ -42,7 +37,6 @@ STALLED_ATTEMPTS: Final = 2
 FLUSH_FIRST_SECONDS: Final = 2.0
 FLUSH_SECONDS: Final = 10.0
 POLL_SECONDS: Final = 0.5
-_REPORT_TAIL: Final = 65536
 
 log = structlog.get_logger(__name__)
 
@@ -55,12 +49,11 @@ class Recording(Protocol):
     def flush(self, timeout: float) -> bool: ...
 
 
-class RetryPolicy(msgspec.Struct, frozen=True, kw_only=True):
-    """How hard to try: relaunches allowed, the first wait (doubled per failure), the grace of a stopping job."""
+class Relaunches(msgspec.Struct, frozen=True, kw_only=True):
+    """How many times a failed attempt is relaunched, and the wait before the first (doubled per failure)."""
 
     max_retries: int = 3
     backoff: float = 5.0
-    grace: float = GRACE_SECONDS
 
 
 class Outcome(NamedTuple):
@@ -73,142 +66,9 @@ class Outcome(NamedTuple):
     """False when the last event is still only in the local outbox (the log was unreachable)."""
 
 
-# -- what to run ---------------------------------------------------------------------------------------------
-
-
-def local_command(spec: LaunchSpec, torchrun: str, port: int) -> list[str]:
-    """torchrun for this host alone, on a private loopback rendezvous so concurrent runs never meet."""
-    argv = build_command(msgspec.structs.replace(spec, rdzv_host="127.0.0.1", rdzv_port=port))
-    return [torchrun, *argv[1:]]
-
-
-def srun_command(spec: LaunchSpec, hosts: Sequence[str], torchrun: str) -> list[str]:
-    """One srun step running the per-host torchrun command once on every host of the allocation.
-
-    Every task runs the same argv: the c10d rendezvous on the rank-0 host hands out node ranks (torchrun reads
-    --node-rank only for the static backend), so nothing host-specific has to be spliced in per node. The
-    environment (FTRAIN_RUN_ID, FTRAIN_CKPT_DIR) travels with --export=ALL; --kill-on-bad-exit tears the other
-    nodes down when one fails, so the attempt ends as a whole.
-    """
-    return [
-        "srun",
-        f"--nodes={spec.nodes}",
-        f"--ntasks={spec.nodes}",
-        "--ntasks-per-node=1",
-        "--kill-on-bad-exit=1",
-        f"--nodelist={compress_hostlist(hosts)}",
-        "--export=ALL",
-        torchrun,
-        *build_command(spec)[1:],
-    ]
-
-
-def attempt_commands(
-    spec: LaunchSpec, hosts: Sequence[str], torchrun: str, *, slurm: bool
-) -> Callable[[], list[str]]:
-    """The argv of each new attempt (a local one gets a fresh free port every time)."""
-    if slurm:
-        return lambda: srun_command(spec, hosts, torchrun)
-    return lambda: local_command(spec, torchrun, free_port())
-
-
-def child_env(env: Mapping[str, str], run_id: str, ckpt_dir: Path) -> dict[str, str]:
-    """The trainer's environment: ours, plus the run and its checkpoint directory, all it needs to resume."""
-    return {**env, "FTRAIN_RUN_ID": run_id, "FTRAIN_CKPT_DIR": str(ckpt_dir)}
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-# -- why an attempt failed -----------------------------------------------------------------------------------
-
-_EXITCODE: Final = re.compile(rb"\s*exitcode\s*:\s*(-?\d+)")
-
-
-class FailureReport:
-    """Reads torchrun's stderr as it streams by and keeps the exit code of the worker torchrun blames.
-
-    torchrun exits 1 whichever way a worker died; only its "Root Cause (first observed failure)" block says
-    that the worker exited 3 or was killed by SIGKILL (exitcode -9).
-    """
-
-    def __init__(self) -> None:
-        self.worker_exit: int | None = None
-        self._in_root_cause = False
-        self._partial = b""
-
-    def feed(self, chunk: bytes) -> None:
-        """Take the next piece of output (lines may be split anywhere)."""
-        lines = re.split(rb"[\r\n]", self._partial + chunk)
-        self._partial = lines.pop()[-_REPORT_TAIL:]
-        for line in lines:
-            if self.worker_exit is not None:
-                return
-            if b"Root Cause" in line:
-                self._in_root_cause = True
-            elif self._in_root_cause and (found := _EXITCODE.match(line)):
-                self.worker_exit = int(found[1])
-
-
-def failure(returncode: int, worker_exit: int | None) -> FailIntent:
-    """The `failed` intent for an attempt that ended with `returncode`, the blamed worker's exit as reported."""
-    if returncode < 0:
-        return FailIntent(
-            reason="signal",
-            exit_code=128 - returncode,
-            message=f"the launcher was killed by {_name(-returncode)}",
-        )
-    if worker_exit is not None and worker_exit < 0:
-        return FailIntent(
-            reason="signal",
-            exit_code=128 - worker_exit,
-            message=f"a training process was killed by {_name(-worker_exit)}; the launcher exited {returncode}",
-        )
-    if worker_exit:
-        return FailIntent(
-            reason="exit-code",
-            exit_code=worker_exit,
-            message=f"a training process exited {worker_exit}; the launcher exited {returncode}",
-        )
-    return FailIntent(reason="exit-code", exit_code=returncode, message=f"the launcher exited {returncode}")
-
-
-def describe(intent: FailIntent) -> str:
-    """`exit code 3`, `killed by SIGKILL`."""
-    if intent.reason == "exit-code" or intent.exit_code is None:
-        return f"exit code {intent.exit_code}"
-    return f"killed by {_name(intent.exit_code - 128)}"
-
-
 def backoff_delay(base: float, failures: int) -> float:
     """The wait before the next attempt: `base`, doubled per failure so far, capped at a minute (or `base`)."""
     return min(base * 2.0 ** min(failures - 1, 16), max(BACKOFF_CAP, base))
-
-
-def _name(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
-
-
-def _tee(stream: IO[bytes], report: FailureReport) -> None:
-    """Copy the launcher's stderr to ours as it comes (progress bars included) while the report reads it.
-    Reading goes on even if our stderr is gone, or the launcher would block on a full pipe."""
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    with stream:
-        while chunk := os.read(stream.fileno(), 65536):
-            with contextlib.suppress(OSError, ValueError):
-                sys.stderr.write(decoder.decode(chunk))
-                sys.stderr.flush()
-            report.feed(chunk)
-
-
-# -- the loop ------------------------------------------------------------------------------------------------
 
 
 class Supervisor:
@@ -220,14 +80,17 @@ class Supervisor:
         command: Callable[[], list[str]],
         env: Mapping[str, str],
         ckpt_dir: Path,
-        policy: RetryPolicy,
+        relaunches: Relaunches,
         recorder: Recording,
+        *,
+        grace: float = GRACE_SECONDS,
     ) -> None:
         self.run_id = run_id
         self.command = command
         self.env = dict(env)
         self.ckpt_dir = ckpt_dir
-        self.policy = policy
+        self.relaunches = relaunches
+        self.grace = grace
         self.recorder = recorder
         self._child: subprocess.Popen[bytes] | None = None
         self._stop: int | None = None
@@ -245,7 +108,7 @@ class Supervisor:
 
     def _loop(self) -> Outcome:
         newest = self._newest()
-        total = self.policy.max_retries + 1
+        total = self.relaunches.max_retries + 1
         attempt = stalled = 0
         while True:
             attempt += 1
@@ -262,7 +125,7 @@ class Supervisor:
                 f"checkpoint step {step}" if step is not None else "no checkpoint"
             )
             if self._stop is not None:
-                name = _name(self._stop)
+                name = signal_name(self._stop)
                 stop = FailIntent(
                     reason="preempted",
                     exit_code=128 + self._stop,
@@ -277,7 +140,7 @@ class Supervisor:
                 return Outcome("completed", 0, recorded=recorded)
             failed = failure(returncode, worker_exit)
             stalled = 0 if progress else stalled + 1
-            delay = backoff_delay(self.policy.backoff, attempt)
+            delay = backoff_delay(self.relaunches.backoff, attempt)
             recorded = self._record(failed)
             line = f"{head} failed ({describe(failed)}) {where}" + ("" if progress else " (no progress)")
             if stalled >= STALLED_ATTEMPTS or attempt == total:
@@ -295,9 +158,8 @@ class Supervisor:
 
     def _stopped(self, note: str, recorded: bool = True) -> Outcome:
         assert self._stop is not None
-        return Outcome(
-            "stopped", 128 + self._stop, f"run {self.run_id} stopped by {_name(self._stop)}{note}", recorded
-        )
+        name = signal_name(self._stop)
+        return Outcome("stopped", 128 + self._stop, f"run {self.run_id} stopped by {name}{note}", recorded)
 
     def _attempt(self) -> tuple[int, int | None]:
         """Run one attempt in its own process group; its exit status and the blamed worker's exit code."""
@@ -309,7 +171,7 @@ class Supervisor:
             self._signal_child(self._stop)
         assert child.stderr is not None
         report = FailureReport()
-        tee = threading.Thread(target=_tee, args=(child.stderr, report), daemon=True)
+        tee = threading.Thread(target=tee_stderr, args=(child.stderr, report), daemon=True)
         tee.start()
         try:
             returncode = self._wait(child)
@@ -332,7 +194,7 @@ class Supervisor:
         """A stop request: forward it to the training processes and start the grace period."""
         if self._stop is None:
             self._stop = signum
-            self._deadline = time.monotonic() + self.policy.grace
+            self._deadline = time.monotonic() + self.grace
         self._signal_child(signum)
 
     def _signal_child(self, signum: int) -> None:

@@ -21,8 +21,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
-from events.jetstream.connection import settings_from_env
 from events.schema import Checkpointed
+from ftrain import settings
 from ftrain.train.config import CheckpointConfig
 from ftrain.train.faults import fault_point
 from ftrain.train.resume import ResumePoint, cleanup_stale, resume
@@ -62,9 +62,7 @@ class CheckpointManager:
         self.rank = dist.get_rank()
         # rank 0 records the lifecycle of a run the log knows; without a run id the directory is the truth
         self.recorder = (
-            Recorder(config.run_id, settings_from_env(os.environ))
-            if config.run_id and self.rank == 0
-            else None
+            Recorder(config.run_id, settings.nats(os.environ)) if config.run_id and self.rank == 0 else None
         )
         self.world = dist.get_world_size()
         self.group = dist.new_group(backend="gloo")

@@ -11,27 +11,10 @@ reach the point kills torchrun's agent and every local rank at once. Run the job
 import os
 import signal
 
+from ftrain import settings
 from ftrain.supervise.procs import signal_job
 
-POINTS = ("step", "stage", "write", "fanout", "finalize")
-
-
-def parse_targets(text: str | None) -> frozenset[tuple[str, int]]:
-    """The kill points of `FTRAIN_KILL_AT` (comma-separated `<point>:<step>`); ValueError naming the form."""
-    targets = set()
-    for item in (text or "").split(","):
-        if not item.strip():
-            continue
-        point, _, step = item.strip().partition(":")
-        if point not in POINTS or not step.isdigit():
-            raise ValueError(
-                f"FTRAIN_KILL_AT={text!r}: use <point>:<step>[,…] with point one of {', '.join(POINTS)}"
-            )
-        targets.add((point, int(step)))
-    return frozenset(targets)
-
-
-_TARGETS = parse_targets(os.environ.get("FTRAIN_KILL_AT"))
+_TARGETS = settings.kill_targets()  # at import: a typo fails the trainer before it trains
 
 
 def fault_point(point: str, step: int) -> None:
@@ -44,12 +27,12 @@ def fault_point(point: str, step: int) -> None:
 
 def _first_time(point: str, step: int) -> bool:
     """True unless this kill already fired: FTRAIN_KILL_ONCE names a directory holding one file per kill."""
-    once = os.environ.get("FTRAIN_KILL_ONCE")
-    if not once:
+    once = settings.kill_once()
+    if once is None:
         return True
-    os.makedirs(once, exist_ok=True)
+    once.mkdir(parents=True, exist_ok=True)
     try:
-        os.close(os.open(os.path.join(once, f"{point}-{step}"), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        os.close(os.open(once / f"{point}-{step}", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
     except FileExistsError:
         return False
     return True

@@ -22,7 +22,7 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
-from events.jetstream.connection import settings_from_env
+from ftrain import settings
 from ftrain.train.config import CheckpointConfig
 from ftrain.train.run_log import RunUnknown, read_run
 from ftrain.train.state import TrainState
@@ -218,7 +218,7 @@ def _run_state(config: CheckpointConfig, recorder: Recorder | None) -> RunState 
     if not recorder.flush(FLUSH_TIMEOUT):
         log.warning("outbox_not_flushed", run_id=config.run_id)
         return None
-    return read_run(config.run_id, settings_from_env(os.environ), LOG_TIMEOUT)
+    return read_run(config.run_id, settings.nats(os.environ), LOG_TIMEOUT)
 
 
 def _broadcast(value: T | None, group: dist.ProcessGroup) -> T:

@@ -1,0 +1,68 @@
+"""The cross-checks of a restart-cost phase: the event log, the metrics, the supervisor's output and the
+driver's kill records must agree; every disagreement becomes a problem for the report, never dropped."""
+
+import re
+from typing import Final
+
+from events.schema import Failed, Resumed
+from ftrain.experiments.readings import PhaseInput, Record
+from ftrain.experiments.results import Failure
+
+RESUMED_LINE: Final = re.compile(r"^RESUMED from step=(\d+) \(epoch=\d+\)", re.MULTILINE)
+FAILED_LINE: Final = re.compile(r"^Attempt \d+ of \d+ failed ", re.MULTILINE)
+
+
+def count_problems(
+    data: PhaseInput, failed: list[Failed], resumed: list[Resumed], restarts: list[Record]
+) -> list[str]:
+    """Counts that must agree: kills, `failed`, `resumed`, restart lines, RESUMED lines, failed attempts."""
+    problems = []
+    if data.kills is not None and not len(data.kills) == len(failed) == len(resumed):
+        problems.append(
+            f"{len(data.kills)} kill(s) but {len(failed)} `failed` and {len(resumed)} `resumed` event(s)"
+        )
+    elif len(failed) != len(resumed):
+        problems.append(f"{len(failed)} `failed` but {len(resumed)} `resumed` event(s)")
+    if len(restarts) != len(resumed):
+        problems.append(
+            f"{len(resumed)} `resumed` event(s) but {len(restarts)} `train/restart_seconds` line(s) in the metrics"
+        )
+    if data.stdout is not None:
+        lines = [int(step) for step in RESUMED_LINE.findall(data.stdout)]
+        logged = [e.step for e in resumed]
+        if lines != logged:
+            problems.append(
+                f"`resumed` events from steps {logged} but `RESUMED from step=` lines say {lines}"
+            )
+        attempts = len(FAILED_LINE.findall(data.stdout))
+        if attempts != len(failed):
+            problems.append(f"the supervisor reported {attempts} failed attempt(s), the log {len(failed)}")
+    return problems
+
+
+def failure_problems(
+    failure: Failure, restart: Record | None, have_kill: bool, interval: int | None, window: int
+) -> list[str]:
+    """What must hold for one failure: resumed from the newest complete checkpoint, at the step after it,
+    losing no more than the interval (plus the copy window)."""
+    n, step = failure.index, failure.resume_step
+    problems = []
+    if have_kill and failure.newest_complete != step:
+        problems.append(
+            f"failure {n}: resumed from step {step}, but the newest complete checkpoint at the kill was "
+            f"{failure.newest_complete}"
+        )
+    if restart is not None and restart.iter != step + 1:
+        problems.append(
+            f"failure {n}: resumed from step {step}, but its first step logged was {restart.iter}"
+        )
+    lost = failure.lost_steps
+    if lost is not None and failure.reached_step is not None and lost < failure.reached_step - step:
+        problems.append(
+            f"failure {n}: train/lost_steps={lost}, but rank 0 had reached step {failure.reached_step}"
+        )
+    if lost is not None and interval is not None and lost > interval + window:
+        problems.append(
+            f"failure {n}: lost {lost} steps, more than the interval {interval} + copy window {window}"
+        )
+    return problems

@@ -1,0 +1,156 @@
+"""Every FTRAIN_* environment variable, read and checked in this one module.
+
+The layers below the application (events, projections, workers) never look at the environment: they are handed
+values (a home directory, `NatsSettings`), so a test or a driver can point them anywhere. Each reader takes the
+environment as an argument (default: this process's); unset and empty read alike, so an empty value switches a
+default back on. A malformed value raises `InvalidSetting`, one line naming the variable: the CLI exits 2 on it.
+"""
+
+import logging
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Final
+
+from events.jetstream.connection import NatsSettings
+from events.run_id import InvalidRunId, validate_run_id
+
+HOME: Final = "FTRAIN_HOME"
+STORAGE: Final = "FTRAIN_STORAGE"
+NATS_URL: Final = "FTRAIN_NATS_URL"
+NATS_USER: Final = "FTRAIN_NATS_USER"
+NATS_PASSWORD: Final = "FTRAIN_NATS_PASSWORD"
+NATS_TOKEN: Final = "FTRAIN_NATS_TOKEN"
+NATS_CREDS: Final = "FTRAIN_NATS_CREDS"
+NATS_TLS_CA: Final = "FTRAIN_NATS_TLS_CA"
+NATS_TLS_CERT: Final = "FTRAIN_NATS_TLS_CERT"
+NATS_TLS_KEY: Final = "FTRAIN_NATS_TLS_KEY"
+STREAM_REPLICAS: Final = "FTRAIN_STREAM_REPLICAS"
+LOG_LEVEL: Final = "FTRAIN_LOG_LEVEL"
+KILL_AT: Final = "FTRAIN_KILL_AT"
+KILL_ONCE: Final = "FTRAIN_KILL_ONCE"
+RUN_ID: Final = "FTRAIN_RUN_ID"
+"""Set by `ftrain run` for the trainer: the run it records into."""
+CKPT_DIR: Final = "FTRAIN_CKPT_DIR"
+"""Set by `ftrain run` for the trainer: the run's checkpoint directory."""
+
+KILL_POINTS: Final = ("step", "stage", "write", "fanout", "finalize")
+"""Where FTRAIN_KILL_AT may kill: after the optimizer step, or at a phase of a save."""
+MAX_REPLICAS: Final = 5
+NATS_SCHEMES: Final = ("nats", "tls", "ws", "wss")
+LOG_LEVELS: Final = ("debug", "info", "warning", "error", "critical")
+
+Env = Mapping[str, str]
+
+
+class InvalidSetting(ValueError):
+    """An FTRAIN_* variable holds a value ftrain cannot use."""
+
+
+def _get(env: Env, name: str) -> str | None:
+    return env.get(name) or None
+
+
+def home(env: Env = os.environ) -> Path:
+    """Where this user's ftrain state lives (embedded server, read models, outbox): default
+    `~/.local/share/ftrain`."""
+    value = _get(env, HOME)
+    return Path(value) if value else Path.home() / ".local/share/ftrain"
+
+
+def storage(env: Env = os.environ) -> str:
+    """The checkpoint storage root as written (a path or URI; `workers.checkpoint_dir` judges it): default
+    `<home>/checkpoints`."""
+    return _get(env, STORAGE) or str(home(env) / "checkpoints")
+
+
+def nats(env: Env = os.environ) -> NatsSettings:
+    """Where the event log is and how to reach it: no URL means the embedded server under `home`."""
+    url = _get(env, NATS_URL)
+    if url is not None:
+        _check_urls(url)
+    if _get(env, NATS_PASSWORD) and not _get(env, NATS_USER):
+        raise InvalidSetting(f"{NATS_PASSWORD} is set but {NATS_USER} is not")
+    if _get(env, NATS_TLS_KEY) and not _get(env, NATS_TLS_CERT):
+        raise InvalidSetting(f"{NATS_TLS_KEY} is set without {NATS_TLS_CERT}, the certificate it goes with")
+    return NatsSettings(
+        home=home(env),
+        url=url,
+        user=_get(env, NATS_USER),
+        password=_get(env, NATS_PASSWORD),
+        token=_get(env, NATS_TOKEN),
+        creds=_get(env, NATS_CREDS),
+        tls_ca=_get(env, NATS_TLS_CA),
+        tls_cert=_get(env, NATS_TLS_CERT),
+        tls_key=_get(env, NATS_TLS_KEY),
+        replicas=_replicas(env),
+    )
+
+
+def _check_urls(text: str) -> None:
+    """A comma list of servers, each `host:port` or `<scheme>://host:port` with a scheme nats-py speaks."""
+    urls = [u.strip() for u in text.split(",") if u.strip()]
+    if not urls:
+        raise InvalidSetting(f"{NATS_URL}={text!r}: no server in it (use nats://host:4222[,…])")
+    for url in urls:
+        scheme, separator, _ = url.partition("://")
+        if separator and scheme.lower() not in NATS_SCHEMES:
+            raise InvalidSetting(
+                f"{NATS_URL}={text!r}: {scheme}:// is not a NATS scheme (use one of {', '.join(NATS_SCHEMES)})"
+            )
+
+
+def _replicas(env: Env) -> int:
+    """Replicas of the stream ftrain creates: 1 (a single server) unless set; R3 on a cluster."""
+    text = _get(env, STREAM_REPLICAS) or "1"
+    if not text.isdigit() or not 1 <= int(text) <= MAX_REPLICAS:
+        raise InvalidSetting(f"{STREAM_REPLICAS} must be 1..{MAX_REPLICAS}, got {text!r}")
+    return int(text)
+
+
+def log_level(env: Env = os.environ) -> int:
+    """The structlog threshold: warning unless set, so stdout stays the command's output."""
+    text = _get(env, LOG_LEVEL) or "warning"
+    if text.lower() not in LOG_LEVELS:
+        raise InvalidSetting(f"{LOG_LEVEL}={text!r}: use one of {', '.join(LOG_LEVELS)}")
+    return logging.getLevelNamesMapping()[text.upper()]
+
+
+def kill_targets(env: Env = os.environ) -> frozenset[tuple[str, int]]:
+    """The injected kills, `<point>:<step>[,…]`, as (point, step) pairs; none unless set. A typo is an
+    error, never a silently disabled fault."""
+    text = _get(env, KILL_AT)
+    targets = set()
+    for item in (text or "").split(","):
+        if not item.strip():
+            continue
+        point, _, step = item.strip().partition(":")
+        if point not in KILL_POINTS or not step.isdigit():
+            raise InvalidSetting(
+                f"{KILL_AT}={text!r}: use <point>:<step>[,…] with point one of {', '.join(KILL_POINTS)}"
+            )
+        targets.add((point, int(step)))
+    return frozenset(targets)
+
+
+def kill_once(env: Env = os.environ) -> Path | None:
+    """The directory that remembers which injected kills fired, so each fires once; None: every time."""
+    value = _get(env, KILL_ONCE)
+    return Path(value) if value else None
+
+
+def run_id(env: Env = os.environ) -> str | None:
+    """The run the trainer records into, as `ftrain run` set it; None outside `ftrain run`."""
+    value = _get(env, RUN_ID)
+    if value is None:
+        return None
+    try:
+        return validate_run_id(value, what=RUN_ID)
+    except InvalidRunId as exc:
+        raise InvalidSetting(str(exc)) from exc
+
+
+def ckpt_dir(env: Env = os.environ) -> Path | None:
+    """The run's checkpoint directory, as `ftrain run` set it; None outside `ftrain run`."""
+    value = _get(env, CKPT_DIR)
+    return Path(value) if value else None

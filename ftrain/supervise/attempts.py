@@ -1,0 +1,61 @@
+"""What each attempt of `ftrain run` runs: torchrun on this host, or one srun step over the allocation, and the
+environment that tells the trainer its run. Pure functions (but for picking a free port); nothing imports torch.
+"""
+
+import socket
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+import msgspec
+
+from ftrain import settings
+from ftrain.supervise.hostlist import compress_hostlist
+from ftrain.supervise.launch_spec import LaunchSpec, build_command
+
+
+def local_command(spec: LaunchSpec, torchrun: str, port: int) -> list[str]:
+    """torchrun for this host alone, on a private loopback rendezvous so concurrent runs never meet."""
+    argv = build_command(msgspec.structs.replace(spec, rdzv_host="127.0.0.1", rdzv_port=port))
+    return [torchrun, *argv[1:]]
+
+
+def srun_command(spec: LaunchSpec, hosts: Sequence[str], torchrun: str) -> list[str]:
+    """One srun step running the per-host torchrun command once on every host of the allocation.
+
+    Every task runs the same argv: the c10d rendezvous on the rank-0 host hands out node ranks (torchrun reads
+    --node-rank only for the static backend), so nothing host-specific has to be spliced in per node. The
+    environment (FTRAIN_RUN_ID, FTRAIN_CKPT_DIR) travels with --export=ALL; --kill-on-bad-exit tears the other
+    nodes down when one fails, so the attempt ends as a whole.
+    """
+    return [
+        "srun",
+        f"--nodes={spec.nodes}",
+        f"--ntasks={spec.nodes}",
+        "--ntasks-per-node=1",
+        "--kill-on-bad-exit=1",
+        f"--nodelist={compress_hostlist(hosts)}",
+        "--export=ALL",
+        torchrun,
+        *build_command(spec)[1:],
+    ]
+
+
+def attempt_commands(
+    spec: LaunchSpec, hosts: Sequence[str], torchrun: str, *, slurm: bool
+) -> Callable[[], list[str]]:
+    """The argv of each new attempt (a local one gets a fresh free port every time)."""
+    if slurm:
+        return lambda: srun_command(spec, hosts, torchrun)
+    return lambda: local_command(spec, torchrun, free_port())
+
+
+def child_env(env: Mapping[str, str], run_id: str, ckpt_dir: Path) -> dict[str, str]:
+    """The trainer's environment: ours, plus the run and its checkpoint directory, all it needs to resume."""
+    return {**env, settings.RUN_ID: run_id, settings.CKPT_DIR: str(ckpt_dir)}
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

@@ -1,0 +1,161 @@
+"""`ftrain.settings`: every FTRAIN_* variable, its default, and the one-line refusal of a malformed value."""
+
+import logging
+import re
+from pathlib import Path
+
+import pytest
+
+from events.jetstream.connection import NatsSettings
+from ftrain import settings
+from ftrain.settings import InvalidSetting
+from tests.conftest import ftrain_process
+
+DEFAULT_HOME = Path.home() / ".local/share/ftrain"
+
+
+def test_nothing_set_reads_as_the_defaults() -> None:
+    assert settings.home({}) == DEFAULT_HOME
+    assert settings.storage({}) == str(DEFAULT_HOME / "checkpoints")
+    assert settings.nats({}) == NatsSettings(home=DEFAULT_HOME)
+    assert settings.log_level({}) == logging.WARNING
+    assert settings.kill_targets({}) == frozenset()
+    assert settings.kill_once({}) is None
+    assert settings.run_id({}) is None
+    assert settings.ckpt_dir({}) is None
+
+
+def test_an_empty_value_reads_as_unset() -> None:
+    names = [
+        value for value in vars(settings).values() if isinstance(value, str) and value.startswith("FTRAIN_")
+    ]
+    empty = dict.fromkeys(names, "")
+    assert len(empty) == 16
+    read = (
+        settings.home(empty),
+        settings.storage(empty),
+        settings.nats(empty),
+        settings.log_level(empty),
+        settings.kill_targets(empty),
+        settings.kill_once(empty),
+        settings.run_id(empty),
+        settings.ckpt_dir(empty),
+    )
+    assert read == (
+        DEFAULT_HOME,
+        str(DEFAULT_HOME / "checkpoints"),
+        NatsSettings(home=DEFAULT_HOME),
+        logging.WARNING,
+        frozenset(),
+        None,
+        None,
+        None,
+    )
+
+
+def test_home_and_storage(tmp_path: Path) -> None:
+    env = {"FTRAIN_HOME": str(tmp_path / "home")}
+    assert settings.home(env) == tmp_path / "home"
+    assert settings.storage(env) == str(tmp_path / "home" / "checkpoints")
+    assert settings.storage({**env, "FTRAIN_STORAGE": "file:///lustre/ckpt"}) == "file:///lustre/ckpt"
+
+
+def test_every_nats_variable_reaches_the_connection_settings(tmp_path: Path) -> None:
+    env = {
+        "FTRAIN_HOME": str(tmp_path),
+        "FTRAIN_NATS_URL": "nats://a:4222, tls://b:4222",
+        "FTRAIN_NATS_USER": "trainer",
+        "FTRAIN_NATS_PASSWORD": "s3cret",
+        "FTRAIN_NATS_TOKEN": "t0ken",
+        "FTRAIN_NATS_CREDS": "/etc/ftrain/user.creds",
+        "FTRAIN_NATS_TLS_CA": "/etc/ftrain/ca.pem",
+        "FTRAIN_NATS_TLS_CERT": "/etc/ftrain/client.pem",
+        "FTRAIN_NATS_TLS_KEY": "/etc/ftrain/client.key",
+        "FTRAIN_STREAM_REPLICAS": "3",
+    }
+    assert settings.nats(env) == NatsSettings(
+        home=tmp_path,
+        url="nats://a:4222, tls://b:4222",
+        user="trainer",
+        password="s3cret",
+        token="t0ken",
+        creds="/etc/ftrain/user.creds",
+        tls_ca="/etc/ftrain/ca.pem",
+        tls_cert="/etc/ftrain/client.pem",
+        tls_key="/etc/ftrain/client.key",
+        replicas=3,
+    )
+
+
+@pytest.mark.parametrize("url", ["localhost:4222", "ws://a:8080", "WSS://a:443,wss://b:443"])
+def test_urls_with_or_without_a_nats_scheme_are_accepted(url: str) -> None:
+    assert settings.nats({"FTRAIN_NATS_URL": url}).url == url
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"FTRAIN_STREAM_REPLICAS": "0"}, "FTRAIN_STREAM_REPLICAS must be 1..5, got '0'"),
+        ({"FTRAIN_STREAM_REPLICAS": "6"}, "FTRAIN_STREAM_REPLICAS must be 1..5, got '6'"),
+        ({"FTRAIN_STREAM_REPLICAS": "three"}, "FTRAIN_STREAM_REPLICAS must be 1..5, got 'three'"),
+        ({"FTRAIN_NATS_URL": " , "}, "FTRAIN_NATS_URL=' , ': no server in it"),
+        (
+            {"FTRAIN_NATS_URL": "nats://a:4222,http://b"},
+            "FTRAIN_NATS_URL='nats://a:4222,http://b': http:// is not a NATS scheme",
+        ),
+        ({"FTRAIN_NATS_PASSWORD": "s3cret"}, "FTRAIN_NATS_PASSWORD is set but FTRAIN_NATS_USER is not"),
+        ({"FTRAIN_NATS_TLS_KEY": "/k"}, "FTRAIN_NATS_TLS_KEY is set without FTRAIN_NATS_TLS_CERT"),
+    ],
+)
+def test_a_malformed_nats_setting_is_refused_naming_the_variable(env: dict[str, str], message: str) -> None:
+    with pytest.raises(InvalidSetting, match="^" + re.escape(message)) as caught:
+        settings.nats(env)
+    assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "level"), [("debug", logging.DEBUG), ("INFO", logging.INFO), ("Error", logging.ERROR)]
+)
+def test_log_level_names_in_any_case(text: str, level: int) -> None:
+    assert settings.log_level({"FTRAIN_LOG_LEVEL": text}) == level
+
+
+@pytest.mark.parametrize("text", ["loud", "10", "notset"])
+def test_an_unknown_log_level_is_refused(text: str) -> None:
+    with pytest.raises(InvalidSetting, match=f"FTRAIN_LOG_LEVEL='{text}': use one of debug, info, warning"):
+        settings.log_level({"FTRAIN_LOG_LEVEL": text})
+
+
+def test_kill_points_and_the_once_directory(tmp_path: Path) -> None:
+    env = {"FTRAIN_KILL_AT": "step:3, finalize:20,,write:3", "FTRAIN_KILL_ONCE": str(tmp_path / "kills")}
+    assert settings.kill_targets(env) == {("step", 3), ("finalize", 20), ("write", 3)}
+    assert settings.kill_once(env) == tmp_path / "kills"
+
+
+@pytest.mark.parametrize("text", ["boom:3", "step:x", "step:", "write", "fanout:-1", "step:3,boom:4"])
+def test_a_malformed_kill_point_is_refused_naming_the_accepted_points(text: str) -> None:
+    with pytest.raises(InvalidSetting, match=r"with point one of step, stage, write, fanout, finalize$"):
+        settings.kill_targets({"FTRAIN_KILL_AT": text})
+
+
+def test_what_the_supervisor_sets_for_the_trainer(tmp_path: Path) -> None:
+    env = {settings.RUN_ID: "dist-P-1x8-fsdp", settings.CKPT_DIR: str(tmp_path / "ckpt")}
+    assert (settings.run_id(env), settings.ckpt_dir(env)) == ("dist-P-1x8-fsdp", tmp_path / "ckpt")
+
+
+def test_a_run_id_unsafe_as_a_subject_token_is_refused() -> None:
+    with pytest.raises(InvalidSetting, match=r"^FTRAIN_RUN_ID 'a\.b' is invalid"):
+        settings.run_id({"FTRAIN_RUN_ID": "a.b"})
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"), [("FTRAIN_STREAM_REPLICAS", "9"), ("FTRAIN_LOG_LEVEL", "loud")]
+)
+def test_the_cli_refuses_a_malformed_setting_in_one_line_with_exit_2(
+    tmp_path: Path, variable: str, value: str
+) -> None:
+    done = ftrain_process(["list"], {"FTRAIN_HOME": str(tmp_path / "home"), variable: value})
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr.startswith(f"ftrain list: error: {variable}")
+    assert done.stderr.count("\n") == 1
+    assert not (tmp_path / "home").exists()  # refused before anything started or was written
