@@ -250,7 +250,7 @@ class Ftrain:
                 epoch=epoch,
                 shards=shards,
                 uri=written.uri if written else "",
-                checkpoint_hash=written.digest if written else "",
+                checkpoint_hash=written.checkpoint_hash if written else "",
                 size_bytes=written.manifest.size_bytes if written else 0,
             )
 

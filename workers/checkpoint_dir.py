@@ -2,7 +2,8 @@
 
 Layout: `<root>/<run_id>/step-<N>/` holding the data files, `manifest.json`, and `.complete` (written last).
 A checkpoint is assembled in a hidden temporary directory and renamed into place, so `step-<N>` either does
-not exist or holds a complete checkpoint; two writers of the same step cannot both succeed.
+not exist or holds a complete checkpoint; two writers of the same step cannot both succeed. Towards the log a checkpoint is identified by its `checkpoint_hash`, the bare hex SHA-256 of its
+manifest bytes; this module converts it to and from the stored digests.
 """
 
 import os
@@ -17,7 +18,8 @@ from urllib.parse import unquote, urlparse
 import msgspec
 
 from events.atomic_file import fsync_dir, write_atomic
-from workers.files import copy_hashing, hash_files, write_file
+from workers.files import copy_hashing, write_file
+from workers.integrity import Hashed, digest_of, from_hex, hash_files, to_hex
 from workers.manifest import (
     MANIFEST,
     MARKER,
@@ -26,7 +28,6 @@ from workers.manifest import (
     Marker,
     decode_manifest,
     decode_marker,
-    digest,
     encode_manifest,
 )
 
@@ -40,12 +41,12 @@ class CheckpointExists(FileExistsError):
 
 
 class WrittenCheckpoint(msgspec.Struct, frozen=True):
-    """A complete checkpoint: where it is and the digest that identifies its manifest."""
+    """A complete checkpoint: where it is, and the hash that identifies its manifest in the log."""
 
     path: Path
     uri: str
     manifest: Manifest
-    digest: str
+    checkpoint_hash: str
 
 
 def storage_root(text: str) -> Path:
@@ -116,22 +117,22 @@ def seal_checkpoint(tmp: Path, final: Path, manifest: Manifest) -> WrittenCheckp
     then rename it to `final`. The caller removes `tmp` if this raises."""
     raw = encode_manifest(manifest)
     write_file(tmp / MANIFEST, raw)
-    manifest_digest = digest(raw)
+    manifest_digest = digest_of(raw)
     write_atomic(tmp / MARKER, msgspec.json.encode(Marker(manifest_digest, manifest.step)))
     try:
         os.rename(tmp, final)
     except OSError as exc:
         raise CheckpointExists(f"{final} already exists") from exc
     fsync_dir(final.parent)
-    return WrittenCheckpoint(final, path_uri(final), decode_manifest(raw), manifest_digest)
+    return WrittenCheckpoint(final, path_uri(final), decode_manifest(raw), to_hex(manifest_digest))
 
 
 def _write_source(dst: Path, src: bytes | Path, name: str) -> FileEntry:
     if Path(name).is_absolute() or ".." in Path(name).parts or name in (MANIFEST, MARKER):
         raise StorageError(f"checkpoint file name {name!r} is not allowed")
     dst.parent.mkdir(parents=True, exist_ok=True)
-    size, sha = write_file(dst, src) if isinstance(src, bytes) else copy_hashing(src, dst)
-    return FileEntry(name, size, sha)
+    hashed = write_file(dst, src) if isinstance(src, bytes) else copy_hashing(src, dst)
+    return FileEntry(name, hashed.size, hashed.digest)
 
 
 def complete_steps(run_dir: Path) -> list[int]:
@@ -152,25 +153,29 @@ def complete_steps(run_dir: Path) -> list[int]:
     return sorted(steps, reverse=True)
 
 
-def verify_checkpoint(path: Path, expected_digest: str) -> str | None:
-    """None when the checkpoint at `path` is valid for `expected_digest`, else why it is not."""
-    manifest = read_manifest(path, expected_digest)
+def verify_checkpoint(path: Path, expected_hash: str) -> str | None:
+    """None when the checkpoint at `path` is valid for the log's `expected_hash`, else why it is not."""
+    manifest = read_manifest(path, expected_hash)
     if isinstance(manifest, str):
         return manifest
     return verify_files(path, manifest.files)
 
 
-def read_manifest(path: Path, expected_digest: str | None) -> Manifest | str:
-    """The checkpoint's manifest if its marker and digest check out (against `expected_digest`, or the
-    marker's own when None: the log is out of reach), else why not. Files are not read."""
+def marker_hash(path: Path) -> str | None:
+    """The checkpoint hash its completion marker claims (what identifies it when the log is out of reach);
+    None when the marker is missing or unreadable."""
+    marker = _read_marker(path)
+    return None if isinstance(marker, str) else to_hex(marker.manifest_digest)
+
+
+def read_manifest(path: Path, expected_hash: str | None) -> Manifest | str:
+    """The checkpoint's manifest if its marker and digest check out (against the log's `expected_hash`, or
+    the marker's own when None: the log is out of reach), else why not. Files are not read."""
     if not path.is_dir():
         return "directory missing"
-    try:
-        marker = decode_marker((path / MARKER).read_bytes())
-    except FileNotFoundError:
-        return "completion marker missing"
-    except (OSError, msgspec.DecodeError, msgspec.ValidationError):
-        return "completion marker unreadable"
+    marker = _read_marker(path)
+    if isinstance(marker, str):
+        return marker
     try:
         raw = (path / MANIFEST).read_bytes()
         manifest = decode_manifest(raw)
@@ -178,31 +183,39 @@ def read_manifest(path: Path, expected_digest: str | None) -> Manifest | str:
         return "manifest missing"
     except (OSError, msgspec.DecodeError, msgspec.ValidationError):
         return "manifest unreadable"
-    actual = digest(raw)
-    if actual != (expected_digest or marker.manifest_sha256):
+    actual = digest_of(raw)
+    if actual != (from_hex(expected_hash) if expected_hash else marker.manifest_digest):
         return "hash mismatch"
-    if marker.manifest_sha256 != actual:
+    if marker.manifest_digest != actual:
         return "completion marker does not match the manifest"
     return manifest
 
 
+def _read_marker(path: Path) -> Marker | str:
+    try:
+        return decode_marker((path / MARKER).read_bytes())
+    except FileNotFoundError:
+        return "completion marker missing"
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError):
+        return "completion marker unreadable"
+
+
 def verify_files(path: Path, entries: Sequence[FileEntry]) -> str | None:
-    """None when every listed file under `path` has its size and SHA-256 (hashed in threads), else why not."""
+    """None when every listed file under `path` has its size and digest (hashed in threads), else why not."""
     results = hash_files([path / f.name for f in entries])
     verdicts = (file_verdict(entry, result) for entry, result in zip(entries, results, strict=True))
     return next((v for v in verdicts if v), None)
 
 
-def file_verdict(entry: FileEntry, found: tuple[int, str] | OSError) -> str | None:
-    """Why a file's (size, SHA-256) — or the error reading it — does not match its manifest entry; None if it does."""
+def file_verdict(entry: FileEntry, found: Hashed | OSError) -> str | None:
+    """Why a file's size and digest — or the error reading it — do not match its manifest entry; None if they do."""
     if isinstance(found, FileNotFoundError):
         return f"file {entry.name} missing"
     if isinstance(found, OSError):
         return f"file {entry.name} unreadable"
-    size, sha = found
-    if size != entry.size:
-        return f"file {entry.name} is {size} bytes, manifest says {entry.size}"
-    if sha != entry.sha256:
+    if found.size != entry.size:
+        return f"file {entry.name} is {found.size} bytes, manifest says {entry.size}"
+    if found.digest != entry.digest:
         return f"file {entry.name} hash mismatch"
     return None
 

@@ -183,7 +183,7 @@ class CheckpointManager:
                     epoch=epoch,
                     shards=self.world,
                     uri=written.uri,
-                    checkpoint_hash=written.digest,
+                    checkpoint_hash=written.checkpoint_hash,
                     size_bytes=manifest.size_bytes,
                 )
             )

@@ -31,12 +31,13 @@ from ftrain.train.state import TrainState
 from projections.lifecycle import RunState
 from workers.checkpoint_dir import (
     complete_steps,
+    marker_hash,
     quarantine,
     read_manifest,
     uri_path,
     verify_files,
 )
-from workers.manifest import MARKER, FileEntry, Manifest, decode_marker
+from workers.manifest import FileEntry, Manifest
 from workers.outbox import FailIntent, ResumeIntent, SkipIntent
 
 FLUSH_TIMEOUT = 15.0
@@ -167,7 +168,7 @@ def _resumed(path: Path, candidate: Candidate, state: TrainState, recorder: Reco
     point = ResumePoint(state.step, state.epoch)
     if dist.get_rank() == 0:
         if recorder is not None:
-            digest = candidate.digest or _marker_digest(path) or ""
+            digest = candidate.digest or marker_hash(path) or ""
             recorder.record(ResumeIntent(checkpoint_hash=digest, step=point.step))
         print(f"RESUMED from step={point.step} (epoch={point.epoch})", flush=True)
     return point
@@ -175,7 +176,7 @@ def _resumed(path: Path, candidate: Candidate, state: TrainState, recorder: Reco
 
 def _skip(candidate: Candidate, reason: str, recorder: Recorder | None) -> None:
     path = Path(candidate.path)
-    digest = candidate.digest or _marker_digest(path) or ""
+    digest = candidate.digest or marker_hash(path) or ""
     if recorder is not None:
         recorder.record(SkipIntent(checkpoint_hash=digest, step=candidate.step, reason=reason))
     try:
@@ -204,7 +205,7 @@ def _plan(config: CheckpointConfig, recorder: Recorder | None) -> Plan:
     if state is None:
         steps = complete_steps(run_dir)
         candidates = [
-            Candidate(s, str(run_dir / f"step-{s}"), _marker_digest(run_dir / f"step-{s}")) for s in steps
+            Candidate(s, str(run_dir / f"step-{s}"), marker_hash(run_dir / f"step-{s}")) for s in steps
         ]
         return Plan(candidates, bool(candidates))
     restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
@@ -257,13 +258,6 @@ def _set_aside_unrecorded(run_dir: Path, state: RunState) -> None:
         if step > newest and path not in known:
             log.warning("unrecorded_checkpoint_set_aside", path=str(path))
             quarantine(path, f"unrecorded-{int(time.time())}")
-
-
-def _marker_digest(path: Path) -> str | None:
-    try:
-        return decode_marker((path / MARKER).read_bytes()).manifest_sha256
-    except (OSError, msgspec.DecodeError, msgspec.ValidationError):
-        return None
 
 
 def _broadcast(value: T | None, group: dist.ProcessGroup) -> T:
