@@ -45,8 +45,8 @@ from workers.checkpoint_dir import (
     CheckpointExists,
     StorageError,
     WrittenCheckpoint,
-    quarantine,
     remove_checkpoint,
+    set_aside,
     storage_root,
     uri_path,
     verify_checkpoint,
@@ -367,6 +367,6 @@ def _skip(state: RunState | None, ref: CheckpointRef, reason: str) -> CorruptSki
 def _set_aside(path: Path, seq: int) -> None:
     """Quarantine a skipped checkpoint; failing to move it never undoes the skip the log recorded."""
     try:
-        quarantine(path, str(seq))
+        set_aside(path, "corrupt", str(seq))
     except OSError as exc:
         log.warning("quarantine_failed", path=str(path), error=str(exc))

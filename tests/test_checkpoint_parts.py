@@ -26,16 +26,16 @@ from ftrain.train.metrics import last_iter, process_start_time, reached_step
 from ftrain.train.resume import cleanup_stale, owned
 from workers.checkpoint_dir import (
     WrittenCheckpoint,
-    complete_steps,
     marker_hash,
     read_manifest,
     verify_checkpoint,
     write_checkpoint,
 )
 from workers.dcp_writer import HashingFileSystem, HashingWriter
-from workers.fanout import PARTIAL, FanOutError, fan_out
+from workers.fanout import FanOutError, fan_out
 from workers.integrity import Digest, Hashed, hash_file
-from workers.manifest import MANIFEST, MARKER, FileEntry, Manifest
+from workers.layout import MANIFEST, MARKER, PARTIAL, complete_steps
+from workers.manifest import FileEntry, Manifest
 from workers.retention import prune
 from workers.staging import StagingBuffers
 

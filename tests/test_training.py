@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from tests.training import final_digest, metrics, resumed_step, torchrun
-from workers.checkpoint_dir import complete_steps, marker_hash, read_manifest, verify_checkpoint
-from workers.manifest import MARKER
+from workers.checkpoint_dir import marker_hash, read_manifest, verify_checkpoint
+from workers.layout import MARKER, complete_steps
 
 pytestmark = pytest.mark.timeout(600)
 ITERS = ("--train-iters", "30", "--save-interval", "5")

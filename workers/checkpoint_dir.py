@@ -1,8 +1,8 @@
 """A checkpoint directory on a file system (local, NFS, Lustre, GPFS): write it whole, verify it, set it aside.
 
-Layout: `<root>/<run_id>/step-<N>/` holding the data files, `manifest.json`, and `.complete` (written last).
-A checkpoint is assembled in a hidden temporary directory and renamed into place, so `step-<N>` either does
-not exist or holds a complete checkpoint; two writers of the same step cannot both succeed. Towards the log a checkpoint is identified by its `checkpoint_hash`, the bare hex SHA-256 of its
+Names come from workers.layout. A checkpoint is assembled in a hidden directory and renamed into place, so its
+step directory either does not exist or holds a complete checkpoint; two writers of the same step cannot both
+succeed. Towards the log a checkpoint is identified by its `checkpoint_hash`, the bare hex SHA-256 of its
 manifest bytes; this module converts it to and from the stored digests.
 """
 
@@ -20,16 +20,16 @@ import msgspec
 from events.atomic_file import fsync_dir, write_atomic
 from workers.files import copy_hashing, write_file
 from workers.integrity import Hashed, digest_of, from_hex, hash_files, to_hex
-from workers.manifest import (
+from workers.layout import (
     MANIFEST,
     MARKER,
-    FileEntry,
-    Manifest,
-    Marker,
-    decode_manifest,
-    decode_marker,
-    encode_manifest,
+    RESERVED,
+    SetAsideKind,
+    assembly_dir,
+    checkpoint_path,
+    set_aside_path,
 )
+from workers.manifest import FileEntry, Manifest, Marker, decode_manifest, decode_marker, encode_manifest
 
 
 class StorageError(ValueError):
@@ -37,7 +37,7 @@ class StorageError(ValueError):
 
 
 class CheckpointExists(FileExistsError):
-    """`step-<N>` is already there (another writer, or an interrupted earlier attempt)."""
+    """The step's directory is already there (another writer, or an interrupted earlier attempt)."""
 
 
 class WrittenCheckpoint(msgspec.Struct, frozen=True):
@@ -58,11 +58,6 @@ def storage_root(text: str) -> Path:
             path = Path.cwd() / path
         return path
     raise StorageError(f"storage {text!r}: scheme {parsed.scheme!r} is not supported (use a path or file://)")
-
-
-def checkpoint_path(root: Path, run_id: str, step: int) -> Path:
-    """Where the checkpoint of `run_id` at `step` lives."""
-    return root / run_id / f"step-{step}"
 
 
 def path_uri(path: Path) -> str:
@@ -91,7 +86,7 @@ def write_checkpoint(
     final = checkpoint_path(root, run_id, step)
     if final.exists():
         raise CheckpointExists(f"{final} already exists")
-    tmp = final.with_name(f".{final.name}.tmp-{uuid.uuid4().hex[:12]}")
+    tmp = assembly_dir(final.parent, step, uuid.uuid4().hex[:12])
     tmp.mkdir(parents=True)
     try:
         entries = [_write_source(tmp / name, src, name) for name, src in sources]
@@ -128,29 +123,11 @@ def seal_checkpoint(tmp: Path, final: Path, manifest: Manifest) -> WrittenCheckp
 
 
 def _write_source(dst: Path, src: bytes | Path, name: str) -> FileEntry:
-    if Path(name).is_absolute() or ".." in Path(name).parts or name in (MANIFEST, MARKER):
+    if Path(name).is_absolute() or ".." in Path(name).parts or name in RESERVED:
         raise StorageError(f"checkpoint file name {name!r} is not allowed")
     dst.parent.mkdir(parents=True, exist_ok=True)
     hashed = write_file(dst, src) if isinstance(src, bytes) else copy_hashing(src, dst)
     return FileEntry(name, hashed.size, hashed.digest)
-
-
-def complete_steps(run_dir: Path) -> list[int]:
-    """Steps of the checkpoints under `run_dir` that carry a completion marker, newest first (unverified)."""
-    steps = []
-    try:
-        entries = list(os.scandir(run_dir))
-    except FileNotFoundError:
-        return []
-    for entry in entries:
-        name = entry.name
-        if (
-            name.startswith("step-")
-            and name[5:].isdigit()
-            and os.path.exists(os.path.join(entry.path, MARKER))
-        ):
-            steps.append(int(name[5:]))
-    return sorted(steps, reverse=True)
 
 
 def verify_checkpoint(path: Path, expected_hash: str) -> str | None:
@@ -220,11 +197,12 @@ def file_verdict(entry: FileEntry, found: Hashed | OSError) -> str | None:
     return None
 
 
-def quarantine(path: Path, tag: str) -> Path | None:
-    """Move an invalid checkpoint aside (`step-<N>.corrupt-<tag>`), freeing its name; None if it is gone."""
+def set_aside(path: Path, kind: SetAsideKind, tag: str) -> Path | None:
+    """Move a checkpoint out of the way under its set-aside name, freeing its step's name and keeping it as
+    evidence; None if it is gone."""
     if not path.exists():
         return None
-    target = path.with_name(f"{path.name}.corrupt-{tag}")
+    target = set_aside_path(path, kind, tag)
     os.rename(path, target)
     fsync_dir(path.parent)
     return target

@@ -14,8 +14,6 @@ import msgspec
 
 from workers.integrity import DigestField, HexField, from_hex
 
-MANIFEST = "manifest.json"
-MARKER = ".complete"
 FORMAT = 2
 
 

@@ -24,6 +24,7 @@ from ftrain.supervise.launch_spec import DEFAULT_TRAIN_CMD, LaunchSpec, LaunchSp
 from ftrain.supervise.supervisor import RetryPolicy, Supervisor, attempt_commands, child_env
 from projections.lifecycle import RunState
 from workers.checkpoint_dir import path_uri, uri_path
+from workers.layout import RESERVED, run_dir
 
 T = TypeVar("T")
 
@@ -214,7 +215,7 @@ def supervise(args: argparse.Namespace) -> int:
     plan = prepare_run(args)
     launched = asyncio.run(_with_app(lambda app: start_run(app, args, plan)))
     run_id = launched.run_id
-    ckpt_dir = uri_path(launched.storage) / run_id
+    ckpt_dir = run_dir(uri_path(launched.storage), run_id)
     command = attempt_commands(plan.spec(run_id), plan.launch.hosts, plan.torchrun, slurm=plan.slurm)
     env = child_env(os.environ, run_id, ckpt_dir)
     recorder = Recorder(run_id, os.environ)
@@ -272,9 +273,8 @@ def _directory_sources(path: Path, shards: int) -> list[tuple[str, bytes | Path]
     files = sorted(p for p in path.rglob("*") if p.is_file())
     if not files:
         raise UsageError(f"--path {path}: no files")
-    reserved = {"manifest.json", ".complete"}
     names = [str(p.relative_to(path)) for p in files]
-    if reserved & set(names):
+    if RESERVED & set(names):
         raise UsageError(
             f"--path {path}: already holds a manifest or marker (is it a checkpoint of ftrain's?)"
         )

@@ -30,7 +30,7 @@ from ftrain.cli import render
 from ftrain.supervise.hostlist import compress_hostlist
 from ftrain.supervise.launch_spec import LaunchSpec, build_command
 from ftrain.supervise.procs import signal_job
-from workers.checkpoint_dir import complete_steps
+from workers.layout import complete_steps
 from workers.outbox import CompleteIntent, FailIntent
 
 BACKOFF_CAP: Final = 60.0

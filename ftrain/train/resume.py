@@ -30,13 +30,13 @@ from ftrain.train.run_log import read_run
 from ftrain.train.state import TrainState
 from projections.lifecycle import RunState
 from workers.checkpoint_dir import (
-    complete_steps,
     marker_hash,
-    quarantine,
     read_manifest,
+    set_aside,
     uri_path,
     verify_files,
 )
+from workers.layout import assemblies, complete_steps, step_dir
 from workers.manifest import FileEntry, Manifest
 from workers.outbox import FailIntent, ResumeIntent, SkipIntent
 
@@ -87,7 +87,7 @@ def cleanup_stale(ckpt_dir: Path, stage_root: Path | None, rank: int) -> None:
     """Remove what an interrupted save left: `.step-N.tmp` directories (with their `.partial` files) of the
     run, by rank 0, and each rank's node-local staging directory."""
     if rank == 0 and ckpt_dir.is_dir():
-        for stale in ckpt_dir.glob(".step-*"):
+        for stale in assemblies(ckpt_dir):
             log.info("stale_staging_removed", path=str(stale))
             shutil.rmtree(stale, ignore_errors=True)
     if stage_root is not None:
@@ -180,7 +180,7 @@ def _skip(candidate: Candidate, reason: str, recorder: Recorder | None) -> None:
     if recorder is not None:
         recorder.record(SkipIntent(checkpoint_hash=digest, step=candidate.step, reason=reason))
     try:
-        quarantine(path, f"{int(time.time())}")
+        set_aside(path, "corrupt", f"{int(time.time())}")
     except OSError as exc:
         log.warning("quarantine_failed", path=str(path), error=str(exc))
     print(skipped_line(candidate.step, reason), flush=True)
@@ -205,7 +205,7 @@ def _plan(config: CheckpointConfig, recorder: Recorder | None) -> Plan:
     if state is None:
         steps = complete_steps(run_dir)
         candidates = [
-            Candidate(s, str(run_dir / f"step-{s}"), marker_hash(run_dir / f"step-{s}")) for s in steps
+            Candidate(s, str(step_dir(run_dir, s)), marker_hash(step_dir(run_dir, s))) for s in steps
         ]
         return Plan(candidates, bool(candidates))
     restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
@@ -243,8 +243,7 @@ def _fresh(run_dir: Path, state: RunState | None) -> Plan:
         )
     stamp = int(time.time())
     for step in complete_steps(run_dir):
-        path = run_dir / f"step-{step}"
-        path.rename(path.with_name(f"{path.name}.superseded-{stamp}"))
+        set_aside(step_dir(run_dir, step), "superseded", str(stamp))
     return Plan([], False, restart=state is not None and state.status == "failed")
 
 
@@ -254,10 +253,10 @@ def _set_aside_unrecorded(run_dir: Path, state: RunState) -> None:
     known = {uri_path(c.uri) for c in state.checkpoints}
     newest = max((c.step for c in state.checkpoints), default=-1)
     for step in complete_steps(run_dir):
-        path = run_dir / f"step-{step}"
+        path = step_dir(run_dir, step)
         if step > newest and path not in known:
             log.warning("unrecorded_checkpoint_set_aside", path=str(path))
-            quarantine(path, f"unrecorded-{int(time.time())}")
+            set_aside(path, "unrecorded", str(int(time.time())))
 
 
 def _broadcast(value: T | None, group: dist.ProcessGroup) -> T:
