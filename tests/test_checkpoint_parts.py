@@ -21,20 +21,25 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 import workers.dcp_writer
+from events.chain import ChainHead
+from ftrain.experiments.inputs import set_aside_steps
 from ftrain.train.faults import POINTS
 from ftrain.train.metrics import last_iter, process_start_time, reached_step
-from ftrain.train.resume import cleanup_stale, owned
+from ftrain.train.resume import _fresh, _set_aside_unrecorded, cleanup_stale, owned
+from projections.lifecycle import apply
+from tests.builders import checkpointed, launched
 from workers.checkpoint_dir import (
     WrittenCheckpoint,
     marker_hash,
     read_manifest,
+    set_aside,
     verify_checkpoint,
     write_checkpoint,
 )
 from workers.dcp_writer import HashingFileSystem, HashingWriter
 from workers.fanout import FanOutError, fan_out
 from workers.integrity import Digest, Hashed, hash_file
-from workers.layout import MANIFEST, MARKER, PARTIAL, complete_steps
+from workers.layout import MANIFEST, MARKER, PARTIAL, complete_steps, run_dir, set_asides
 from workers.manifest import FileEntry, Manifest
 from workers.retention import prune
 from workers.staging import StagingBuffers
@@ -336,6 +341,41 @@ def test_cleanup_stale_removes_interrupted_saves_and_nothing_else(tmp_path: Path
 
     cleanup_stale(tmp_path / "fresh-run", None, rank=0)  # a first start: nothing there, nothing to do
     assert not (tmp_path / "fresh-run").exists()
+
+
+def test_a_checkpoint_the_trainer_sets_aside_as_unrecorded_is_one_the_experiment_analysis_sees(
+    tmp_path: Path,
+) -> None:
+    """Killed between the rename and the outbox, step 20 is complete on disk and unknown to the log: the
+    trainer's resume sets it aside, and the analysis must see that, or resuming from 10 reads as a lost step."""
+    recorded = sealed(tmp_path, 10)
+    sealed(tmp_path, 20)
+    state = apply(None, launched(RUN), ChainHead(1))
+    event = msgspec.structs.replace(checkpointed(RUN, 10), uri=recorded.uri, seq=2)
+    state = apply(state, event, ChainHead(2))
+    run = run_dir(tmp_path, RUN)
+
+    _set_aside_unrecorded(run, state)
+
+    assert complete_steps(run) == [10]
+    assert set_aside_steps(run) == [20]
+
+
+def test_set_asides_lists_every_kind_the_writers_produce_and_nothing_else(tmp_path: Path) -> None:
+    run = run_dir(tmp_path, RUN)
+    corrupt = set_aside(sealed(tmp_path, 30).path, "corrupt", "7")  # as `ftrain resume` skips it
+    make_checkpoint_dir(run / "step-40.corrupt-unrecorded-1700000000")  # as trainers named it before
+    for name in ("step-50.corrupt", "step-x.corrupt-1", "step-60.broken-1", ".step-70.tmp", "metrics"):
+        make_checkpoint_dir(run / name)
+    sealed(tmp_path, 10)
+    _fresh(run, None)  # --no-resume on a run the log does not know: step-10 is superseded
+
+    assert corrupt is not None and corrupt.name == "step-30.corrupt-7"
+    assert complete_steps(run) == []
+    found = set_asides(run)
+    assert [(s.step, s.kind) for s in found] == [(10, "superseded"), (30, "corrupt"), (40, "unrecorded")]
+    assert all(s.path.parent == run and s.path.is_dir() for s in found)
+    assert set_aside_steps(run) == [40]
 
 
 # -- staging ----------------------------------------------------------------------------------------------
