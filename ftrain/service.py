@@ -53,13 +53,14 @@ from workers.checkpoint_dir import (
     StorageError,
     WrittenCheckpoint,
     on_disk,
-    quarantine,
     remove_checkpoint,
+    set_aside,
     storage_root,
     uri_path,
     verify_checkpoint,
     write_checkpoint,
 )
+from workers.layout import SetAsideKind
 
 CONFLICT_RETRIES = 20
 log = structlog.get_logger(__name__)
@@ -200,7 +201,7 @@ class RunService:
                 epoch=epoch,
                 shards=shards,
                 uri=written.uri if written else "",
-                checkpoint_hash=written.digest if written else "",
+                checkpoint_hash=written.checkpoint_hash if written else "",
                 size_bytes=written.manifest.size_bytes if written else 0,
             )
 
@@ -259,7 +260,7 @@ class RunService:
         state = await self.state_of(run_id)
         plan = self._plan(state, force)
         for unrecorded in plan.unrecorded:
-            _set_aside(uri_path(unrecorded.uri), f"unrecorded-{int(time.time())}")
+            _set_aside(uri_path(unrecorded.uri), "unrecorded", str(int(time.time())))
         skipped: list[CorruptSkipped] = []
         while plan.candidates:
             candidate = plan.candidates[0]
@@ -273,7 +274,7 @@ class RunService:
                 appended = await self._record(run_id, partial(skip, ref=candidate.ref, reason=reason))
                 if isinstance(appended, CorruptSkipped):
                     skipped.append(appended)
-                    _set_aside(uri_path(candidate.uri), str(appended.seq))
+                    _set_aside(uri_path(candidate.uri), "corrupt", str(appended.seq))
                     if on_skip is not None:
                         await on_skip(appended)
             state = await self.state_of(run_id)
@@ -287,9 +288,9 @@ class RunService:
             raise Refused(str(exc)) from exc
 
 
-def _set_aside(path: Path, tag: str) -> None:
+def _set_aside(path: Path, kind: SetAsideKind, tag: str) -> None:
     """Quarantine a checkpoint; failing to move it never undoes what the log recorded."""
     try:
-        quarantine(path, tag)
+        set_aside(path, kind, tag)
     except OSError as exc:
-        log.warning("quarantine_failed", path=str(path), error=str(exc))
+        log.warning("set_aside_failed", path=str(path), error=str(exc))

@@ -61,6 +61,7 @@ from ftrain.logs import configure as configure_logs
 from ftrain.train.checkpointing import CheckpointManager
 from ftrain.train.config import CheckpointConfig
 from ftrain.train.state import TrainState
+from workers.layout import step_dir
 
 WORLD = 2
 GB = 1e9
@@ -215,14 +216,14 @@ class Bench:
 
     def ftrain_sync(self) -> tuple[float | None, float, Path]:
         self.sync.save(self.step, 0)
-        return None, 0.0, self.sync_dir / f"step-{self.step}"
+        return None, 0.0, step_dir(self.sync_dir, self.step)
 
     def ftrain_async(self) -> tuple[float | None, float, Path]:
         start = time.perf_counter()
         times = self.async_.save(self.step, 0)
         call = time.perf_counter() - start
         self.async_.drain()
-        return times.stage_seconds, call, self.async_dir / f"step-{self.step}"
+        return times.stage_seconds, call, step_dir(self.async_dir, self.step)
 
     def measure(self, method: str, record: bool, keep: bool = False) -> None:
         """One save, barrier to barrier; then the directory is deleted (unless `keep`) and the disk settled."""

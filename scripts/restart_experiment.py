@@ -54,7 +54,7 @@ from ftrain.logs import configure as configure_logging
 from ftrain.service import RunService
 from ftrain.supervise.procs import children, signal_job
 from ftrain.train.metrics import metrics_path
-from workers.checkpoint_dir import complete_steps
+from workers.layout import complete_steps, run_dir
 
 POLL_S = 0.05
 TAIL_BYTES = 4096
@@ -168,7 +168,7 @@ class Watch:
         iters: int,
     ) -> None:
         self.app, self.phase, self.run_id = app, phase, run_id
-        self.ckpt_dir = phase_dir / "ckpt" / run_id
+        self.ckpt_dir = run_dir(phase_dir / "ckpt", run_id)
         self.metrics = metrics_path(phase_dir / "metrics", 0)
         self.injection = injection
         self.schedule = KillSchedule(injection, iters) if injection else None

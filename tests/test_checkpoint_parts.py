@@ -14,20 +14,34 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 import torch
 from torch import nn
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 import workers.dcp_writer
+from events.chain import ChainHead
+from ftrain.experiments.inputs import set_aside_steps
 from ftrain.settings import KILL_POINTS
 from ftrain.train.metrics import last_iter, process_start_time, reached_step
-from ftrain.train.resume import cleanup_stale, owned
-from workers.checkpoint_dir import complete_steps
+from ftrain.train.resume import cleanup_stale, owned, set_aside_planned
+from projections.lifecycle import apply, plan_resume
+from tests.builders import checkpointed, launched
+from workers.checkpoint_dir import (
+    WrittenCheckpoint,
+    marker_hash,
+    on_disk,
+    read_manifest,
+    set_aside,
+    verify_checkpoint,
+    write_checkpoint,
+)
 from workers.dcp_writer import HashingFileSystem, HashingWriter
-from workers.fanout import PARTIAL, FanOutError, fan_out
-from workers.files import hash_file
-from workers.manifest import MANIFEST, MARKER, FileEntry
+from workers.fanout import FanOutError, fan_out
+from workers.integrity import Digest, Hashed, hash_file
+from workers.layout import MANIFEST, MARKER, PARTIAL, complete_steps, run_dir, set_asides
+from workers.manifest import FileEntry, Manifest
 from workers.retention import prune
 from workers.staging import StagingBuffers
 
@@ -37,11 +51,16 @@ def tree(root: Path) -> set[str]:
     return {str(p.relative_to(root)) for p in root.rglob("*")}
 
 
+def sha256(data: bytes) -> Digest:
+    """The digest of `data` as stored, computed here independently of workers.integrity."""
+    return Digest(f"sha256:{hashlib.sha256(data).hexdigest()}")
+
+
 def spy_hash_file(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
     """Record the files the DCP writer hashes from disk (rather than in its write path)."""
     calls: list[Path] = []
 
-    def spy(path: Path) -> tuple[int, str]:
+    def spy(path: Path) -> Hashed:
         calls.append(Path(path))
         return hash_file(path)
 
@@ -73,7 +92,7 @@ def test_hashing_writer_lists_every_file_dcp_wrote_hashed_in_the_write_path(
     entries = writer.entries()
     assert [e.name for e in entries] == sorted(os.listdir(tmp_path / "ckpt")) == [".metadata", "__0_0.distcp"]
     for entry in entries:
-        assert (entry.size, entry.sha256) == hash_file(tmp_path / "ckpt" / entry.name), entry.name
+        assert Hashed(entry.size, entry.digest) == hash_file(tmp_path / "ckpt" / entry.name), entry.name
     assert from_disk == [], "DCP writes sequentially: nothing is read back to hash it"
 
 
@@ -92,10 +111,10 @@ def test_a_stream_that_was_seeked_is_hashed_from_disk_and_renames_follow_the_fil
         stream.seek(10)
         stream.write(b"Y")
 
-    assert fs.written[seq] == (11, hashlib.sha256(b"hello world").hexdigest())
+    assert fs.written[seq] == Hashed(11, sha256(b"hello world"))
     expected = b"x" * 10 + b"Y" + b"x" * 989
     assert seeked.read_bytes() == expected
-    assert fs.written[seeked] == (1000, hashlib.sha256(expected).hexdigest())
+    assert fs.written[seeked] == Hashed(1000, sha256(expected))
     assert from_disk == [seeked]
 
     fs.rename(seeked, tmp_path / "final.bin")
@@ -112,11 +131,11 @@ STAGED = {
 
 
 def stage_files(stage: Path) -> list[FileEntry]:
-    """Write `STAGED` under `stage` and describe them as the writer would have (size and SHA-256)."""
+    """Write `STAGED` under `stage` and describe them as the writer would have (size and digest)."""
     stage.mkdir(parents=True)
     for name, data in STAGED.items():
         (stage / name).write_bytes(data)
-    return [FileEntry(name, *hash_file(stage / name)) for name in STAGED]
+    return [FileEntry(name, len(data), sha256(data)) for name, data in STAGED.items()]
 
 
 def test_fan_out_delivers_every_file_under_its_name_and_drops_the_staged_copies(tmp_path: Path) -> None:
@@ -146,6 +165,61 @@ def test_fan_out_refuses_a_staged_file_that_changed_after_it_was_hashed(tmp_path
     assert not (dst / "__0_0.distcp").exists(), "a bad copy never appears under the real name"
     assert not list(dst.glob(f"*{PARTIAL}"))
     assert sorted(os.listdir(stage)) == sorted(STAGED), "staged copies stay until every file arrived"
+
+
+# -- manifest formats -------------------------------------------------------------------------------------
+
+RUN = "run-1"
+
+
+def sealed(root: Path, step: int) -> WrittenCheckpoint:
+    """A real checkpoint of RUN at `step`, written and sealed the way `ftrain checkpoint` does."""
+    state = f'{{"step":{step}}}'.encode()
+    return write_checkpoint(root, run_id=RUN, step=step, epoch=0, shards=1, sources=[("state.json", state)])
+
+
+def test_a_checkpoint_is_written_in_format_2_and_the_log_still_gets_the_bare_hex_hash(tmp_path: Path) -> None:
+    """Stored digests name their algorithm; the `checkpointed` event keeps the 64-hex form its consumers read."""
+    written = sealed(tmp_path, 10)
+    raw = (written.path / MANIFEST).read_bytes()
+    stored = msgspec.json.decode(raw)
+    marker = msgspec.json.decode((written.path / MARKER).read_bytes())
+
+    assert stored["format"] == 2
+    assert stored["files"] == [{"name": "state.json", "size": 11, "digest": sha256(b'{"step":10}')}]
+    assert marker == {"manifest_digest": sha256(raw), "step": 10}
+    assert written.checkpoint_hash == hashlib.sha256(raw).hexdigest() == marker_hash(written.path)
+    assert verify_checkpoint(written.path, written.checkpoint_hash) is None
+
+
+FORMAT_1_DATA = b'{"step":10}'
+FORMAT_1_MANIFEST = (
+    b'{"format":1,"run_id":"old-run","step":10,"epoch":1,"shards":1,"world_size":1,"dataset_revision":null,'
+    b'"created_at":"2025-06-01T12:00:00Z","files":[{"name":"state.json","size":11,'
+    b'"sha256":"e480084f1920a277771bdd38f16b8e4b603f632c58f4ef56dbcb94a37ffada2c"}],"extra":{}}'
+)
+FORMAT_1_HASH = "b5ab1bbcfe389cd9de876134911b2acbf8016a1beb23fe17c495655f78e3119b"
+FORMAT_1_MARKER = b'{"manifest_sha256":"' + FORMAT_1_HASH.encode() + b'","step":10}'
+
+
+def test_a_format_1_checkpoint_already_on_disk_still_reads_and_verifies(tmp_path: Path) -> None:
+    old = tmp_path / "old-run" / "step-10"
+    old.mkdir(parents=True)
+    (old / "state.json").write_bytes(FORMAT_1_DATA)
+    (old / MANIFEST).write_bytes(FORMAT_1_MANIFEST)
+    (old / MARKER).write_bytes(FORMAT_1_MARKER)
+
+    manifest = read_manifest(old, FORMAT_1_HASH)
+    assert isinstance(manifest, Manifest), manifest
+    assert (manifest.format, manifest.step, manifest.epoch) == (1, 10, 1)
+    assert manifest.files == (FileEntry("state.json", 11, sha256(FORMAT_1_DATA)),)
+    assert marker_hash(old) == FORMAT_1_HASH
+    assert verify_checkpoint(old, FORMAT_1_HASH) is None
+    assert read_manifest(old, None) == manifest, "with the log out of reach, the format-1 marker vouches"
+
+    assert verify_checkpoint(old, "0" * 64) == "hash mismatch"
+    (old / "state.json").write_bytes(b'{"step":11}')
+    assert verify_checkpoint(old, FORMAT_1_HASH) == "file state.json hash mismatch"
 
 
 # -- retention --------------------------------------------------------------------------------------------
@@ -231,7 +305,7 @@ SHARDS = [f"__{rank}_0.distcp" for rank in range(4)]
 
 @pytest.mark.parametrize("world", [1, 2, 3])
 def test_owned_splits_the_files_so_each_is_verified_exactly_once(world: int) -> None:
-    files = tuple(FileEntry(name, 1, "0" * 64) for name in [".metadata", *SHARDS])
+    files = tuple(FileEntry(name, 1, sha256(b"")) for name in [".metadata", *SHARDS])
     per_rank = {rank: [e.name for e in owned(files, rank, world)] for rank in range(world)}
 
     assert Counter(n for names in per_rank.values() for n in names) == Counter(e.name for e in files)
@@ -268,6 +342,41 @@ def test_cleanup_stale_removes_interrupted_saves_and_nothing_else(tmp_path: Path
 
     cleanup_stale(tmp_path / "fresh-run", None, rank=0)  # a first start: nothing there, nothing to do
     assert not (tmp_path / "fresh-run").exists()
+
+
+def test_a_checkpoint_the_trainer_sets_aside_as_unrecorded_is_one_the_experiment_analysis_sees(
+    tmp_path: Path,
+) -> None:
+    """Killed between the rename and the outbox, step 20 is complete on disk and unknown to the log: the
+    trainer's resume sets it aside, and the analysis must see that, or resuming from 10 reads as a lost step."""
+    recorded = sealed(tmp_path, 10)
+    sealed(tmp_path, 20)
+    state = apply(None, launched(RUN), ChainHead(1))
+    event = msgspec.structs.replace(checkpointed(RUN, 10), uri=recorded.uri, seq=2)
+    state = apply(state, event, ChainHead(2))
+    run = run_dir(tmp_path, RUN)
+
+    set_aside_planned(plan_resume(state, on_disk(run), forced=True))  # as the trainer's start-up does
+
+    assert complete_steps(run) == [10]
+    assert set_aside_steps(run) == [20]
+
+
+def test_set_asides_lists_every_kind_the_writers_produce_and_nothing_else(tmp_path: Path) -> None:
+    run = run_dir(tmp_path, RUN)
+    corrupt = set_aside(sealed(tmp_path, 30).path, "corrupt", "7")  # as `ftrain resume` skips it
+    make_checkpoint_dir(run / "step-40.corrupt-unrecorded-1700000000")  # as trainers named it before
+    for name in ("step-50.corrupt", "step-x.corrupt-1", "step-60.broken-1", ".step-70.tmp", "metrics"):
+        make_checkpoint_dir(run / name)
+    sealed(tmp_path, 10)
+    set_aside_planned(plan_resume(None, on_disk(run), fresh=True))  # --no-resume, no log: step-10 superseded
+
+    assert corrupt is not None and corrupt.name == "step-30.corrupt-7"
+    assert complete_steps(run) == []
+    found = set_asides(run)
+    assert [(s.step, s.kind) for s in found] == [(10, "superseded"), (30, "corrupt"), (40, "unrecorded")]
+    assert all(s.path.parent == run and s.path.is_dir() for s in found)
+    assert set_aside_steps(run) == [40]
 
 
 # -- staging ----------------------------------------------------------------------------------------------

@@ -266,13 +266,15 @@ def corrupt_truncate(d: Path) -> None:
 
 def corrupt_manifest_and_marker(d: Path) -> None:
     """Rewrite the manifest so it agrees with tampered data and re-stamp the marker: only the log catches it."""
-    from workers.manifest import MARKER, Marker, digest
+    from workers.integrity import digest_of
+    from workers.layout import MARKER
+    from workers.manifest import Marker
 
     manifest = json.loads((d / "manifest.json").read_text())
     manifest["epoch"] = 99
     raw = json.dumps(manifest).encode()
     (d / "manifest.json").write_bytes(raw)
-    (d / MARKER).write_bytes(msgspec.json.encode(Marker(digest(raw), manifest["step"])))
+    (d / MARKER).write_bytes(msgspec.json.encode(Marker(digest_of(raw), manifest["step"])))
 
 
 @pytest.mark.parametrize(
@@ -284,7 +286,7 @@ def corrupt_manifest_and_marker(d: Path) -> None:
         (lambda d: (d / "manifest.json").unlink(), "manifest missing"),
         (lambda d: (d / "state.json").unlink(), "file state.json missing"),
         (corrupt_manifest_and_marker, "hash mismatch"),
-        (lambda d: (d / ".complete").write_text('{"manifest_sha256": "00", "step": 1}'),
+        (lambda d: (d / ".complete").write_text(f'{{"manifest_sha256": "{"0" * 64}", "step": 1}}'),
          "completion marker does not match the manifest"),
     ],
 )  # fmt: skip

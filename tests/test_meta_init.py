@@ -28,7 +28,8 @@ import torch
 
 from ftrain.examples.model import MODELS, TinyGPT, parameter_count
 from tests.training import final_digest, metrics, resumed_step, torchrun_command, torchrun_env
-from workers.checkpoint_dir import complete_steps, read_manifest, verify_files
+from workers.checkpoint_dir import read_manifest, verify_files
+from workers.layout import complete_steps
 from workers.manifest import Manifest
 
 pytestmark = [

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from tests.training import final_digest, metrics, resumed_step, torchrun
-from workers.checkpoint_dir import complete_steps, read_manifest, verify_checkpoint
-from workers.manifest import MARKER, decode_marker
+from workers.checkpoint_dir import marker_hash, read_manifest, verify_checkpoint
+from workers.layout import MARKER, complete_steps
 
 pytestmark = pytest.mark.timeout(600)
 ITERS = ("--train-iters", "30", "--save-interval", "5")
@@ -25,8 +25,8 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 def valid(path: Path) -> bool:
     """A checkpoint directory that verifies against its own marker."""
-    marker = decode_marker((path / MARKER).read_bytes())
-    return verify_checkpoint(path, marker.manifest_sha256) is None
+    claimed = marker_hash(path)
+    return claimed is not None and verify_checkpoint(path, claimed) is None
 
 
 def test_sync_saves_resume_bit_identical_after_a_kill_mid_training_and_one_mid_save(

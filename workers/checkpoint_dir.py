@@ -1,8 +1,9 @@
 """A checkpoint directory on a file system (local, NFS, Lustre, GPFS): write it whole, verify it, set it aside.
 
-Layout: `<root>/<run_id>/step-<N>/` holding the data files, `manifest.json`, and `.complete` (written last).
-A checkpoint is assembled in a hidden temporary directory and renamed into place, so `step-<N>` either does
-not exist or holds a complete checkpoint; two writers of the same step cannot both succeed.
+Names come from workers.layout. A checkpoint is assembled in a hidden directory and renamed into place, so its
+step directory either does not exist or holds a complete checkpoint; two writers of the same step cannot both
+succeed. Towards the log a checkpoint is identified by its `checkpoint_hash`, the bare hex SHA-256 of its
+manifest bytes; this module converts it to and from the stored digests.
 """
 
 import os
@@ -18,18 +19,20 @@ import msgspec
 
 from events.atomic_file import fsync_dir, write_atomic
 from projections.lifecycle import OnDisk
-from workers.files import copy_hashing, hash_files, write_file
-from workers.manifest import (
+from workers.files import copy_hashing, write_file
+from workers.integrity import Hashed, digest_of, from_hex, hash_files, to_hex
+from workers.layout import (
     MANIFEST,
     MARKER,
-    FileEntry,
-    Manifest,
-    Marker,
-    decode_manifest,
-    decode_marker,
-    digest,
-    encode_manifest,
+    RESERVED,
+    SetAsideKind,
+    assembly_dir,
+    checkpoint_path,
+    complete_steps,
+    set_aside_path,
+    step_dir,
 )
+from workers.manifest import FileEntry, Manifest, Marker, decode_manifest, decode_marker, encode_manifest
 
 
 class StorageError(ValueError):
@@ -37,16 +40,16 @@ class StorageError(ValueError):
 
 
 class CheckpointExists(FileExistsError):
-    """`step-<N>` is already there (another writer, or an interrupted earlier attempt)."""
+    """The step's directory is already there (another writer, or an interrupted earlier attempt)."""
 
 
 class WrittenCheckpoint(msgspec.Struct, frozen=True):
-    """A complete checkpoint: where it is and the digest that identifies its manifest."""
+    """A complete checkpoint: where it is, and the hash that identifies its manifest in the log."""
 
     path: Path
     uri: str
     manifest: Manifest
-    digest: str
+    checkpoint_hash: str
 
 
 def storage_root(text: str) -> Path:
@@ -58,11 +61,6 @@ def storage_root(text: str) -> Path:
             path = Path.cwd() / path
         return path
     raise StorageError(f"storage {text!r}: scheme {parsed.scheme!r} is not supported (use a path or file://)")
-
-
-def checkpoint_path(root: Path, run_id: str, step: int) -> Path:
-    """Where the checkpoint of `run_id` at `step` lives."""
-    return root / run_id / f"step-{step}"
 
 
 def path_uri(path: Path) -> str:
@@ -91,7 +89,7 @@ def write_checkpoint(
     final = checkpoint_path(root, run_id, step)
     if final.exists():
         raise CheckpointExists(f"{final} already exists")
-    tmp = final.with_name(f".{final.name}.tmp-{uuid.uuid4().hex[:12]}")
+    tmp = assembly_dir(final.parent, step, uuid.uuid4().hex[:12])
     tmp.mkdir(parents=True)
     try:
         entries = [_write_source(tmp / name, src, name) for name, src in sources]
@@ -117,77 +115,55 @@ def seal_checkpoint(tmp: Path, final: Path, manifest: Manifest) -> WrittenCheckp
     then rename it to `final`. The caller removes `tmp` if this raises."""
     raw = encode_manifest(manifest)
     write_file(tmp / MANIFEST, raw)
-    manifest_digest = digest(raw)
+    manifest_digest = digest_of(raw)
     write_atomic(tmp / MARKER, msgspec.json.encode(Marker(manifest_digest, manifest.step)))
     try:
         os.rename(tmp, final)
     except OSError as exc:
         raise CheckpointExists(f"{final} already exists") from exc
     fsync_dir(final.parent)
-    return WrittenCheckpoint(final, path_uri(final), decode_manifest(raw), manifest_digest)
+    return WrittenCheckpoint(final, path_uri(final), decode_manifest(raw), to_hex(manifest_digest))
 
 
 def _write_source(dst: Path, src: bytes | Path, name: str) -> FileEntry:
-    if Path(name).is_absolute() or ".." in Path(name).parts or name in (MANIFEST, MARKER):
+    if Path(name).is_absolute() or ".." in Path(name).parts or name in RESERVED:
         raise StorageError(f"checkpoint file name {name!r} is not allowed")
     dst.parent.mkdir(parents=True, exist_ok=True)
-    size, sha = write_file(dst, src) if isinstance(src, bytes) else copy_hashing(src, dst)
-    return FileEntry(name, size, sha)
+    hashed = write_file(dst, src) if isinstance(src, bytes) else copy_hashing(src, dst)
+    return FileEntry(name, hashed.size, hashed.digest)
 
 
-def complete_steps(run_dir: Path) -> list[int]:
-    """Steps of the checkpoints under `run_dir` that carry a completion marker, newest first (unverified)."""
-    steps = []
-    try:
-        entries = list(os.scandir(run_dir))
-    except FileNotFoundError:
-        return []
-    for entry in entries:
-        name = entry.name
-        if (
-            name.startswith("step-")
-            and name[5:].isdigit()
-            and os.path.exists(os.path.join(entry.path, MARKER))
-        ):
-            steps.append(int(name[5:]))
-    return sorted(steps, reverse=True)
-
-
-def on_disk(run_dir: Path) -> list[OnDisk]:
-    """The run's complete step directories, newest first, each with the digest its marker claims."""
+def on_disk(run: Path) -> list[OnDisk]:
+    """The run's complete step directories, newest first, each with the log-form hash its marker claims."""
     return [
-        OnDisk(step, path_uri(run_dir / f"step-{step}"), marker_digest(run_dir / f"step-{step}"))
-        for step in complete_steps(run_dir)
+        OnDisk(step, path_uri(step_dir(run, step)), marker_hash(step_dir(run, step)))
+        for step in complete_steps(run)
     ]
 
 
-def marker_digest(path: Path) -> str | None:
-    """The manifest digest the checkpoint's marker claims; None when it cannot be read."""
-    try:
-        return decode_marker((path / MARKER).read_bytes()).manifest_sha256
-    except (OSError, msgspec.DecodeError, msgspec.ValidationError):
-        return None
-
-
-def verify_checkpoint(path: Path, expected_digest: str) -> str | None:
-    """None when the checkpoint at `path` is valid for `expected_digest`, else why it is not."""
-    manifest = read_manifest(path, expected_digest)
+def verify_checkpoint(path: Path, expected_hash: str) -> str | None:
+    """None when the checkpoint at `path` is valid for the log's `expected_hash`, else why it is not."""
+    manifest = read_manifest(path, expected_hash)
     if isinstance(manifest, str):
         return manifest
     return verify_files(path, manifest.files)
 
 
-def read_manifest(path: Path, expected_digest: str | None) -> Manifest | str:
-    """The checkpoint's manifest if its marker and digest check out (against `expected_digest`, or the
-    marker's own when None: the log is out of reach), else why not. Files are not read."""
+def marker_hash(path: Path) -> str | None:
+    """The checkpoint hash its completion marker claims (what identifies it when the log is out of reach);
+    None when the marker is missing or unreadable."""
+    marker = _read_marker(path)
+    return None if isinstance(marker, str) else to_hex(marker.manifest_digest)
+
+
+def read_manifest(path: Path, expected_hash: str | None) -> Manifest | str:
+    """The checkpoint's manifest if its marker and digest check out (against the log's `expected_hash`, or
+    the marker's own when None: the log is out of reach), else why not. Files are not read."""
     if not path.is_dir():
         return "directory missing"
-    try:
-        marker = decode_marker((path / MARKER).read_bytes())
-    except FileNotFoundError:
-        return "completion marker missing"
-    except (OSError, msgspec.DecodeError, msgspec.ValidationError):
-        return "completion marker unreadable"
+    marker = _read_marker(path)
+    if isinstance(marker, str):
+        return marker
     try:
         raw = (path / MANIFEST).read_bytes()
         manifest = decode_manifest(raw)
@@ -195,40 +171,49 @@ def read_manifest(path: Path, expected_digest: str | None) -> Manifest | str:
         return "manifest missing"
     except (OSError, msgspec.DecodeError, msgspec.ValidationError):
         return "manifest unreadable"
-    actual = digest(raw)
-    if actual != (expected_digest or marker.manifest_sha256):
+    actual = digest_of(raw)
+    if actual != (from_hex(expected_hash) if expected_hash else marker.manifest_digest):
         return "hash mismatch"
-    if marker.manifest_sha256 != actual:
+    if marker.manifest_digest != actual:
         return "completion marker does not match the manifest"
     return manifest
 
 
+def _read_marker(path: Path) -> Marker | str:
+    try:
+        return decode_marker((path / MARKER).read_bytes())
+    except FileNotFoundError:
+        return "completion marker missing"
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError):
+        return "completion marker unreadable"
+
+
 def verify_files(path: Path, entries: Sequence[FileEntry]) -> str | None:
-    """None when every listed file under `path` has its size and SHA-256 (hashed in threads), else why not."""
+    """None when every listed file under `path` has its size and digest (hashed in threads), else why not."""
     results = hash_files([path / f.name for f in entries])
     verdicts = (file_verdict(entry, result) for entry, result in zip(entries, results, strict=True))
     return next((v for v in verdicts if v), None)
 
 
-def file_verdict(entry: FileEntry, found: tuple[int, str] | OSError) -> str | None:
-    """Why a file's (size, SHA-256) — or the error reading it — does not match its manifest entry; None if it does."""
+def file_verdict(entry: FileEntry, found: Hashed | OSError) -> str | None:
+    """Why a file's size and digest — or the error reading it — do not match its manifest entry; None if they do."""
     if isinstance(found, FileNotFoundError):
         return f"file {entry.name} missing"
     if isinstance(found, OSError):
         return f"file {entry.name} unreadable"
-    size, sha = found
-    if size != entry.size:
-        return f"file {entry.name} is {size} bytes, manifest says {entry.size}"
-    if sha != entry.sha256:
+    if found.size != entry.size:
+        return f"file {entry.name} is {found.size} bytes, manifest says {entry.size}"
+    if found.digest != entry.digest:
         return f"file {entry.name} hash mismatch"
     return None
 
 
-def quarantine(path: Path, tag: str) -> Path | None:
-    """Move an invalid checkpoint aside (`step-<N>.corrupt-<tag>`), freeing its name; None if it is gone."""
+def set_aside(path: Path, kind: SetAsideKind, tag: str) -> Path | None:
+    """Move a checkpoint out of the way under its set-aside name, freeing its step's name and keeping it as
+    evidence; None if it is gone."""
     if not path.exists():
         return None
-    target = path.with_name(f"{path.name}.corrupt-{tag}")
+    target = set_aside_path(path, kind, tag)
     os.rename(path, target)
     fsync_dir(path.parent)
     return target

@@ -5,7 +5,6 @@ path costs CPU time the disk wait already pays for. DCP writes each file sequent
 another); should a future version seek, the stream notices and the file is hashed from disk instead.
 """
 
-import hashlib
 import io
 import os
 import threading
@@ -19,7 +18,7 @@ if TYPE_CHECKING:
 
 from torch.distributed.checkpoint.filesystem import FileSystem, FileSystemWriter
 
-from workers.files import hash_file
+from workers.integrity import Hashed, Hasher, hash_file
 from workers.manifest import FileEntry
 
 
@@ -29,8 +28,7 @@ class _HashingStream(io.RawIOBase):
     def __init__(self, raw: IO[bytes]) -> None:
         super().__init__()
         self.raw = raw
-        self.sha = hashlib.sha256()
-        self.size = 0
+        self.hasher = Hasher()
         self.sequential = True
 
     def writable(self) -> bool:
@@ -41,8 +39,7 @@ class _HashingStream(io.RawIOBase):
 
     def write(self, data: "ReadableBuffer") -> int:
         view = memoryview(data).cast("B")
-        self.sha.update(view)
-        self.size += len(view)
+        self.hasher.update(view)
         return self.raw.write(view)
 
     def tell(self) -> int:
@@ -65,11 +62,11 @@ class _HashingStream(io.RawIOBase):
 
 
 class HashingFileSystem(FileSystem):
-    """DCP's local file system, recording each written file's size and SHA-256 (renames follow the file)."""
+    """DCP's local file system, recording each written file's size and digest (renames follow the file)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.written: dict[Path, tuple[int, str]] = {}
+        self.written: dict[Path, Hashed] = {}
         self._lock = threading.Lock()
 
     @contextmanager
@@ -83,15 +80,15 @@ class HashingFileSystem(FileSystem):
             stream = _HashingStream(cast(IO[bytes], raw))
             yield stream
             raw.flush()
-        digest = (stream.size, stream.sha.hexdigest()) if stream.sequential else hash_file(path)
+        hashed = stream.hasher.result() if stream.sequential else hash_file(path)
         with self._lock:
-            self.written[path] = digest
+            self.written[path] = hashed
 
     def rename(self, path: str | os.PathLike[str], new_path: str | os.PathLike[str]) -> None:
         super().rename(path, new_path)
         with self._lock:
-            if (digest := self.written.pop(Path(path), None)) is not None:
-                self.written[Path(new_path)] = digest
+            if (hashed := self.written.pop(Path(path), None)) is not None:
+                self.written[Path(new_path)] = hashed
 
 
 class HashingWriter(FileSystemWriter):
@@ -103,9 +100,9 @@ class HashingWriter(FileSystemWriter):
         self.fs = HashingFileSystem()
 
     def entries(self) -> list[FileEntry]:
-        """This rank's files (names relative to the checkpoint directory), with sizes and SHA-256."""
+        """This rank's files (names relative to the checkpoint directory), with sizes and digests."""
         fs = cast(HashingFileSystem, self.fs)
         return sorted(
-            (FileEntry(str(p.relative_to(self.root)), size, sha) for p, (size, sha) in fs.written.items()),
+            (FileEntry(str(p.relative_to(self.root)), h.size, h.digest) for p, h in fs.written.items()),
             key=lambda e: e.name,
         )

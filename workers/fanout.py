@@ -1,6 +1,6 @@
 """Fan-out: copy one rank's staged checkpoint files from node-local disk to durable storage.
 
-Each file lands as `<name>.partial` (fsync'd), is checked against the size and SHA-256 taken when it was
+Each file lands under its partial name (fsync'd), is checked against the size and digest taken when it was
 written, and only then renamed to its name: durable storage never shows a half-copied file under a real name.
 Pure per-rank file I/O, no collective, so it is safe on a background thread.
 """
@@ -11,9 +11,9 @@ from pathlib import Path
 
 from events.atomic_file import fsync_dir
 from workers.files import copy_hashing
+from workers.integrity import Hashed
+from workers.layout import partial_path
 from workers.manifest import FileEntry
-
-PARTIAL = ".partial"
 
 
 class FanOutError(OSError):
@@ -25,12 +25,14 @@ def fan_out(src_dir: Path, dst_dir: Path, entries: Sequence[FileEntry]) -> None:
     dst_dir.mkdir(parents=True, exist_ok=True)
     for entry in entries:
         src, dst = src_dir / entry.name, dst_dir / entry.name
-        partial = dst.with_name(dst.name + PARTIAL)
+        partial = partial_path(dst)
         partial.unlink(missing_ok=True)
-        size, sha = copy_hashing(src, partial)
-        if (size, sha) != (entry.size, entry.sha256):
+        copied = copy_hashing(src, partial)
+        if copied != Hashed(entry.size, entry.digest):
             partial.unlink(missing_ok=True)
-            raise FanOutError(f"{src} changed while it was copied to {dst_dir} ({size} bytes, sha256 {sha})")
+            raise FanOutError(
+                f"{src} changed while it was copied to {dst_dir} ({copied.size} bytes, {copied.digest})"
+            )
         os.rename(partial, dst)
     fsync_dir(dst_dir)
     for entry in entries:

@@ -1,18 +1,20 @@
 """The checkpoint manifest and completion marker: the formats that make a checkpoint verifiable.
 
-The checkpoint's integrity hash is SHA-256 over the manifest's stored bytes. It goes into the `checkpointed`
+The checkpoint's integrity hash is the digest of the manifest's stored bytes. It goes into the `checkpointed`
 event, so a tampered manifest is caught against the log and a tampered file against the manifest.
+
+Format 2 writes digests that name their algorithm (`digest`, `manifest_digest`); format 1 wrote bare hex
+SHA-256 (`sha256`, `manifest_sha256`). Both read: checkpoints already on disk stay resumable.
 """
 
-import hashlib
 from datetime import datetime
 from typing import Any
 
 import msgspec
 
-MANIFEST = "manifest.json"
-MARKER = ".complete"
-FORMAT = 1
+from workers.integrity import DigestField, HexField, from_hex
+
+FORMAT = 2
 
 
 class FileEntry(msgspec.Struct, frozen=True):
@@ -20,7 +22,7 @@ class FileEntry(msgspec.Struct, frozen=True):
 
     name: str
     size: int
-    sha256: str
+    digest: DigestField
 
 
 class Manifest(msgspec.Struct, frozen=True, kw_only=True):
@@ -46,7 +48,22 @@ class Manifest(msgspec.Struct, frozen=True, kw_only=True):
 class Marker(msgspec.Struct, frozen=True):
     """The completion marker, written last: a checkpoint without it never completed."""
 
-    manifest_sha256: str
+    manifest_digest: DigestField
+    step: int
+
+
+class _Format(msgspec.Struct):
+    format: int
+
+
+class _FileV1(msgspec.Struct, frozen=True):
+    name: str
+    size: int
+    sha256: HexField
+
+
+class _MarkerV1(msgspec.Struct, frozen=True):
+    manifest_sha256: HexField
     step: int
 
 
@@ -56,10 +73,26 @@ def encode_manifest(manifest: Manifest) -> bytes:
     return msgspec.json.encode(msgspec.structs.replace(manifest, files=files))
 
 
-def digest(data: bytes) -> str:
-    """Hex SHA-256 of `data`."""
-    return hashlib.sha256(data).hexdigest()
+def decode_manifest(raw: bytes) -> Manifest:
+    """A manifest of either format, its file entries in format 2's form."""
+    if _decode_format(raw).format != 1:
+        return _decode_manifest(raw)
+    fields = msgspec.json.decode(raw, type=dict[str, Any])
+    old = msgspec.convert(fields.get("files"), tuple[_FileV1, ...])
+    fields["files"] = [FileEntry(f.name, f.size, from_hex(f.sha256)) for f in old]
+    return msgspec.convert(fields, Manifest)
 
 
-decode_manifest = msgspec.json.Decoder(Manifest).decode
-decode_marker = msgspec.json.Decoder(Marker).decode
+def decode_marker(raw: bytes) -> Marker:
+    """A marker of either format (format 1 had no format field: its digest field tells)."""
+    try:
+        return _decode_marker(raw)
+    except msgspec.ValidationError:
+        old = _decode_marker_v1(raw)
+        return Marker(from_hex(old.manifest_sha256), old.step)
+
+
+_decode_format = msgspec.json.Decoder(_Format).decode
+_decode_manifest = msgspec.json.Decoder(Manifest).decode
+_decode_marker = msgspec.json.Decoder(Marker).decode
+_decode_marker_v1 = msgspec.json.Decoder(_MarkerV1).decode

@@ -1,8 +1,8 @@
 """Retention: keep the newest K complete checkpoints of a run, delete older ones.
 
 Called only right after a checkpoint was sealed, so a deletion always follows a newer valid checkpoint; with
-K ≥ 2 the checkpoint a job resumed from stays until K newer ones exist. Quarantined (`.corrupt-*`) and
-superseded directories are evidence and are never touched.
+K ≥ 2 the checkpoint a job resumed from stays until K newer ones exist. Set-aside directories (corrupt,
+unrecorded, superseded) are evidence and are never touched.
 """
 
 import shutil
@@ -10,8 +10,7 @@ from pathlib import Path
 
 import structlog
 
-from workers.checkpoint_dir import complete_steps
-from workers.manifest import MARKER
+from workers.layout import MARKER, complete_steps, step_dir
 
 MIN_KEEP = 2
 log = structlog.get_logger(__name__)
@@ -23,7 +22,7 @@ def prune(run_dir: Path, keep: int) -> list[int]:
         raise ValueError(f"keep must be at least {MIN_KEEP}, not {keep}")
     removed = complete_steps(run_dir)[keep:]
     for step in removed:
-        path = run_dir / f"step-{step}"
+        path = step_dir(run_dir, step)
         (path / MARKER).unlink(missing_ok=True)  # first: a half-deleted directory must not look complete
         shutil.rmtree(path, ignore_errors=True)
         log.info("checkpoint_pruned", step=step, run_dir=str(run_dir))

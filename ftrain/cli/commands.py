@@ -15,6 +15,7 @@ from ftrain.cli.launch import prepare_launch, run_launch
 from ftrain.cli.queries import run_audit, run_cost, run_list, run_replay, run_status
 from ftrain.errors import Refused, UsageError
 from ftrain.service import RunService
+from workers.layout import RESERVED
 
 
 class Command(NamedTuple):
@@ -51,9 +52,8 @@ def _directory_sources(path: Path, shards: int) -> list[tuple[str, bytes | Path]
     files = sorted(p for p in path.rglob("*") if p.is_file())
     if not files:
         raise UsageError(f"--path {path}: no files")
-    reserved = {"manifest.json", ".complete"}
     names = [str(p.relative_to(path)) for p in files]
-    if reserved & set(names):
+    if RESERVED & set(names):
         raise UsageError(
             f"--path {path}: already holds a manifest or marker (is it a checkpoint of ftrain's?)"
         )

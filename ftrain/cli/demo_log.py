@@ -14,7 +14,7 @@ import sys
 
 from ftrain.cli.shell import Shell
 from ftrain.service import checkpoint_storage
-from workers.checkpoint_dir import checkpoint_path
+from workers.layout import checkpoint_path
 
 
 def _launch(ftrain: Shell, *argv: str) -> str | None:

@@ -25,6 +25,7 @@ from ftrain.supervise.launch_spec import DEFAULT_TRAIN_CMD, LaunchSpec, LaunchSp
 from ftrain.supervise.supervisor import Relaunches, Supervisor
 from projections.lifecycle import IllegalTransition, check_relaunch
 from workers.checkpoint_dir import path_uri, uri_path
+from workers.layout import run_dir
 
 T = TypeVar("T")
 
@@ -191,7 +192,7 @@ def supervise(args: argparse.Namespace) -> int:
     plan = prepare_run(args)
     launched = asyncio.run(_with_app(lambda app: start_run(app, args, plan)))
     run_id = launched.run_id
-    ckpt_dir = uri_path(launched.storage) / run_id
+    ckpt_dir = run_dir(uri_path(launched.storage), run_id)
     command = attempt_commands(plan.spec(run_id), plan.launch.hosts, plan.torchrun, slurm=plan.slurm)
     env = child_env(os.environ, run_id, ckpt_dir)
     recorder = Recorder(run_id, settings.nats(os.environ))

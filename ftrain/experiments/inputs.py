@@ -23,9 +23,9 @@ from ftrain.experiments.results import ExperimentResult
 from ftrain.service import RunService
 from ftrain.train.metrics import metrics_path
 from workers.checkpoint_dir import uri_path
+from workers.layout import run_dir, set_asides
 
 RUN_LOG: Final = "run.log"
-UNRECORDED: Final = ".unrecorded-"
 _record = msgspec.json.Decoder(Record)
 
 
@@ -57,13 +57,8 @@ def command_flag(command: Sequence[str], flag: str) -> str | None:
 
 
 def set_aside_steps(ckpt_dir: Path) -> list[int]:
-    """Steps whose checkpoint the trainer set aside as sealed but never recorded (`step-N.unrecorded-T`)."""
-    steps = []
-    for path in ckpt_dir.glob(f"step-*{UNRECORDED}*"):
-        step = path.name[len("step-") :].split(".", 1)[0]
-        if step.isdigit():
-            steps.append(int(step))
-    return sorted(steps)
+    """Steps whose checkpoint the trainer set aside as sealed but never recorded."""
+    return [s.step for s in set_asides(ckpt_dir) if s.kind == "unrecorded"]
 
 
 async def run_events(app: RunService, run_id: str) -> tuple[list[AnyEvent], list[str]]:
@@ -81,7 +76,7 @@ async def phase_input(
     launched = next((e for e in events if isinstance(e, Launched)), None)
     if launched is None:
         raise LookupError(f"run {run_id}: no `launched` event in the log")
-    ckpt_dir = uri_path(launched.storage) / run_id
+    ckpt_dir = run_dir(uri_path(launched.storage), run_id)
     metrics = command_flag(launched.command, "--metrics-dir")
     interval = command_flag(launched.command, "--save-interval")
     return PhaseInput(

@@ -26,7 +26,7 @@ from ftrain.cli import render
 from ftrain.supervise.failure_report import FailureReport, describe, failure, signal_name, tee_stderr
 from ftrain.supervise.procs import signal_job
 from projections.lifecycle import CompleteIntent, FailIntent
-from workers.checkpoint_dir import complete_steps
+from workers.layout import complete_steps
 
 BACKOFF_CAP: Final = 60.0
 GRACE_SECONDS: Final = 25.0

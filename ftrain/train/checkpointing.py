@@ -28,9 +28,10 @@ from ftrain.train.faults import fault_point
 from ftrain.train.resume import ResumePoint, cleanup_stale, resume
 from ftrain.train.state import TrainState
 from projections.lifecycle import CheckpointIntent
-from workers.checkpoint_dir import checkpoint_path, seal_checkpoint
+from workers.checkpoint_dir import seal_checkpoint
 from workers.dcp_writer import HashingWriter
 from workers.fanout import fan_out
+from workers.layout import assembly_dir, rank_stage_dir, step_dir
 from workers.manifest import FileEntry, Manifest
 from workers.recorder import Recorder
 from workers.retention import prune
@@ -46,11 +47,6 @@ class SaveTimes(msgspec.Struct, frozen=True):
     save_seconds: float = 0.0
     stage_seconds: float = 0.0
     drain_seconds: float = 0.0
-
-
-def tmp_path(ckpt_dir: Path, step: int) -> Path:
-    """Where the checkpoint of `step` is assembled before its rename to `step-N`."""
-    return ckpt_dir / f".step-{step}.tmp"
 
 
 class CheckpointManager:
@@ -76,7 +72,7 @@ class CheckpointManager:
     def stage_root(self) -> Path:
         """This rank's node-local staging directory (async saves only)."""
         assert self.config.stage_dir is not None
-        return self.config.stage_dir / f"rank-{self.rank}"
+        return rank_stage_dir(self.config.stage_dir, self.rank)
 
     # -- start-up ------------------------------------------------------------------------------------------
 
@@ -140,7 +136,7 @@ class CheckpointManager:
                 self.recorder.close()
 
     def _save_sync(self, step: int, epoch: int) -> None:
-        tmp = tmp_path(self.config.ckpt_dir, step)
+        tmp = assembly_dir(self.config.ckpt_dir, step)
         writer = HashingWriter(tmp)
         dcp_save({"app": self.state}, storage_writer=writer, process_group=self.group)
         fault_point("write", step)
@@ -148,17 +144,17 @@ class CheckpointManager:
 
     def _save_async(self, step: int, epoch: int, staged: dict[str, Any]) -> None:
         """The background half: rank-local write to the stage dir, fan-out to durable storage, finalize."""
-        local = self.stage_root / f"step-{step}"
+        local = step_dir(self.stage_root, step)
         shutil.rmtree(local, ignore_errors=True)
         local.mkdir(parents=True)
         writer = HashingWriter(local, sync_files=False)
         dcp_save({"app": staged}, storage_writer=writer, process_group=self.group)
         entries = writer.entries()
         fault_point("write", step)
-        fan_out(local, tmp_path(self.config.ckpt_dir, step), entries)
+        fan_out(local, assembly_dir(self.config.ckpt_dir, step), entries)
         local.rmdir()
         fault_point("fanout", step)
-        self._finalize(step, epoch, tmp_path(self.config.ckpt_dir, step), entries)
+        self._finalize(step, epoch, assembly_dir(self.config.ckpt_dir, step), entries)
 
     def _finalize(self, step: int, epoch: int, tmp: Path, entries: list[FileEntry]) -> None:
         """Gather every rank's file digests on rank 0, which seals the checkpoint and records it."""
@@ -179,7 +175,7 @@ class CheckpointManager:
             files=files,
             extra={"format": "torch.distributed.checkpoint", "torch": str(torch.__version__)},
         )
-        final = checkpoint_path(self.config.ckpt_dir.parent, self.config.ckpt_dir.name, step)
+        final = step_dir(self.config.ckpt_dir, step)
         written = seal_checkpoint(tmp, final, manifest)
         if self.recorder is not None:
             self.recorder.record(
@@ -190,7 +186,7 @@ class CheckpointManager:
                         epoch=epoch,
                         shards=self.world,
                         uri=written.uri,
-                        checkpoint_hash=written.digest,
+                        checkpoint_hash=written.checkpoint_hash,
                         size_bytes=manifest.size_bytes,
                     )
                 )

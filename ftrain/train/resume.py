@@ -37,7 +37,8 @@ from projections.lifecycle import (
     plan_resume,
     skipped_line,
 )
-from workers.checkpoint_dir import marker_digest, on_disk, quarantine, read_manifest, uri_path, verify_files
+from workers.checkpoint_dir import marker_hash, on_disk, read_manifest, set_aside, uri_path, verify_files
+from workers.layout import assemblies
 from workers.manifest import FileEntry, Manifest
 from workers.recorder import Recorder
 
@@ -78,7 +79,7 @@ def cleanup_stale(ckpt_dir: Path, stage_root: Path | None, rank: int) -> None:
     """Remove what an interrupted save left: `.step-N.tmp` directories (with their `.partial` files) of the
     run, by rank 0, and each rank's node-local staging directory."""
     if rank == 0 and ckpt_dir.is_dir():
-        for stale in ckpt_dir.glob(".step-*"):
+        for stale in assemblies(ckpt_dir):
             log.info("stale_staging_removed", path=str(stale))
             shutil.rmtree(stale, ignore_errors=True)
     if stage_root is not None:
@@ -160,7 +161,7 @@ def _resumed(path: Path, candidate: Candidate, state: TrainState, recorder: Reco
     point = ResumePoint(state.step, state.epoch)
     if dist.get_rank() == 0:
         if recorder is not None:
-            digest = candidate.digest or marker_digest(path) or ""
+            digest = candidate.digest or marker_hash(path) or ""
             recorder.record(ResumeIntent(checkpoint_hash=digest, step=point.step))
         print(f"RESUMED from step={point.step} (epoch={point.epoch})", flush=True)
     return point
@@ -168,13 +169,13 @@ def _resumed(path: Path, candidate: Candidate, state: TrainState, recorder: Reco
 
 def _skip(candidate: Candidate, reason: str, recorder: Recorder | None) -> None:
     path = uri_path(candidate.uri)
-    digest = candidate.digest or marker_digest(path) or ""
+    digest = candidate.digest or marker_hash(path) or ""
     if recorder is not None:
         recorder.record(SkipIntent(checkpoint_hash=digest, step=candidate.step, reason=reason))
     try:
-        quarantine(path, f"{int(time.time())}")
+        set_aside(path, "corrupt", f"{int(time.time())}")
     except OSError as exc:
-        log.warning("quarantine_failed", path=str(path), error=str(exc))
+        log.warning("set_aside_failed", path=str(path), error=str(exc))
     print(skipped_line(candidate.step, reason), flush=True)
 
 
@@ -202,14 +203,19 @@ def _plan(config: CheckpointConfig, recorder: Recorder | None) -> ResumePlan:
                 message=f"torchrun restarted the workers (TORCHELASTIC_RESTART_COUNT={restarts})",
             )
         )
-    stamp = int(time.time())
+    set_aside_planned(plan)
+    return plan
+
+
+def set_aside_planned(plan: ResumePlan) -> None:
+    """Move what the plan sets aside out of the way (kept as evidence, never deleted): directories the log
+    never recorded, and with --no-resume the older checkpoints, so the fresh run owns the step names."""
+    stamp = str(int(time.time()))
     for unrecorded in plan.unrecorded:
         log.warning("unrecorded_checkpoint_set_aside", uri=unrecorded.uri)
-        quarantine(uri_path(unrecorded.uri), f"unrecorded-{stamp}")
+        set_aside(uri_path(unrecorded.uri), "unrecorded", stamp)
     for old in plan.superseded:
-        path = uri_path(old.uri)
-        path.rename(path.with_name(f"{path.name}.superseded-{stamp}"))
-    return plan
+        set_aside(uri_path(old.uri), "superseded", stamp)
 
 
 def _run_state(config: CheckpointConfig, recorder: Recorder | None) -> RunState | None:

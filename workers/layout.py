@@ -1,0 +1,124 @@
+"""Where checkpoints live: the one module that knows their directory and file names.
+
+    <root>/<run_id>/step-<N>/                  a checkpoint: data files, `manifest.json`, `.complete` (last)
+    <root>/<run_id>/.step-<N>.tmp[-<writer>]/  one being assembled (its copies land as `<name>.partial`)
+    <root>/<run_id>/step-<N>.<kind>-<tag>/     one set aside as evidence: corrupt, unrecorded or superseded
+    <stage dir>/rank-<R>/step-<N>/             a rank's node-local copy before fan-out (async saves)
+
+Writers, the trainer's resume, retention and the experiment's analysis all name and list through here, so a
+set-aside name written by one is the name the others look for.
+"""
+
+import os
+import re
+from pathlib import Path
+from typing import Final, Literal, cast, get_args
+
+import msgspec
+
+MANIFEST: Final = "manifest.json"
+MARKER: Final = ".complete"
+PARTIAL: Final = ".partial"
+RESERVED: Final = frozenset({MANIFEST, MARKER})
+"""Names a checkpoint's data files may not take."""
+
+SetAsideKind = Literal["corrupt", "unrecorded", "superseded"]
+"""Why a checkpoint was set aside: it failed verification; it was sealed but the log never recorded it (nothing
+vouches for it); a `--no-resume` start took over its step name."""
+
+_STEP = re.compile(r"step-([0-9]+)")
+_ASSEMBLY = re.compile(r"\.step-[0-9]+\.tmp(-.+)?")
+_SET_ASIDE = re.compile(rf"step-([0-9]+)\.({'|'.join(get_args(SetAsideKind))})-(.+)")
+
+
+class SetAside(msgspec.Struct, frozen=True):
+    """A checkpoint directory moved out of the way, kept as evidence."""
+
+    step: int
+    kind: SetAsideKind
+    path: Path
+
+
+def run_dir(root: Path, run_id: str) -> Path:
+    """The directory of a run's checkpoints under a storage root."""
+    return root / run_id
+
+
+def step_dir(parent: Path, step: int) -> Path:
+    """The directory of `step` under a run directory (or a rank's staging directory)."""
+    return parent / f"step-{step}"
+
+
+def checkpoint_path(root: Path, run_id: str, step: int) -> Path:
+    """Where the checkpoint of `run_id` at `step` lives."""
+    return step_dir(run_dir(root, run_id), step)
+
+
+def assembly_dir(run: Path, step: int, writer: str = "") -> Path:
+    """The hidden directory a checkpoint is assembled in before its rename to `step-N`. The trainer's ranks
+    share one (no `writer`); a writer that may race another of the same step names itself."""
+    return run / f".step-{step}.tmp{f'-{writer}' if writer else ''}"
+
+
+def partial_path(path: Path) -> Path:
+    """Where a copy to `path` lands until it is verified."""
+    return path.with_name(path.name + PARTIAL)
+
+
+def rank_stage_dir(stage_dir: Path, rank: int) -> Path:
+    """A rank's node-local staging directory (async saves)."""
+    return stage_dir / f"rank-{rank}"
+
+
+def set_aside_path(path: Path, kind: SetAsideKind, tag: str) -> Path:
+    """The name a checkpoint directory is set aside under: `step-<N>.<kind>-<tag>`, next to it."""
+    return path.with_name(f"{path.name}.{kind}-{tag}")
+
+
+def parse_step(name: str) -> int | None:
+    """The step of a checkpoint directory's name (`step-<N>`), None for any other name."""
+    match = _STEP.fullmatch(name)
+    return int(match.group(1)) if match else None
+
+
+def parse_set_aside(name: str) -> tuple[int, SetAsideKind] | None:
+    """Step and kind of a set-aside directory's name, None for any other name."""
+    match = _SET_ASIDE.fullmatch(name)
+    if match is None:
+        return None
+    step, kind, tag = int(match.group(1)), cast(SetAsideKind, match.group(2)), match.group(3)
+    if kind == "corrupt" and tag.startswith("unrecorded-"):
+        return step, "unrecorded"  # the name trainers wrote before `unrecorded` was a kind of its own
+    return step, kind
+
+
+def complete_steps(run: Path) -> list[int]:
+    """Steps of the checkpoints under `run` that carry a completion marker, newest first (unverified)."""
+    steps = [
+        step
+        for name in _names(run)
+        if (step := parse_step(name)) is not None and os.path.exists(os.path.join(run, name, MARKER))
+    ]
+    return sorted(steps, reverse=True)
+
+
+def set_asides(run: Path) -> list[SetAside]:
+    """The checkpoint directories set aside under `run`, by step."""
+    found = [
+        SetAside(parsed[0], parsed[1], run / name)
+        for name in _names(run)
+        if (parsed := parse_set_aside(name)) is not None
+    ]
+    return sorted(found, key=lambda s: (s.step, s.path.name))
+
+
+def assemblies(run: Path) -> list[Path]:
+    """The assembly directories under `run`: saves that were interrupted, when no save is running."""
+    return [run / name for name in _names(run) if _ASSEMBLY.fullmatch(name)]
+
+
+def _names(directory: Path) -> list[str]:
+    try:
+        return os.listdir(directory)
+    except FileNotFoundError:
+        return []
