@@ -1,8 +1,8 @@
 """Automatic resume at trainer start-up: every rank agrees on one checkpoint, verified by all of them.
 
-Rank 0 lists the candidates, newest first: the checkpoints the log says are valid (after flushing what the
-previous attempt left in the outbox), or, with the log out of reach, the directories whose marker and
-manifest agree. Rank 0 checks a candidate's marker and manifest; every rank hashes the files it owns (its
+Rank 0 plans with the lifecycle's `plan_resume`, the same plan `ftrain resume` executes: the candidates,
+newest first, are the checkpoints the log says are valid (after flushing what the previous attempt left in
+the outbox), or, with the log out of reach, the directories whose marker and manifest agree. Rank 0 checks a candidate's marker and manifest; every rank hashes the files it owns (its
 own shards; rank 0 also `.metadata`), in threads and all at once, so each byte is hashed once in the job. The
 verdicts are combined, so all ranks fall back together. An invalid checkpoint is recorded
 as `corrupt_skipped` and set aside; when checkpoints exist and none is valid, every rank raises
@@ -68,7 +68,7 @@ class ResumePoint(msgspec.Struct, frozen=True):
     epoch: int
 
 
-class Plan(msgspec.Struct, frozen=True):
+class StartDecision(msgspec.Struct, frozen=True):
     """Rank 0's decision, broadcast to every rank: the lifecycle's plan, or why the start is refused."""
 
     plan: ResumePlan = ResumePlan()
@@ -179,12 +179,12 @@ def _skip(candidate: Candidate, reason: str, recorder: Recorder | None) -> None:
     print(skipped_line(candidate.step, reason), flush=True)
 
 
-def _safe_plan(config: CheckpointConfig, recorder: Recorder | None) -> Plan:
+def _safe_plan(config: CheckpointConfig, recorder: Recorder | None) -> StartDecision:
     """Rank 0's plan; a refusal travels to every rank (raising here alone would leave the others waiting)."""
     try:
-        return Plan(_plan(config, recorder))
+        return StartDecision(_plan(config, recorder))
     except (IllegalTransition, RunUnknown) as exc:
-        return Plan(refused=str(exc))
+        return StartDecision(refused=str(exc))
 
 
 def _plan(config: CheckpointConfig, recorder: Recorder | None) -> ResumePlan:
