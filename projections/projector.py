@@ -65,12 +65,13 @@ class Projector:
 
     async def catch_up(self) -> int:
         """Apply everything up to the stream's current end; returns the number of records applied."""
-        if await self.model.meta("stream_id") != self.stream_id:
-            log.info("readmodel_rebound", path=str(self.model.path), stream_id=self.stream_id)
-            await self.model.reset(self.stream_id)
         applied = 0
         while True:
-            start = await self.model.last_seq()
+            bound, start = await self.model.position()
+            if bound != self.stream_id:
+                if await self.model.rebind(self.stream_id):
+                    log.info("readmodel_rebound", path=str(self.model.path), stream_id=self.stream_id)
+                continue  # re-read: the model is now bound to this stream, by this process or another
             count, complete = await self._apply_from(start)
             applied += count
             if complete:
@@ -78,8 +79,9 @@ class Projector:
             log.debug("readmodel_raced", last_seq=start)  # another process applied first: resume after it
 
     async def rebuild(self) -> int:
-        """Drop every view and replay the stream from sequence 1."""
-        await self.model.reset(self.stream_id)
+        """Drop every view and replay the stream from sequence 1 (a rebuild asked at the same moment by
+        another process does the reset for both)."""
+        await self.model.rebuild(self.stream_id, await self.model.generation())
         return await self.catch_up()
 
     async def _apply_from(self, start: int) -> tuple[int, bool]:
@@ -98,7 +100,9 @@ class Projector:
                     if not await self._landed(in_flight, findings):
                         return applied, False
                     applied += pending
-                in_flight = asyncio.ensure_future(self.model.commit(last, records[-1].stream_seq, batch))
+                in_flight = asyncio.ensure_future(
+                    self.model.commit(self.stream_id, last, records[-1].stream_seq, batch)
+                )
                 findings, pending = list(batch.broken.values()), len(records)
                 last = self._cache_at = records[-1].stream_seq
                 self._states.update(batch.runs)

@@ -1,15 +1,16 @@
 """The SQLite read model: runs, checkpoints, an audit index of every event, and chain breaks.
 
 The last applied stream sequence is stored in the same transaction as the rows it produced, and a batch
-commits only if that sequence is still the one it started from, so applying is exactly-once across crashes,
-redeliveries and two processes catching up at once.
+commits only if the model is still bound to its stream at the sequence it started from, so applying is
+exactly-once across crashes, redeliveries and two processes catching up at once. A reset re-reads, in its own
+transaction, the state that justifies it, so it never wipes what another process applied after that decision.
 """
 
 import asyncio
 import os
 import sqlite3
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from pathlib import Path
 from types import TracebackType
@@ -171,24 +172,54 @@ class ReadModel:
 
     async def last_seq(self) -> int:
         """The last stream sequence applied."""
-        return int(await self.meta("last_seq") or 0)
+        return (await self.position())[1]
 
-    async def reset(self, stream_id: str) -> None:
-        """Empty every view and bind the model to the stream identified by `stream_id`."""
-        await self._db.execute("BEGIN IMMEDIATE")
-        for table in (*TABLES, "meta"):
-            await self._db.execute(f"DELETE FROM {table}")
-        await self._db.executemany(
-            "INSERT INTO meta (key, value) VALUES (?, ?)", [("last_seq", "0"), ("stream_id", stream_id)]
-        )
-        await self._db.execute("COMMIT")
+    async def position(self) -> tuple[str | None, int]:
+        """The stream the model is bound to and its last applied sequence, as of one snapshot."""
+        meta = dict(await self._fetch("SELECT key, value FROM meta WHERE key IN ('stream_id', 'last_seq')"))
+        return meta.get("stream_id"), int(meta.get("last_seq", 0))
 
-    async def commit(self, expected_last: int, new_last: int, batch: Batch) -> bool:
-        """Write `batch` and advance last_seq, unless another process already applied past `expected_last`."""
+    async def generation(self) -> int:
+        """How many times the model was reset: a rebuild asked at one generation is done by any later reset."""
+        return int(await self.meta("generation") or 0)
+
+    async def rebind(self, stream_id: str) -> bool:
+        """Empty every view and bind the model to `stream_id`, only if it is still bound to another stream."""
+        return await self._reset_if(stream_id, lambda bound, _: bound != stream_id)
+
+    async def rebuild(self, stream_id: str, generation: int) -> bool:
+        """Empty every view and bind the model to `stream_id`, only if no reset happened since `generation`."""
+        return await self._reset_if(stream_id, lambda _, current: current == generation)
+
+    async def _reset_if(self, stream_id: str, due: Callable[[str | None, int], bool]) -> bool:
+        """Reset if `due(bound stream, generation)`, deciding on what this transaction reads: a decision made
+        on an earlier reading could wipe what another process applied since, and apply it all again."""
         db = self._db
         await db.execute("BEGIN IMMEDIATE")
         try:
-            if await self.last_seq() != expected_last:
+            generation = await self.generation()
+            if not due(await self.meta("stream_id"), generation):
+                await db.execute("ROLLBACK")
+                return False
+            for table in (*TABLES, "meta"):
+                await db.execute(f"DELETE FROM {table}")
+            await db.executemany(
+                "INSERT INTO meta (key, value) VALUES (?, ?)",
+                [("last_seq", "0"), ("stream_id", stream_id), ("generation", str(generation + 1))],
+            )
+            await db.execute("COMMIT")
+        except BaseException:
+            await db.execute("ROLLBACK")
+            raise
+        return True
+
+    async def commit(self, stream_id: str, expected_last: int, new_last: int, batch: Batch) -> bool:
+        """Write `batch` and advance last_seq, unless another process already applied past `expected_last` or
+        bound the model to another stream (a batch of one stream must not land in another's views)."""
+        db = self._db
+        await db.execute("BEGIN IMMEDIATE")
+        try:
+            if await self.position() != (stream_id, expected_last):
                 await db.execute("ROLLBACK")
                 return False
             await db.executemany(

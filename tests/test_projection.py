@@ -76,7 +76,10 @@ async def test_a_stale_batch_is_refused_whole(app: Ftrain) -> None:
     await scenario(app, runs=1, checkpoints=3)
     await app.projector.catch_up()
     before = await app.model.dump()
-    assert await app.model.commit(0, 99, Batch()) is False  # it expected last_seq 0; the model is at 5
+    stream_id = app.projector.stream_id
+    # it expected last_seq 0 (the model is at 5); then the right sequence, but of another stream
+    assert await app.model.commit(stream_id, 0, 99, Batch()) is False
+    assert await app.model.commit("another stream", 5, 99, Batch()) is False
     assert await app.model.dump() == before
     assert await app.model.last_seq() == 5
 
