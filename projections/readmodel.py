@@ -1,9 +1,10 @@
 """The SQLite read model: runs, checkpoints, an audit index of every event, and chain breaks.
 
 The last applied stream sequence is stored in the same transaction as the rows it produced, and a batch
-commits only if the model is still bound to its stream at the sequence it started from, so applying is
-exactly-once across crashes, redeliveries and two processes catching up at once. A reset re-reads, in its own
-transaction, the state that justifies it, so it never wipes what another process applied after that decision.
+commits only if the model is still at the position it was folded at (its stream, its generation of resets,
+its last sequence), so applying is exactly-once across crashes, redeliveries and two processes catching up at
+once. A reset re-reads, in its own transaction, the state that justifies it, so it never wipes what another
+process applied after that decision.
 """
 
 import asyncio
@@ -62,6 +63,15 @@ class AuditRow(msgspec.Struct, frozen=True, array_like=True):
     prev_hash: str | None
     status: str
     reason: str | None
+
+
+class Position(msgspec.Struct, frozen=True):
+    """Where the model stands. The sequence alone is not enough to compare-and-set on: after a reset by
+    another process it comes back to a value a slow projector saw before, over different rows."""
+
+    stream_id: str | None
+    generation: int
+    last_seq: int
 
 
 class Batch(msgspec.Struct):
@@ -172,23 +182,20 @@ class ReadModel:
 
     async def last_seq(self) -> int:
         """The last stream sequence applied."""
-        return (await self.position())[1]
+        return (await self.position()).last_seq
 
-    async def position(self) -> tuple[str | None, int]:
-        """The stream the model is bound to and its last applied sequence, as of one snapshot."""
-        meta = dict(await self._fetch("SELECT key, value FROM meta WHERE key IN ('stream_id', 'last_seq')"))
-        return meta.get("stream_id"), int(meta.get("last_seq", 0))
-
-    async def generation(self) -> int:
-        """How many times the model was reset: a rebuild asked at one generation is done by any later reset."""
-        return int(await self.meta("generation") or 0)
+    async def position(self) -> Position:
+        """The model's position, as of one snapshot."""
+        meta = dict(await self._fetch("SELECT key, value FROM meta"))
+        return Position(meta.get("stream_id"), int(meta.get("generation", 0)), int(meta.get("last_seq", 0)))
 
     async def rebind(self, stream_id: str) -> bool:
         """Empty every view and bind the model to `stream_id`, only if it is still bound to another stream."""
         return await self._reset_if(stream_id, lambda bound, _: bound != stream_id)
 
     async def rebuild(self, stream_id: str, generation: int) -> bool:
-        """Empty every view and bind the model to `stream_id`, only if no reset happened since `generation`."""
+        """Empty every view and bind the model to `stream_id`, only if no reset happened since `generation`
+        (one that did replays the stream for this rebuild too)."""
         return await self._reset_if(stream_id, lambda _, current: current == generation)
 
     async def _reset_if(self, stream_id: str, due: Callable[[str | None, int], bool]) -> bool:
@@ -197,15 +204,15 @@ class ReadModel:
         db = self._db
         await db.execute("BEGIN IMMEDIATE")
         try:
-            generation = await self.generation()
-            if not due(await self.meta("stream_id"), generation):
+            at = await self.position()
+            if not due(at.stream_id, at.generation):
                 await db.execute("ROLLBACK")
                 return False
             for table in (*TABLES, "meta"):
                 await db.execute(f"DELETE FROM {table}")
             await db.executemany(
                 "INSERT INTO meta (key, value) VALUES (?, ?)",
-                [("last_seq", "0"), ("stream_id", stream_id), ("generation", str(generation + 1))],
+                [("last_seq", "0"), ("stream_id", stream_id), ("generation", str(at.generation + 1))],
             )
             await db.execute("COMMIT")
         except BaseException:
@@ -213,13 +220,13 @@ class ReadModel:
             raise
         return True
 
-    async def commit(self, stream_id: str, expected_last: int, new_last: int, batch: Batch) -> bool:
-        """Write `batch` and advance last_seq, unless another process already applied past `expected_last` or
-        bound the model to another stream (a batch of one stream must not land in another's views)."""
+    async def commit(self, expected: Position, new_last: int, batch: Batch) -> bool:
+        """Write `batch` and advance last_seq to `new_last`, unless the model moved from `expected`: another
+        process applied past it, reset the model or bound it to another stream."""
         db = self._db
         await db.execute("BEGIN IMMEDIATE")
         try:
-            if await self.position() != (stream_id, expected_last):
+            if await self.position() != expected:
                 await db.execute("ROLLBACK")
                 return False
             await db.executemany(

@@ -11,12 +11,14 @@ from collections import Counter
 from contextlib import closing
 from pathlib import Path
 
+import msgspec
+
 from events.chain import ChainHead
 from events.jetstream.server import throwaway_server
 from events.schema import Failed
 from ftrain.service import Ftrain
 from projections.projector import Projector
-from projections.readmodel import Batch, ReadModel
+from projections.readmodel import Batch, Position, ReadModel
 from tests.builders import checkpointed, launched
 from tests.projecting import keep_catching_up
 
@@ -92,10 +94,11 @@ async def test_a_stale_batch_is_refused_whole(app: Ftrain) -> None:
     await scenario(app, runs=1, checkpoints=3)
     await app.projector.catch_up()
     before = await app.model.dump()
-    stream_id = app.projector.stream_id
-    # it expected last_seq 0 (the model is at 5); then the right sequence, but of another stream
-    assert await app.model.commit(stream_id, 0, 99, Batch()) is False
-    assert await app.model.commit("another stream", 5, 99, Batch()) is False
+    at = await app.model.position()
+    assert at == Position(app.projector.stream_id, 1, 5)
+    # last_seq 0, the generation before the model was bound, another stream: each is not where the model is
+    for stale in ({"last_seq": 0}, {"generation": 0}, {"stream_id": "another stream"}):
+        assert await app.model.commit(msgspec.structs.replace(at, **stale), 99, Batch()) is False
     assert await app.model.dump() == before
     assert await app.model.last_seq() == 5
 
@@ -210,6 +213,7 @@ async def test_many_projectors_apply_each_event_once_while_the_stream_grows_and_
             assert sum(map(int, replies)) == expected, f"round {round_no}: applied {replies}, not {expected}"
             dump = await app.model.dump()
             assert [row[0] for row in dump["audit"]] == list(range(1, end + 1)), f"round {round_no}"
+            assert not dump["broken_runs"], f"round {round_no}: a batch folded against another reset's rows"
             assert Counter(row[1] for row in dump["audit"] if row[8] == "ok") == appended, f"round {round_no}"
             states = {s.run_id: s for s in await app.model.runs()}
             assert {r: len(s.checkpoints) + 1 for r, s in states.items()} == appended, f"round {round_no}"
