@@ -174,12 +174,6 @@ class ReadModel:
     ) -> None:
         await self.close()
 
-    async def meta(self, key: str) -> str | None:
-        """A value of the meta table."""
-        async with self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)) as cur:
-            row = await cur.fetchone()
-        return None if row is None else str(row[0])
-
     async def last_seq(self) -> int:
         """The last stream sequence applied."""
         return (await self.position()).last_seq
@@ -191,21 +185,21 @@ class ReadModel:
 
     async def rebind(self, stream_id: str) -> bool:
         """Empty every view and bind the model to `stream_id`, only if it is still bound to another stream."""
-        return await self._reset_if(stream_id, lambda bound, _: bound != stream_id)
+        return await self._reset_if(stream_id, lambda at: at.stream_id != stream_id)
 
     async def rebuild(self, stream_id: str, generation: int) -> bool:
         """Empty every view and bind the model to `stream_id`, only if no reset happened since `generation`
         (one that did replays the stream for this rebuild too)."""
-        return await self._reset_if(stream_id, lambda _, current: current == generation)
+        return await self._reset_if(stream_id, lambda at: at.generation == generation)
 
-    async def _reset_if(self, stream_id: str, due: Callable[[str | None, int], bool]) -> bool:
-        """Reset if `due(bound stream, generation)`, deciding on what this transaction reads: a decision made
-        on an earlier reading could wipe what another process applied since, and apply it all again."""
+    async def _reset_if(self, stream_id: str, due: Callable[[Position], bool]) -> bool:
+        """Reset if `due(position)`, deciding on the position this transaction reads: a decision made on an
+        earlier reading could wipe what another process applied since, and apply it all again."""
         db = self._db
         await db.execute("BEGIN IMMEDIATE")
         try:
             at = await self.position()
-            if not due(at.stream_id, at.generation):
+            if not due(at):
                 await db.execute("ROLLBACK")
                 return False
             for table in (*TABLES, "meta"):
