@@ -19,7 +19,7 @@ from events.schema import Failed
 from ftrain.service import Ftrain
 from projections.projector import Projector
 from projections.readmodel import Batch, Position, ReadModel
-from tests.builders import checkpointed, launched
+from tests.builders import checkpointed, launched, written_checkpoint
 from tests.projecting import keep_catching_up
 
 # The stress test: enough rounds that the check-then-reset race of issue 15 shows up on a loaded 2-core machine.
@@ -30,31 +30,35 @@ STRESS_RUNS = 4
 REPLY_TIMEOUT_S = 60
 
 
-async def scenario(app: Ftrain, runs: int = 3, checkpoints: int = 20) -> int:
-    """Runs with checkpoints (no files behind them) and a preemption each; returns the number of events."""
+async def scenario(app: Ftrain, runs: int = 3, checkpoints: int = 20, real: int | None = None) -> int:
+    """Runs with checkpoints and a preemption each; returns the number of events. No files are behind the
+    checkpoints but the one at step `real` of each run, written to the app's storage."""
     for r in range(runs):
         head = (await app.store.append(launched(f"run{r}", project=f"proj{r % 2}"), ChainHead())).head
-        for step in range(1, checkpoints + 1):
-            head = (await app.store.append(checkpointed(f"run{r}", step * 10), head)).head
+        for step in range(10, checkpoints * 10 + 1, 10):
+            run = f"run{r}"
+            event = written_checkpoint(app.storage, run, step) if step == real else checkpointed(run, step)
+            head = (await app.store.append(event, head)).head
         await app.store.append(Failed(run_id=f"run{r}", reason="preempted"), head)
     return runs * (checkpoints + 2)
 
 
 async def test_catch_up_is_incremental_and_read_your_writes(app: Ftrain, env: dict[str, str]) -> None:
-    total = await scenario(app)
+    total = await scenario(app, real=150)
     assert await app.projector.catch_up() == total
     assert await app.projector.catch_up() == 0
     state = await app.run("run1")
     assert (state.status, state.step, len(state.checkpoints), state.failures) == ("failed", 200, 20, 1)
     async with Ftrain.open(env) as other:  # another client appends; this one's next query sees it
         await other.resume("run2")
-    assert (await app.run("run2")).status == "failed"  # every checkpoint was missing: no resume
-    assert all(c.status == "corrupt" for c in (await app.run("run2")).checkpoints)
+    state = await app.run("run2")  # the five newer checkpoints were missing: resumed from the real one
+    assert (state.status, state.step, state.resume_count) == ("running", 150, 1)
+    assert [c.step for c in state.checkpoints if c.status == "corrupt"] == [160, 170, 180, 190, 200]
     assert [s.run_id for s in await app.runs("proj0")] == ["run0", "run2"]
     dump = await app.model.dump()
-    assert len(dump["audit"]) == total + 20 and {row[8] for row in dump["audit"]} == {"ok"}
+    assert len(dump["audit"]) == total + 5 + 1 and {row[8] for row in dump["audit"]} == {"ok"}
     assert len(dump["checkpoints"]) == 60
-    assert sum(1 for row in dump["checkpoints"] if row[8] == "corrupt") == 20
+    assert sum(1 for row in dump["checkpoints"] if row[8] == "corrupt") == 5
 
 
 async def test_rebuild_from_sequence_one_equals_the_incremental_model(app: Ftrain, tmp_path: Path) -> None:
