@@ -2,6 +2,7 @@
 
 import asyncio
 
+import msgspec
 import structlog
 
 from events.jetstream.store import EventStore
@@ -9,7 +10,7 @@ from events.record import StoredRecord
 from events.schema import AnyEvent, Checkpointed, CorruptSkipped
 from projections.audit import ChainWalk, Finding, Folded
 from projections.lifecycle import RunState
-from projections.readmodel import AuditRow, Batch, ReadModel
+from projections.readmodel import AuditRow, Batch, Position, ReadModel
 
 log = structlog.get_logger(__name__)
 
@@ -58,49 +59,52 @@ class Projector:
         self.store = store
         self.model = model
         self.stream_id = stream_id
-        # Run states and broken runs as of stream seq `_cache_at`, so each batch need not re-read them.
+        # Run states and broken runs as of the model's position `_cache_at`, so a batch need not re-read them.
         self._states: dict[str, RunState] = {}
         self._broken: set[str] = set()
-        self._cache_at = -1
+        self._cache_at: Position | None = None
 
     async def catch_up(self) -> int:
         """Apply everything up to the stream's current end; returns the number of records applied."""
-        if await self.model.meta("stream_id") != self.stream_id:
-            log.info("readmodel_rebound", path=str(self.model.path), stream_id=self.stream_id)
-            await self.model.reset(self.stream_id)
         applied = 0
         while True:
-            start = await self.model.last_seq()
+            start = await self.model.position()
+            if start.stream_id != self.stream_id:
+                if await self.model.rebind(self.stream_id):
+                    log.info("readmodel_rebound", path=str(self.model.path), stream_id=self.stream_id)
+                continue  # re-read: the model is now bound to this stream, by this process or another
             count, complete = await self._apply_from(start)
             applied += count
             if complete:
                 return applied
-            log.debug("readmodel_raced", last_seq=start)  # another process applied first: resume after it
+            # another process applied first, or reset the model: resume from where it is now
+            log.debug("readmodel_raced", last_seq=start.last_seq)
 
     async def rebuild(self) -> int:
-        """Drop every view and replay the stream from sequence 1."""
-        await self.model.reset(self.stream_id)
+        """Drop every view and replay the stream from sequence 1 (a rebuild asked at the same moment by
+        another process does the reset for both)."""
+        await self.model.rebuild(self.stream_id, (await self.model.position()).generation)
         return await self.catch_up()
 
-    async def _apply_from(self, start: int) -> tuple[int, bool]:
+    async def _apply_from(self, start: Position) -> tuple[int, bool]:
         """Apply from `start`: how many records this process applied, and False if another process got
         ahead of it. Folding batch N+1 overlaps committing batch N (SQLite works in its own thread); the
         fold reads the cached states, which already include batch N."""
         if self._cache_at != start:
             self._states, self._broken, self._cache_at = {}, set(), start
-        applied, last, pending = 0, start, 0
+        applied, at, pending = 0, start, 0
         in_flight: asyncio.Future[bool] | None = None
         findings: list[Finding] = []
         try:
-            async for records in self.store.read(start + 1):
+            async for records in self.store.read(start.last_seq + 1):
                 batch = await self._fold_batch(records)
                 if in_flight is not None:
                     if not await self._landed(in_flight, findings):
                         return applied, False
                     applied += pending
-                in_flight = asyncio.ensure_future(self.model.commit(last, records[-1].stream_seq, batch))
+                in_flight = asyncio.ensure_future(self.model.commit(at, records[-1].stream_seq, batch))
                 findings, pending = list(batch.broken.values()), len(records)
-                last = self._cache_at = records[-1].stream_seq
+                at = self._cache_at = msgspec.structs.replace(at, last_seq=records[-1].stream_seq)
                 self._states.update(batch.runs)
                 self._broken.update(batch.broken)
             if in_flight is not None:
@@ -115,7 +119,7 @@ class Projector:
     async def _landed(self, commit: "asyncio.Future[bool]", findings: list[Finding]) -> bool:
         """Whether a batch committed; its chain breaks are logged only then (a refused batch is re-checked)."""
         if not await commit:
-            self._cache_at = -1
+            self._cache_at = None
             return False
         for finding in findings:
             log.warning("chain_break", finding=finding.describe())

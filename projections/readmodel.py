@@ -1,15 +1,17 @@
 """The SQLite read model: runs, checkpoints, an audit index of every event, and chain breaks.
 
 The last applied stream sequence is stored in the same transaction as the rows it produced, and a batch
-commits only if that sequence is still the one it started from, so applying is exactly-once across crashes,
-redeliveries and two processes catching up at once.
+commits only if the model is still at the position it was folded at (its stream, its generation of resets,
+its last sequence), so applying is exactly-once across crashes, redeliveries and two processes catching up at
+once. A reset re-reads, in its own transaction, the state that justifies it, so it never wipes what another
+process applied after that decision.
 """
 
 import asyncio
 import os
 import sqlite3
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from pathlib import Path
 from types import TracebackType
@@ -62,6 +64,15 @@ class AuditRow(msgspec.Struct, frozen=True, array_like=True):
     prev_hash: str | None
     status: str
     reason: str | None
+
+
+class Position(msgspec.Struct, frozen=True):
+    """Where the model stands. The sequence alone is not enough to compare-and-set on: after a reset by
+    another process it comes back to a value a slow projector saw before, over different rows."""
+
+    stream_id: str | None
+    generation: int
+    last_seq: int
 
 
 class Batch(msgspec.Struct):
@@ -154,32 +165,53 @@ class ReadModel:
     ) -> None:
         await self.close()
 
-    async def meta(self, key: str) -> str | None:
-        """A value of the meta table."""
-        async with self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)) as cur:
-            row = await cur.fetchone()
-        return None if row is None else str(row[0])
-
     async def last_seq(self) -> int:
         """The last stream sequence applied."""
-        return int(await self.meta("last_seq") or 0)
+        return (await self.position()).last_seq
 
-    async def reset(self, stream_id: str) -> None:
-        """Empty every view and bind the model to the stream identified by `stream_id`."""
-        await self._db.execute("BEGIN IMMEDIATE")
-        for table in (*TABLES, "meta"):
-            await self._db.execute(f"DELETE FROM {table}")
-        await self._db.executemany(
-            "INSERT INTO meta (key, value) VALUES (?, ?)", [("last_seq", "0"), ("stream_id", stream_id)]
-        )
-        await self._db.execute("COMMIT")
+    async def position(self) -> Position:
+        """The model's position, as of one snapshot."""
+        meta = dict(await self._fetch("SELECT key, value FROM meta"))
+        return Position(meta.get("stream_id"), int(meta.get("generation", 0)), int(meta.get("last_seq", 0)))
 
-    async def commit(self, expected_last: int, new_last: int, batch: Batch) -> bool:
-        """Write `batch` and advance last_seq, unless another process already applied past `expected_last`."""
+    async def rebind(self, stream_id: str) -> bool:
+        """Empty every view and bind the model to `stream_id`, only if it is still bound to another stream."""
+        return await self._reset_if(stream_id, lambda at: at.stream_id != stream_id)
+
+    async def rebuild(self, stream_id: str, generation: int) -> bool:
+        """Empty every view and bind the model to `stream_id`, only if no reset happened since `generation`
+        (one that did replays the stream for this rebuild too)."""
+        return await self._reset_if(stream_id, lambda at: at.generation == generation)
+
+    async def _reset_if(self, stream_id: str, due: Callable[[Position], bool]) -> bool:
+        """Reset if `due(position)`, deciding on the position this transaction reads: a decision made on an
+        earlier reading could wipe what another process applied since, and apply it all again."""
         db = self._db
         await db.execute("BEGIN IMMEDIATE")
         try:
-            if await self.last_seq() != expected_last:
+            at = await self.position()
+            if not due(at):
+                await db.execute("ROLLBACK")
+                return False
+            for table in (*TABLES, "meta"):
+                await db.execute(f"DELETE FROM {table}")
+            await db.executemany(
+                "INSERT INTO meta (key, value) VALUES (?, ?)",
+                [("last_seq", "0"), ("stream_id", stream_id), ("generation", str(at.generation + 1))],
+            )
+            await db.execute("COMMIT")
+        except BaseException:
+            await db.execute("ROLLBACK")
+            raise
+        return True
+
+    async def commit(self, expected: Position, new_last: int, batch: Batch) -> bool:
+        """Write `batch` and advance last_seq to `new_last`, unless the model moved from `expected`: another
+        process applied past it, reset the model or bound it to another stream."""
+        db = self._db
+        await db.execute("BEGIN IMMEDIATE")
+        try:
+            if await self.position() != expected:
                 await db.execute("ROLLBACK")
                 return False
             await db.executemany(

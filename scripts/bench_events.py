@@ -476,7 +476,7 @@ async def bench_readback(env: dict[str, str], expected_runs: int) -> dict[str, A
         projections: list[float] = []
         for attempt in range(READ_REPEATS):
             if attempt:
-                await app.model.reset(app.projector.stream_id)
+                await app.model.rebuild(app.projector.stream_id, (await app.model.position()).generation)
             start = time.perf_counter()
             applied = await app.projector.catch_up()
             seconds = time.perf_counter() - start

@@ -1,6 +1,9 @@
 """Event builders shared by tests."""
 
+from pathlib import Path
+
 from events.schema import Checkpointed, Launched
+from workers.checkpoint_dir import write_checkpoint
 
 
 def launched(run_id: str, project: str = "p") -> Launched:
@@ -14,3 +17,11 @@ def checkpointed(run_id: str, step: int) -> Checkpointed:
     """A checkpointed event pointing at no real files (the store and the fold do not look at them)."""
     return Checkpointed(run_id=run_id, step=step, epoch=step // 10, shards=1, uri=f"file:///nowhere/step-{step}",
                         checkpoint_hash=f"{step:064x}", size_bytes=step)  # fmt: skip
+
+
+def written_checkpoint(storage: Path, run_id: str, step: int) -> Checkpointed:
+    """A checkpointed event backed by a complete checkpoint directory under `storage`, which verifies."""
+    written = write_checkpoint(storage, run_id=run_id, step=step, epoch=step // 10, shards=1,
+                               sources=[("state.json", f'{{"step": {step}}}'.encode())])  # fmt: skip
+    return Checkpointed(run_id=run_id, step=step, epoch=step // 10, shards=1, uri=written.uri,
+                        checkpoint_hash=written.digest, size_bytes=written.manifest.size_bytes)  # fmt: skip

@@ -1,9 +1,10 @@
 """Shared fixtures: a real nats-server per test, an environment pointing ftrain at it, and the service."""
 
+import json
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator
 from pathlib import Path
 
 import nats
@@ -69,6 +70,16 @@ def ftrain_process(
         timeout=timeout,
         check=False,
     )
+
+
+def modules_imported_by(modules: Iterable[str]) -> set[str]:
+    """Every module a fresh interpreter holds after importing `modules`: what a layering test asserts on."""
+    code = "import importlib, json, sys\nfor m in sys.argv[1:]: importlib.import_module(m)\nprint(json.dumps([*sys.modules]))"
+    result = subprocess.run(
+        [sys.executable, "-c", code, *modules], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    return set(json.loads(result.stdout))
 
 
 def free_port() -> int:

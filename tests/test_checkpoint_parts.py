@@ -7,6 +7,7 @@ promise (what it writes, what it leaves, what it never touches) cheaply enough t
 import hashlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -442,22 +443,18 @@ def test_reached_step_is_the_furthest_any_rank_logged(tmp_path: Path) -> None:
 
 
 def test_process_start_time_is_when_the_process_started(tmp_path: Path) -> None:
-    """Read from the kernel, so a child's start lies between our spawning it and its answer; the kernel
-    reports the boot time in whole seconds, hence up to a second early."""
+    """Read from the kernel, so a child's start lies between our spawning it and its own first statement
+    (a clock read at the call would come after it); the kernel reports the boot time in whole seconds,
+    hence up to a second early."""
     before = time.time()
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "from ftrain.train.metrics import process_start_time; print(process_start_time())",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    after = time.time()
-    assert before - 1.5 <= float(out) <= after
-    assert process_start_time() <= time.time()
+    code = (
+        "import time; first_statement = time.time()\n"
+        "from ftrain.train.metrics import process_start_time; print(process_start_time(), first_statement)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    started, first_statement = map(float, out.split())
+    assert before - 1.5 <= started < first_statement
+    assert process_start_time() < before  # this process, too, started before this test
 
 
 # -- fault injection --------------------------------------------------------------------------------------
@@ -482,6 +479,20 @@ def test_an_invalid_kill_point_fails_at_import_naming_the_accepted_points(kill_a
     assert ", ".join(KILL_POINTS) in result.stderr
 
 
-def test_valid_kill_points_import_cleanly() -> None:
-    result = import_faults("finalize:20,step:3")
-    assert (result.returncode, result.stderr) == (0, "")
+def test_valid_kill_points_import_cleanly_and_kill_at_the_named_point_only() -> None:
+    code = (
+        "from ftrain.train.faults import fault_point\n"
+        "fault_point('step', 2); fault_point('finalize', 3); fault_point('write', 20)\n"
+        "print('alive before step 3', flush=True)\n"
+        "fault_point('step', 3)\n"
+        "print('alive after step 3', flush=True)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("FTRAIN_KILL_ONCE", "TORCHELASTIC_RUN_ID")}
+    result = subprocess.run(  # a session of its own: the kill takes the child's process group
+        [sys.executable, "-c", code],
+        env={**env, "FTRAIN_KILL_AT": "finalize:20,step:3"},
+        capture_output=True,
+        text=True,
+        start_new_session=True,
+    )
+    assert (result.returncode, result.stdout, result.stderr) == (-signal.SIGKILL, "alive before step 3\n", "")

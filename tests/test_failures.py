@@ -12,7 +12,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -49,7 +48,6 @@ from tests.conftest import ftrain_process, stream_last_seq
 from tests.servers import kill_server, restart_server
 
 MALLORY = Actor(user="mallory", host="elsewhere", pid=666)
-BROKER_DOWN_LIMIT_S = 10.0
 SHORT_DEADLINE_S = 3.0
 CLI_LIMIT_S = 30.0
 
@@ -370,20 +368,10 @@ async def test_cli_with_the_broker_down_exits_1_with_one_line_and_writes_nothing
     assert launched.returncode == 0, launched.stderr
     kill_server(server)
 
-    async def timed(*args: str) -> tuple[float, subprocess.CompletedProcess[str] | None]:
-        started = time.monotonic()
-        try:
-            done = await asyncio.to_thread(ftrain_process, list(args), env, BROKER_DOWN_LIMIT_S)
-        except subprocess.TimeoutExpired:  # the child was killed by subprocess.run
-            return time.monotonic() - started, None
-        return time.monotonic() - started, done
-
     ckpt_args = ("checkpoint", run, "--step", "10", "--epoch", "0", "--shards", "1", "--state", '{"a":1}')
-    results = await asyncio.gather(timed("status", run), timed(*ckpt_args), timed("fail", run))
+    results = await asyncio.gather(cli(env, "status", run), cli(env, *ckpt_args), cli(env, "fail", run))
     assert files_under(Path(env["FTRAIN_STORAGE"])) == []  # no checkpoint directory, not even a temp one
-    for (elapsed, done), command in zip(results, ("status", "checkpoint", "fail"), strict=True):
-        assert done is not None, f"ftrain {command} still hung after {elapsed:.1f}s with the broker down"
-        assert elapsed < BROKER_DOWN_LIMIT_S
+    for done, command in zip(results, ("status", "checkpoint", "fail"), strict=True):
         assert done.returncode == 1
         assert done.stdout == ""
         line = one_line(done.stderr)
@@ -415,10 +403,10 @@ async def test_service_whose_broker_dies_raises_log_unavailable_and_writes_nothi
         await launch(app, run)
         await checkpoint(app, run, 10)
         kill_server(server)
-        started = time.monotonic()
-        with pytest.raises(LogUnavailable):  # what the CLI turns into exit 1 and one line
-            await asyncio.wait_for(checkpoint(app, run, 20), 4 * SHORT_DEADLINE_S)
-        assert time.monotonic() - started < 2 * SHORT_DEADLINE_S + 5  # the deadline, plus one timeout
+        # what the CLI turns into exit 1 and one line; raised by the store's retries giving up at their
+        # deadline ("event log unreachable (<call>: <error>)"), not by the connection's own limit
+        with pytest.raises(LogUnavailable, match=r"^event log unreachable \(\w[^:]*: \w+\)$"):
+            await checkpoint(app, run, 20)
     finally:
         with contextlib.suppress(OSError):  # closing is the next test's subject
             await opened.__aexit__(None, None, None)
@@ -441,28 +429,24 @@ async def test_log_unavailable_survives_closing_the_service_after_the_broker_die
         await a_command_during_which_the_broker_dies()
 
 
-async def test_a_corrupt_read_model_file_does_not_hang_the_cli(env: dict[str, str]) -> None:
+async def test_a_corrupt_read_model_file_is_set_aside_and_rebuilt_from_the_log(env: dict[str, str]) -> None:
     # The read model is a disposable projection of the log; a garbage file in its place (a torn copy, a full
-    # disk) must end the command promptly: rebuilt from the log, or refused in one line. Never a hang.
+    # disk) must neither hang nor fail the command: it is moved aside, kept for a post-mortem, and rebuilt.
     run = "dist-P-1x1-fsdp"
     launched = await cli(env, "launch", "P", "--nodes", "1", "--gpus-per-node", "1")
     assert launched.returncode == 0, launched.stderr
     path = readmodel_path(settings.nats(env))
     for leftover in (path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
         leftover.unlink(missing_ok=True)
-    path.write_bytes(b"this is not an SQLite database\n" * 200)
-    started = time.monotonic()
-    try:
-        done = await asyncio.to_thread(ftrain_process, ["status", run, "--json"], env, BROKER_DOWN_LIMIT_S)
-    except subprocess.TimeoutExpired as exc:
-        err = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else exc.stderr
-        pytest.fail(f"`ftrain status` hung for {time.monotonic() - started:.0f}s; stderr: {err!r}")
-    assert "Traceback" not in done.stderr, done.stderr
-    if done.returncode == 0:  # rebuilt from the log
-        assert json.loads(done.stdout)["chain_head"]["seq"] == 1
-    else:
-        assert done.returncode == 1
-        assert one_line(done.stderr).startswith("ftrain status: ")
+    garbage = b"this is not an SQLite database\n" * 200
+    path.write_bytes(garbage)
+    done = await cli(env, "status", run, "--json")
+    assert (done.returncode, "Traceback" in done.stderr) == (0, False), done.stderr
+    assert json.loads(done.stdout)["chain_head"]["seq"] == 1
+    (set_aside,) = path.parent.glob(f"{path.name}.unreadable-*")
+    assert set_aside.read_bytes() == garbage
+    async with await ReadModel.open(path) as model:
+        assert (await model.run(run)) is not None
 
 
 # -- 4. races ------------------------------------------------------------------------------------------------
@@ -533,7 +517,7 @@ from ftrain.service import RunService
 
 async def main(run):
     async with RunService.open(os.environ) as mine, RunService.open(os.environ) as theirs:
-        start = await mine.model.last_seq()  # what `catch_up` reads first ...
+        start = await mine.model.position()  # what `catch_up` reads first ...
         await theirs.fail(run, reason="oom", exit_code=1)  # ... then another process appends and applies ...
         await theirs.projector.catch_up()
         print(await mine.projector._apply_from(start))  # ... before this process applies from `start`

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -67,13 +68,39 @@ def test_url_is_stable_across_a_clean_stop(home: Path) -> None:
     assert second.pid != first.pid
 
 
-def test_config_is_local_fsynced_and_unmonitored(home: Path) -> None:
-    ensure_server(home)
-    conf = (home / "nats" / "server.conf").read_text()
-    assert "sync_interval: always" in conf
-    assert '"127.0.0.1:' in conf
-    assert "http" not in conf
-    assert "pid_file" in conf
+def listening(pid: int) -> set[tuple[str, int]]:
+    """The TCP (address, port) pairs process `pid` listens on, as the kernel reports them."""
+    sockets = {os.readlink(fd) for fd in Path(f"/proc/{pid}/fd").iterdir()}
+    found = set()
+    for table in ("tcp", "tcp6"):
+        for line in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
+            local, state, inode = (line.split()[i] for i in (1, 3, 9))
+            if state == "0A" and f"socket:[{inode}]" in sockets:  # 0A: LISTEN
+                address, port = local.split(":")
+                ipv4 = socket.inet_ntoa(bytes.fromhex(address)[::-1]) if len(address) == 8 else address
+                found.add((ipv4, int(port, 16)))
+    return found
+
+
+def test_the_running_server_is_local_unmonitored_and_fsynced(home: Path) -> None:
+    server = ensure_server(home)
+    # its only listening socket is the client port on loopback: no HTTP monitoring, cluster, gateway or
+    # leaf node port (and so no monitoring endpoint to ask the rest)
+    assert listening(server.pid) == {("127.0.0.1", server.port)}
+    # the rest from the server itself: it logs a digest of the configuration it parsed and runs (Go's JSON
+    # encoding of the parsed map, nats-server 2.15), which must be exactly this one: every write synced
+    nats_dir = home / "nats"
+    running = {
+        "jetstream": {"store_dir": server.store_dir, "sync_interval": "always"},
+        "listen": f"127.0.0.1:{server.port}",
+        "max_payload": 1048576,
+        "pid_file": str(nats_dir / "server.pid"),
+        "server_name": ns.SERVER_NAME,
+    }
+    encoded = json.dumps(running, sort_keys=True, separators=(",", ":")) + "\n"
+    digest = hashlib.sha256(encoded.encode()).hexdigest()
+    loaded = f"Using configuration file: {nats_dir / 'server.conf'} (sha256:{digest})"
+    assert loaded in (nats_dir / "server.log").read_text()
 
 
 def test_start_server_refuses_a_second_server_on_the_same_store(home: Path) -> None:

@@ -61,13 +61,17 @@ def test_full_lifecycle_folds_step_resumes_failures_and_wall_time() -> None:
 
 
 def test_completed_records_reported_cost_and_nothing_may_follow() -> None:
-    done = fold(
-        launched(), Completed(run_id="r", cost_gpu_hours=12.5, running_seconds=60, cost_source="reported")
-    )
+    completed = Completed(run_id="r", cost_gpu_hours=12.5, running_seconds=60, cost_source="reported")
+    running = fold(launched(), ckpt(100))
+    done = fold(launched(), ckpt(100), completed)
     assert (done.status, done.gpu_hours_at(T0), done.cost_source) == ("completed", 12.5, "reported")
-    for event in (ckpt(1), Failed(run_id="r", reason="oom"), resumed_from(2, 1, forced=True), launched()):
-        with pytest.raises(IllegalTransition):
-            apply(done, at(event, 3, 30), ChainHead(3, "x", 3))
+    # each probe is legal on the run before it completed, so only the completion rule can refuse it
+    for event in (ckpt(200), Failed(run_id="r", reason="oom"), resumed_from(2, 100, forced=True), completed):
+        apply(running, at(event, 3, 30), ChainHead(3, "x", 3))
+        with pytest.raises(IllegalTransition, match=r"^run r is completed; nothing may follow completion$"):
+            apply(done, at(event, 4, 40), ChainHead(4, "x", 4))
+    with pytest.raises(IllegalTransition, match=r"^run r already exists \(completed\)$"):  # nor a new launch
+        apply(done, at(launched(), 4, 40), ChainHead(4, "x", 4))
 
 
 @pytest.mark.parametrize(

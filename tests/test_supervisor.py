@@ -433,13 +433,13 @@ def _alive(pid: int) -> bool:
 def test_a_job_ignoring_sigterm_is_killed_with_its_own_sessions(tmp_path: Path) -> None:
     pids = tmp_path / "pids"
     stubborn = tmp_path / "stubborn.py"
-    stubborn.write_text(
-        "import os, signal, subprocess, sys, time\n"
+    stubborn.write_text(  # neither process ever ends on its own: only a SIGKILL lets `run` return
+        "import os, signal, subprocess, sys\n"
         "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-        "child = subprocess.Popen([sys.executable, '-c', 'import signal, time; "
-        "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)'], start_new_session=True)\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import signal; "
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\\nwhile True: signal.pause()'], start_new_session=True)\n"
         f"open({str(pids)!r}, 'w').write(f'{{os.getpid()}} {{child.pid}}')\n"
-        "time.sleep(60)\n"
+        "while True: signal.pause()\n"
     )
 
     def preempt() -> None:
@@ -459,15 +459,20 @@ def test_a_job_ignoring_sigterm_is_killed_with_its_own_sessions(tmp_path: Path) 
         recorder,
         grace=0.3,
     )
-    started = time.monotonic()
-    outcome = supervisor.run()
-    assert time.monotonic() - started < 10
-    assert outcome.status == "stopped" and outcome.exit_code == 143
-    assert recorder.intents == [
-        FailIntent(reason="preempted", exit_code=143, message="SIGTERM forwarded to the training processes")
-    ]
-    deadline = time.monotonic() + 5  # SIGKILL is sent; the grandchild dies when next scheduled
-    while any(_alive(int(pid)) for pid in pids.read_text().split()):
-        assert time.monotonic() < deadline, "a process outlived the SIGKILL"
-        time.sleep(0.02)
-    assert signal.getsignal(signal.SIGTERM) is handler
+    try:
+        outcome = supervisor.run()
+        assert outcome.status == "stopped" and outcome.exit_code == 143
+        assert recorder.intents == [
+            FailIntent(
+                reason="preempted", exit_code=143, message="SIGTERM forwarded to the training processes"
+            )
+        ]
+        deadline = time.monotonic() + 5  # SIGKILL is sent; the grandchild dies when next scheduled
+        while any(_alive(int(pid)) for pid in pids.read_text().split()):
+            assert time.monotonic() < deadline, "a process outlived the SIGKILL"
+            time.sleep(0.02)
+        assert signal.getsignal(signal.SIGTERM) is handler
+    finally:  # a failure must not leave them running forever
+        for pid in map(int, pids.read_text().split() if pids.exists() else ()):
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
