@@ -24,4 +24,4 @@ def written_checkpoint(storage: Path, run_id: str, step: int) -> Checkpointed:
     written = write_checkpoint(storage, run_id=run_id, step=step, epoch=step // 10, shards=1,
                                sources=[("state.json", f'{{"step": {step}}}'.encode())])  # fmt: skip
     return Checkpointed(run_id=run_id, step=step, epoch=step // 10, shards=1, uri=written.uri,
-                        checkpoint_hash=written.digest, size_bytes=written.manifest.size_bytes)  # fmt: skip
+                        checkpoint_hash=written.checkpoint_hash, size_bytes=written.manifest.size_bytes)  # fmt: skip

@@ -28,6 +28,7 @@ from events.jetstream.server import (
     stop_server,
     throwaway_server,
 )
+from events.jetstream.server_files import SERVER_NAME
 from tests.servers import kill_server, restart_server
 
 
@@ -95,7 +96,7 @@ def test_the_running_server_is_local_unmonitored_and_fsynced(home: Path) -> None
         "listen": f"127.0.0.1:{server.port}",
         "max_payload": 1048576,
         "pid_file": str(nats_dir / "server.pid"),
-        "server_name": ns.SERVER_NAME,
+        "server_name": SERVER_NAME,
     }
     encoded = json.dumps(running, sort_keys=True, separators=(",", ":")) + "\n"
     digest = hashlib.sha256(encoded.encode()).hexdigest()
