@@ -5,7 +5,7 @@ the mutants killed, the equivalent ones, the score (killed / (total - equivalent
 total). A survivor listed in tests/mutation_equivalents.txt (`<mutant name>  # why no behaviour tells it apart`)
 is equivalent. mutmut mutates function bodies only, so the constants and defaults a stored format or the fold
 depends on are mutated here too (CONSTANTS), each in a copy of the tree. Any other survivor, or a mutant no test
-reaches, fails the run. Not part of CI: slow (minutes on two cores).
+reaches, fails the run. Not part of CI: slow (about seven minutes on two cores).
 
     python scripts/mutation.py [--max-children N] [--report-only]
 """
