@@ -1,8 +1,9 @@
 # The two set-up commands of the README: `make demo` and `make test`. Each creates what it needs.
+# `make mutation` (slow, not part of `make test`) scores the pure core's tests by mutation testing.
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint bench
+.PHONY: demo test lint bench mutation
 
 $(BIN)/ftrain: pyproject.toml
 	python3 -m venv $(VENV)
@@ -25,3 +26,6 @@ test: lint
 bench: $(BIN)/ftrain
 	$(BIN)/python scripts/bench_events.py
 	$(BIN)/python scripts/bench_checkpoint.py
+
+mutation: $(BIN)/ftrain
+	$(BIN)/python scripts/mutation.py
