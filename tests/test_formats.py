@@ -32,7 +32,7 @@ from events.schema import (
     json_schema,
     now,
 )
-from workers.integrity import Digest, digest_of, from_hex, to_hex
+from workers.integrity import Digest, DigestField, HexField, digest_of, from_hex, to_hex
 from workers.manifest import (
     FORMAT,
     FileEntry,
@@ -288,3 +288,12 @@ def test_events_are_stamped_in_utc() -> None:
     before = datetime.now(UTC)
     stamp = now()
     assert stamp.tzinfo is UTC and before <= stamp <= datetime.now(UTC)
+
+
+@pytest.mark.parametrize(
+    "text", ["a" * 64 + "\n", "sha256:" + "a" * 64 + "\n", "A" * 64, "sha256:" + "a" * 63]
+)
+def test_a_stored_digest_is_exactly_its_form_not_one_with_a_trailing_newline(text: str) -> None:
+    kind = DigestField if text.startswith("sha256:") else HexField
+    with pytest.raises(msgspec.ValidationError):
+        msgspec.convert(text, kind)

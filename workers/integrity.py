@@ -19,10 +19,10 @@ CHUNK: Final = 8 << 20
 Digest = NewType("Digest", str)
 """`sha256:<64 lowercase hex>`; equal digests are equal strings."""
 
-DigestField = Annotated[Digest, msgspec.Meta(pattern=f"^{ALGORITHM}:[0-9a-f]{{64}}$")]
+DigestField = Annotated[Digest, msgspec.Meta(pattern=rf"\A{ALGORITHM}:[0-9a-f]{{64}}\Z")]
 """A Digest in a stored struct: checked when it is decoded."""
 
-HexField = Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")]
+HexField = Annotated[str, msgspec.Meta(pattern=r"\A[0-9a-f]{64}\Z")]
 """A bare hex SHA-256 in a stored struct (manifest format 1, the log's `checkpoint_hash`)."""
 
 
