@@ -279,12 +279,19 @@ class ReadModel:
 
     async def broken(self, run_id: str) -> Finding | None:
         """The first chain or state-machine break recorded for a run."""
+        return (await self._findings("WHERE b.run_id = ?", (run_id,))).get(run_id)
+
+    async def broken_runs(self) -> dict[str, Finding]:
+        """Every run with a recorded break, with its first break (also runs none of whose events was accepted)."""
+        return await self._findings("", ())
+
+    async def _findings(self, where: str, args: Sequence[Any]) -> dict[str, Finding]:
         rows = await self._fetch(
             "SELECT b.run_id, b.stream_seq, b.seq, COALESCE(a.type, '?'), b.reason FROM broken_runs b "
-            "LEFT JOIN audit a ON a.stream_seq = b.stream_seq WHERE b.run_id = ?",
-            (run_id,),
+            f"LEFT JOIN audit a ON a.stream_seq = b.stream_seq {where}",
+            args,
         )
-        return Finding(*rows[0]) if rows else None
+        return {row[0]: Finding(*row) for row in rows}
 
     async def broken_among(self, run_ids: Iterable[str]) -> set[str]:
         """Which of `run_ids` have a recorded break."""
