@@ -8,11 +8,13 @@ over this class; tests call it directly.
 
 import hashlib
 import os
+import sqlite3
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
+from typing import TypeVar
 
 import msgspec
 import structlog
@@ -47,7 +49,7 @@ from projections.lifecycle import (
     skip,
 )
 from projections.projector import Projector
-from projections.readmodel import ReadModel
+from projections.readmodel import ReadModel, damaged
 from projections.run_log import BrokenRun, ContendedRun, RunLog
 from workers.checkpoint_dir import (
     CheckpointExists,
@@ -65,6 +67,7 @@ from workers.checkpoint_dir import (
 from workers.layout import SetAsideKind
 
 CONFLICT_RETRIES = 20
+T = TypeVar("T")
 log = structlog.get_logger(__name__)
 
 
@@ -134,10 +137,13 @@ class RunService:
             validate_run_id(run_id)
         except InvalidRunId as exc:
             raise UsageError(str(exc)) from exc
-        await self.projector.catch_up()
-        state = await self.model.run(run_id)
+
+        async def read() -> tuple[RunState | None, Finding | None]:
+            state = await self.model.run(run_id)
+            return state, (await self.model.broken(run_id) if state is None else None)
+
+        state, broken = await self._caught_up(read)
         if state is None:
-            broken = await self.model.broken(run_id)
             if broken is not None:
                 raise Refused(f"run {run_id}'s log is broken: {broken.describe()}")
             raise UsageError(f"unknown run {run_id!r}")
@@ -155,14 +161,34 @@ class RunService:
         """Every run, or one project's, with its chain break; broken runs without any accepted event are
         listed only when no project is asked for (their project is unknown)."""
         states = {s.run_id: s for s in await self.states(project)}
-        broken = await self.model.broken_runs()
+        broken = await self._caught_up(self.model.broken_runs)
         ids = states.keys() | (broken.keys() if project is None else broken.keys() & states.keys())
         return [RunView(r, states.get(r), broken.get(r)) for r in sorted(ids)]
 
     async def states(self, project: str | None = None) -> list[RunState]:
         """Every run, or one project's, caught up."""
-        await self.projector.catch_up()
-        return await self.model.runs(project)
+        return await self._caught_up(lambda: self.model.runs(project))
+
+    async def _caught_up(self, read: Callable[[], Awaitable[T]]) -> T:
+        """Catch the model up, then `read` it; a damaged model file ("malformed") is set aside, rebuilt from
+        the log with one warning, and read again."""
+        try:
+            await self.projector.catch_up()
+            return await read()
+        except sqlite3.DatabaseError as exc:
+            if not damaged(exc):
+                raise
+            await self.projector.heal(exc)
+        return await read()
+
+    async def rebuild(self) -> int:
+        """Replay the stream into an emptied model (a damaged file is set aside first); records applied."""
+        try:
+            return await self.projector.rebuild()
+        except sqlite3.DatabaseError as exc:
+            if not damaged(exc):
+                raise
+            return await self.projector.heal(exc)
 
     async def verify(self, run_id: str | None = None) -> AuditReport:
         """Re-verify every chain from the stream itself (not the read model)."""

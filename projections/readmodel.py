@@ -93,6 +93,11 @@ def _set_aside(path: Path, exc: Exception) -> None:
         Path(f"{path}{suffix}").unlink(missing_ok=True)
 
 
+def damaged(exc: sqlite3.DatabaseError) -> bool:
+    """Whether an error says the file itself is damaged ("malformed", "not a database"), not busy or full."""
+    return getattr(exc, "sqlite_errorcode", 0) & 0xFF in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
+
+
 def _encode_state(state: RunState) -> bytes:
     """The state blob, without the checkpoints: they live in their own table, written only when they change."""
     return _encoder.encode(msgspec.structs.replace(state, checkpoints=()))
@@ -152,6 +157,12 @@ class ReadModel:
                 await db.close()
                 _set_aside(path, exc)
         raise sqlite3.OperationalError(f"could not open the read model {path}")
+
+    async def replace_damaged(self, exc: sqlite3.DatabaseError) -> None:
+        """Set this damaged file aside (one warning) and continue on a fresh, empty one at the same path."""
+        await self._db.close()
+        _set_aside(self.path, exc)
+        self._db = (await ReadModel.open(self.path))._db
 
     async def close(self) -> None:
         """Close the connection."""

@@ -131,7 +131,7 @@ async def run_audit(app: RunService, args: argparse.Namespace, _: None) -> int:
 async def run_replay(app: RunService, args: argparse.Namespace, _: None) -> int:
     """The timeline, oldest first, or a rebuild of the read model."""
     if args.rebuild:
-        applied = await app.projector.rebuild()
+        applied = await app.rebuild()
         render.emit(f"Rebuilt the read model from stream seq 1: {applied} event(s) applied")
         return 0
     if args.run_id is not None:
