@@ -8,11 +8,13 @@ over this class; tests call it directly.
 
 import hashlib
 import os
+import sqlite3
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
+from typing import TypeVar
 
 import msgspec
 import structlog
@@ -35,6 +37,7 @@ from events.schema import (
 from ftrain import settings as ftrain_settings
 from ftrain.errors import Refused, UsageError
 from ftrain.history import AuditReport, TimelineEntry, timeline, verify
+from projections.audit import Finding
 from projections.lifecycle import (
     IllegalTransition,
     ResumePlan,
@@ -46,11 +49,12 @@ from projections.lifecycle import (
     skip,
 )
 from projections.projector import Projector
-from projections.readmodel import ReadModel
+from projections.readmodel import ReadModel, damaged
 from projections.run_log import BrokenRun, ContendedRun, RunLog
 from workers.checkpoint_dir import (
     CheckpointExists,
     StorageError,
+    StorageUnavailable,
     WrittenCheckpoint,
     on_disk,
     remove_checkpoint,
@@ -63,7 +67,17 @@ from workers.checkpoint_dir import (
 from workers.layout import SetAsideKind
 
 CONFLICT_RETRIES = 20
+T = TypeVar("T")
 log = structlog.get_logger(__name__)
+
+
+class RunView(msgspec.Struct, frozen=True):
+    """A run as `status` and `list` show it: its state (None when none of its events was accepted) and the
+    first break of its chain, if any: a broken run must never look like a healthy one."""
+
+    run_id: str
+    state: RunState | None
+    broken: Finding | None = None
 
 
 class ResumeOutcome(msgspec.Struct, frozen=True):
@@ -123,19 +137,58 @@ class RunService:
             validate_run_id(run_id)
         except InvalidRunId as exc:
             raise UsageError(str(exc)) from exc
-        await self.projector.catch_up()
-        state = await self.model.run(run_id)
+
+        async def read() -> tuple[RunState | None, Finding | None]:
+            state = await self.model.run(run_id)
+            return state, (await self.model.broken(run_id) if state is None else None)
+
+        state, broken = await self._caught_up(read)
         if state is None:
-            broken = await self.model.broken(run_id)
             if broken is not None:
                 raise Refused(f"run {run_id}'s log is broken: {broken.describe()}")
             raise UsageError(f"unknown run {run_id!r}")
         return state
 
+    async def view(self, run_id: str) -> RunView:
+        """One run's caught-up state and chain break; UsageError if the log has never heard of it."""
+        try:
+            state = await self.state_of(run_id)
+        except Refused:
+            state = None
+        return RunView(run_id, state, await self.model.broken(run_id))
+
+    async def views(self, project: str | None = None) -> list[RunView]:
+        """Every run, or one project's, with its chain break; broken runs without any accepted event are
+        listed only when no project is asked for (their project is unknown)."""
+        states = {s.run_id: s for s in await self.states(project)}
+        broken = await self._caught_up(self.model.broken_runs)
+        ids = states.keys() | (broken.keys() if project is None else broken.keys() & states.keys())
+        return [RunView(r, states.get(r), broken.get(r)) for r in sorted(ids)]
+
     async def states(self, project: str | None = None) -> list[RunState]:
         """Every run, or one project's, caught up."""
-        await self.projector.catch_up()
-        return await self.model.runs(project)
+        return await self._caught_up(lambda: self.model.runs(project))
+
+    async def _caught_up(self, read: Callable[[], Awaitable[T]]) -> T:
+        """Catch the model up, then `read` it; a damaged model file ("malformed") is set aside, rebuilt from
+        the log with one warning, and read again."""
+        try:
+            await self.projector.catch_up()
+            return await read()
+        except sqlite3.DatabaseError as exc:
+            if not damaged(exc):
+                raise
+            await self.projector.heal(exc)
+        return await read()
+
+    async def rebuild(self) -> int:
+        """Replay the stream into an emptied model (a damaged file is set aside first); records applied."""
+        try:
+            return await self.projector.rebuild()
+        except sqlite3.DatabaseError as exc:
+            if not damaged(exc):
+                raise
+            return await self.projector.heal(exc)
 
     async def verify(self, run_id: str | None = None) -> AuditReport:
         """Re-verify every chain from the stream itself (not the read model)."""
@@ -256,7 +309,16 @@ class RunService:
         on_skip: Callable[[CorruptSkipped], Awaitable[None]] | None = None,
     ) -> ResumeOutcome:
         """Execute the lifecycle's resume plan: set aside what the log never recorded, then walk the
-        candidates newest first, skipping (and recording) each invalid one, resuming from the first valid one."""
+        candidates newest first, skipping (and recording) each invalid one, resuming from the first valid one.
+        Storage that cannot be read is refused, never taken for corruption: nothing more is recorded."""
+        try:
+            return await self._resume(run_id, force, on_skip)
+        except StorageUnavailable as exc:
+            raise Refused(f"{exc}; nothing recorded, the checkpoints are untouched") from exc
+
+    async def _resume(
+        self, run_id: str, force: bool, on_skip: Callable[[CorruptSkipped], Awaitable[None]] | None
+    ) -> ResumeOutcome:
         state = await self.state_of(run_id)
         plan = self._plan(state, force)
         for unrecorded in plan.unrecorded:

@@ -1,6 +1,7 @@
 """The projector: folds the stream into the read model, from its last applied sequence to the stream's end."""
 
 import asyncio
+import sqlite3
 
 import msgspec
 import structlog
@@ -63,6 +64,13 @@ class Projector:
         self._states: dict[str, RunState] = {}
         self._broken: set[str] = set()
         self._cache_at: Position | None = None
+        self._checked_behind = False  # whether the model was compared with the stream's end yet
+
+    async def heal(self, exc: sqlite3.DatabaseError) -> int:
+        """Set a damaged model file aside and rebuild it from the stream; returns the records applied."""
+        await self.model.replace_damaged(exc)
+        self._cache_at = None
+        return await self.catch_up()
 
     async def catch_up(self) -> int:
         """Apply everything up to the stream's current end; returns the number of records applied."""
@@ -73,6 +81,13 @@ class Projector:
                 if await self.model.rebind(self.stream_id):
                     log.info("readmodel_rebound", path=str(self.model.path), stream_id=self.stream_id)
                 continue  # re-read: the model is now bound to this stream, by this process or another
+            if not self._checked_behind:
+                self._checked_behind = True
+                end = await self.store.last_seq()
+                if start.last_seq > end:  # the stream went backwards (restored, truncated): start over
+                    log.warning("readmodel_ahead_of_stream", model_seq=start.last_seq, stream_seq=end)
+                    await self.model.rebuild(self.stream_id, start.generation)
+                    continue
             count, complete = await self._apply_from(start)
             applied += count
             if complete:

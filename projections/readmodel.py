@@ -93,6 +93,11 @@ def _set_aside(path: Path, exc: Exception) -> None:
         Path(f"{path}{suffix}").unlink(missing_ok=True)
 
 
+def damaged(exc: sqlite3.DatabaseError) -> bool:
+    """Whether an error says the file itself is damaged ("malformed", "not a database"), not busy or full."""
+    return getattr(exc, "sqlite_errorcode", 0) & 0xFF in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
+
+
 def _encode_state(state: RunState) -> bytes:
     """The state blob, without the checkpoints: they live in their own table, written only when they change."""
     return _encoder.encode(msgspec.structs.replace(state, checkpoints=()))
@@ -152,6 +157,12 @@ class ReadModel:
                 await db.close()
                 _set_aside(path, exc)
         raise sqlite3.OperationalError(f"could not open the read model {path}")
+
+    async def replace_damaged(self, exc: sqlite3.DatabaseError) -> None:
+        """Set this damaged file aside (one warning) and continue on a fresh, empty one at the same path."""
+        await self._db.close()
+        _set_aside(self.path, exc)
+        self._db = (await ReadModel.open(self.path))._db
 
     async def close(self) -> None:
         """Close the connection."""
@@ -279,12 +290,19 @@ class ReadModel:
 
     async def broken(self, run_id: str) -> Finding | None:
         """The first chain or state-machine break recorded for a run."""
+        return (await self._findings("WHERE b.run_id = ?", (run_id,))).get(run_id)
+
+    async def broken_runs(self) -> dict[str, Finding]:
+        """Every run with a recorded break, with its first break (also runs none of whose events was accepted)."""
+        return await self._findings("", ())
+
+    async def _findings(self, where: str, args: Sequence[Any]) -> dict[str, Finding]:
         rows = await self._fetch(
             "SELECT b.run_id, b.stream_seq, b.seq, COALESCE(a.type, '?'), b.reason FROM broken_runs b "
-            "LEFT JOIN audit a ON a.stream_seq = b.stream_seq WHERE b.run_id = ?",
-            (run_id,),
+            f"LEFT JOIN audit a ON a.stream_seq = b.stream_seq {where}",
+            args,
         )
-        return Finding(*rows[0]) if rows else None
+        return {row[0]: Finding(*row) for row in rows}
 
     async def broken_among(self, run_ids: Iterable[str]) -> set[str]:
         """Which of `run_ids` have a recorded break."""

@@ -14,8 +14,9 @@ def launched(run_id: str, project: str = "p") -> Launched:
 
 
 def checkpointed(run_id: str, step: int) -> Checkpointed:
-    """A checkpointed event pointing at no real files (the store and the fold do not look at them)."""
-    return Checkpointed(run_id=run_id, step=step, epoch=step // 10, shards=1, uri=f"file:///nowhere/step-{step}",
+    """A checkpointed event pointing at no real files (the store and the fold do not look at them): its
+    directory is absent from a listable one, so a resume finds it corrupt, not the storage unavailable."""
+    return Checkpointed(run_id=run_id, step=step, epoch=step // 10, shards=1, uri=f"file:///tmp/absent-step-{step}",
                         checkpoint_hash=f"{step:064x}", size_bytes=step)  # fmt: skip
 
 

@@ -259,10 +259,14 @@ async def test_a_forged_event_is_named_by_audit_never_applied_and_blocks_further
     assert clean.returncode == 0, clean.stderr
     assert json.loads(clean.stdout) == {"ok": True, "events": 3, "runs": 1, "findings": []}
 
-    # the read model did not apply the forgery: the victim's state is exactly what it was
+    # the read model did not apply the forgery: the victim's state is exactly what it was, shown as broken
     after = await cli(env, "status", victim, "--json")
-    assert after.returncode == 0, after.stderr
-    assert stable_status(after.stdout) == stable_status(before.stdout)
+    assert after.returncode == 1, after.stderr
+    assert stable_status(after.stdout) == {
+        **stable_status(before.stdout),
+        "state": "broken",
+        "broken": finding,
+    }
     state = await app.state_of(victim)
     assert (state.status, state.step, state.head.seq, len(state.checkpoints)) == ("running", 10, 4, 1)
     broken = await app.model.broken(victim)

@@ -39,6 +39,12 @@ class StorageError(ValueError):
     """A storage location ftrain cannot use."""
 
 
+class StorageUnavailable(Exception):
+    """The storage cannot be read right now (unmounted, EIO, EACCES, ESTALE, a timeout): nothing is known about
+    the checkpoints, so nothing may be recorded against them or moved. Only bytes that are present and wrong,
+    or files missing from a directory that can be listed, make a checkpoint corrupt."""
+
+
 class CheckpointExists(FileExistsError):
     """The step's directory is already there (another writer, or an interrupted earlier attempt)."""
 
@@ -134,15 +140,39 @@ def _write_source(dst: Path, src: bytes | Path, name: str) -> FileEntry:
 
 
 def on_disk(run: Path) -> list[OnDisk]:
-    """The run's complete step directories, newest first, each with the log-form hash its marker claims."""
-    return [
-        OnDisk(step, path_uri(step_dir(run, step)), marker_hash(step_dir(run, step)))
-        for step in complete_steps(run)
-    ]
+    """The run's complete step directories, newest first, each with the log-form hash its marker claims.
+    Raises StorageUnavailable when the run directory is there but cannot be listed."""
+    try:
+        steps = complete_steps(run)
+    except OSError as exc:
+        raise _unavailable(run, exc) from exc
+    return [OnDisk(step, path_uri(step_dir(run, step)), marker_hash(step_dir(run, step))) for step in steps]
+
+
+def _unavailable(path: Path, exc: OSError) -> StorageUnavailable:
+    return StorageUnavailable(f"storage unavailable: {path}: {exc.strerror or exc}")
+
+
+def _listable(directory: Path) -> bool:
+    try:
+        with os.scandir(directory):
+            return True
+    except OSError:
+        return False
+
+
+def _absent(path: Path, anchor: Path, exc: OSError, verdict: str) -> str:
+    """`verdict` when `path` is missing under `anchor`, a directory that can be listed (the checkpoint is
+    incomplete); when `anchor` itself is out of reach, or the error is anything but absence (EIO, EACCES,
+    ESTALE, a timeout), the storage is unavailable and StorageUnavailable is raised."""
+    if isinstance(exc, FileNotFoundError | NotADirectoryError) and _listable(anchor):
+        return verdict
+    raise _unavailable(path, exc) from exc
 
 
 def verify_checkpoint(path: Path, expected_hash: str) -> str | None:
-    """None when the checkpoint at `path` is valid for the log's `expected_hash`, else why it is not."""
+    """None when the checkpoint at `path` is valid for the log's `expected_hash`, else why it is not.
+    Raises StorageUnavailable."""
     manifest = read_manifest(path, expected_hash)
     if isinstance(manifest, str):
         return manifest
@@ -152,24 +182,30 @@ def verify_checkpoint(path: Path, expected_hash: str) -> str | None:
 def marker_hash(path: Path) -> str | None:
     """The checkpoint hash its completion marker claims (what identifies it when the log is out of reach);
     None when the marker is missing or unreadable."""
-    marker = _read_marker(path)
+    try:
+        marker = _read_marker(path)
+    except StorageUnavailable:
+        return None
     return None if isinstance(marker, str) else to_hex(marker.manifest_digest)
 
 
 def read_manifest(path: Path, expected_hash: str | None) -> Manifest | str:
     """The checkpoint's manifest if its marker and digest check out (against the log's `expected_hash`, or
-    the marker's own when None: the log is out of reach), else why not. Files are not read."""
-    if not path.is_dir():
-        return "directory missing"
+    the marker's own when None: the log is out of reach), else why not. Files are not read. Raises
+    StorageUnavailable: a missing run directory or an I/O error says nothing about the checkpoint."""
+    try:
+        os.scandir(path).close()
+    except OSError as exc:
+        return _absent(path, path.parent, exc, "directory missing")
     marker = _read_marker(path)
     if isinstance(marker, str):
         return marker
     try:
         raw = (path / MANIFEST).read_bytes()
         manifest = decode_manifest(raw)
-    except FileNotFoundError:
-        return "manifest missing"
-    except (OSError, msgspec.DecodeError, msgspec.ValidationError):
+    except OSError as exc:
+        return _absent(path / MANIFEST, path, exc, "manifest missing")
+    except (msgspec.DecodeError, msgspec.ValidationError):
         return "manifest unreadable"
     actual = digest_of(raw)
     if actual != (from_hex(expected_hash) if expected_hash else marker.manifest_digest):
@@ -182,25 +218,25 @@ def read_manifest(path: Path, expected_hash: str | None) -> Manifest | str:
 def _read_marker(path: Path) -> Marker | str:
     try:
         return decode_marker((path / MARKER).read_bytes())
-    except FileNotFoundError:
-        return "completion marker missing"
-    except (OSError, msgspec.DecodeError, msgspec.ValidationError):
+    except OSError as exc:
+        return _absent(path / MARKER, path, exc, "completion marker missing")
+    except (msgspec.DecodeError, msgspec.ValidationError):
         return "completion marker unreadable"
 
 
 def verify_files(path: Path, entries: Sequence[FileEntry]) -> str | None:
-    """None when every listed file under `path` has its size and digest (hashed in threads), else why not."""
+    """None when every listed file under `path` has its size and digest (hashed in threads), else why not.
+    Raises StorageUnavailable when a file cannot be read for a reason other than its absence from `path`."""
     results = hash_files([path / f.name for f in entries])
-    verdicts = (file_verdict(entry, result) for entry, result in zip(entries, results, strict=True))
+    verdicts = (file_verdict(path, entry, result) for entry, result in zip(entries, results, strict=True))
     return next((v for v in verdicts if v), None)
 
 
-def file_verdict(entry: FileEntry, found: Hashed | OSError) -> str | None:
-    """Why a file's size and digest — or the error reading it — do not match its manifest entry; None if they do."""
-    if isinstance(found, FileNotFoundError):
-        return f"file {entry.name} missing"
+def file_verdict(path: Path, entry: FileEntry, found: Hashed | OSError) -> str | None:
+    """Why a file of the checkpoint at `path` does not match its manifest entry; None if it does. Raises
+    StorageUnavailable for an error that is not the file's absence."""
     if isinstance(found, OSError):
-        return f"file {entry.name} unreadable"
+        return _absent(path / entry.name, path, found, f"file {entry.name} missing")
     if found.size != entry.size:
         return f"file {entry.name} is {found.size} bytes, manifest says {entry.size}"
     if found.digest != entry.digest:

@@ -5,7 +5,7 @@ from typing import Any
 
 from events.schema import now
 from ftrain.cli import render
-from ftrain.service import RunService
+from ftrain.service import RunService, RunView
 from projections.lifecycle import CheckpointRef, RunState
 
 # -- queries ---------------------------------------------------------------------------------------------------
@@ -17,6 +17,16 @@ def checkpoint_document(ref: CheckpointRef) -> dict[str, Any]:
     return {"seq": r.seq, "step": r.step, "epoch": r.epoch, "shards": r.shards, "uri": r.uri,
             "checkpoint_hash": r.checkpoint_hash, "size_bytes": r.size_bytes, "time": r.time,
             "status": ref.status, "reason": ref.reason}  # fmt: skip
+
+
+def view_document(view: RunView) -> dict[str, Any]:
+    """A run in `status --json` and `list --json`: its status document, or only its name when none of its
+    events was accepted; a broken run's `state` is "broken" and `broken` carries the finding."""
+    doc: dict[str, Any] = status_document(view.state) if view.state else {"run_id": view.run_id}
+    if view.broken is not None:
+        doc["state"] = "broken"
+    doc["broken"] = view.broken
+    return doc
 
 
 def status_document(state: RunState) -> dict[str, Any]:
@@ -42,33 +52,38 @@ def status_document(state: RunState) -> dict[str, Any]:
 
 
 async def run_status(app: RunService, args: argparse.Namespace, _: None) -> int:
-    """One run."""
-    state = await app.state_of(args.run_id)
+    """One run; exit 1 when its chain is broken."""
+    view = await app.view(args.run_id)
     if args.json:
-        render.emit_json(status_document(state))
+        render.emit_json(view_document(view))
     else:
-        render.emit(render.status(state, now()))
-    return 0
+        if view.broken is not None:  # first: what the rest shows is only the state before the break
+            render.emit(render.finding(view.broken))
+        if view.state is not None:
+            render.emit(render.status(view.state, now()))
+    return 0 if view.broken is None else 1
 
 
 async def run_list(app: RunService, args: argparse.Namespace, _: None) -> int:
-    """Runs, optionally of one project."""
-    states = await app.states(args.project)
+    """Runs, optionally of one project; a broken run shows as BROKEN."""
+    views = await app.views(args.project)
     if args.json:
-        render.emit_json([status_document(s) for s in states])
+        render.emit_json([view_document(v) for v in views])
         return 0
     moment = now()
     rows = [
-        (
-            s.run_id,
-            s.project,
-            s.status,
-            str(s.step),
-            str(s.resume_count),
-            str(s.failures),
-            f"{s.gpu_hours_at(moment):.2f}",
+        (v.run_id, "?", "BROKEN", "-", "-", "-", "-")
+        if v.state is None
+        else (
+            v.run_id,
+            v.state.project,
+            "BROKEN" if v.broken else v.state.status,
+            str(v.state.step),
+            str(v.state.resume_count),
+            str(v.state.failures),
+            f"{v.state.gpu_hours_at(moment):.2f}",
         )
-        for s in states
+        for v in views
     ]
     render.emit(render.table(("RUN", "PROJECT", "STATE", "STEP", "RESUMES", "FAILURES", "GPU-HOURS"), rows))
     return 0
@@ -116,7 +131,7 @@ async def run_audit(app: RunService, args: argparse.Namespace, _: None) -> int:
 async def run_replay(app: RunService, args: argparse.Namespace, _: None) -> int:
     """The timeline, oldest first, or a rebuild of the read model."""
     if args.rebuild:
-        applied = await app.projector.rebuild()
+        applied = await app.rebuild()
         render.emit(f"Rebuilt the read model from stream seq 1: {applied} event(s) applied")
         return 0
     if args.run_id is not None:

@@ -32,7 +32,7 @@ from ftrain.logs import configure as configure_logging
 from ftrain.train.checkpointing import CheckpointConfig, CheckpointManager, SaveTimes, TrainState
 from ftrain.train.faults import fault_point
 from ftrain.train.metrics import MetricsWriter, process_start_time, reached_step
-from ftrain.train.resume import NoValidCheckpoint, ResumeFailed, ResumeRefused
+from ftrain.train.resume import NoValidCheckpoint, ResumeFailed, ResumeRefused, ResumeStopped
 
 META_INIT_AUTO_PARAMS = 6_000_000_000  # the seed's threshold: dense init stays exact for smaller models
 PROCESS_START = process_start_time()
@@ -192,10 +192,7 @@ def train(args: argparse.Namespace) -> int:
     )
     try:
         return _loop(args, manager, state, device)
-    except NoValidCheckpoint as exc:
-        _say(rank, f"train: {exc}")
-        return 1
-    except ResumeFailed as exc:
+    except (NoValidCheckpoint, ResumeFailed, ResumeStopped) as exc:
         _say(rank, f"train: {exc}")
         return 1
     except ResumeRefused as exc:

@@ -24,7 +24,7 @@ from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
 from ftrain import settings
 from ftrain.train.config import CheckpointConfig
-from ftrain.train.run_log import RunUnknown, read_run
+from ftrain.train.run_log import RunBroken, RunUnknown, read_run
 from ftrain.train.state import TrainState
 from projections.lifecycle import (
     Candidate,
@@ -37,7 +37,15 @@ from projections.lifecycle import (
     plan_resume,
     skipped_line,
 )
-from workers.checkpoint_dir import marker_hash, on_disk, read_manifest, set_aside, uri_path, verify_files
+from workers.checkpoint_dir import (
+    StorageUnavailable,
+    marker_hash,
+    on_disk,
+    read_manifest,
+    set_aside,
+    uri_path,
+    verify_files,
+)
 from workers.layout import assemblies
 from workers.manifest import FileEntry, Manifest
 from workers.recorder import Recorder
@@ -57,6 +65,11 @@ class ResumeRefused(RuntimeError):
     """The start-up request contradicts the log (e.g. --no-resume on a run that has checkpoints)."""
 
 
+class ResumeStopped(RuntimeError):
+    """The log or the storage cannot be trusted right now (a broken chain, storage out of reach): stop on
+    every rank, recording nothing and setting nothing aside; a later start, once it is fixed, resumes."""
+
+
 class ResumeFailed(RuntimeError):
     """Loading a checkpoint failed for a reason outside it (memory, I/O): stop, and skip nothing."""
 
@@ -69,10 +82,12 @@ class ResumePoint(msgspec.Struct, frozen=True):
 
 
 class StartDecision(msgspec.Struct, frozen=True):
-    """Rank 0's decision, broadcast to every rank: the lifecycle's plan, or why the start is refused."""
+    """Rank 0's decision, broadcast to every rank: the lifecycle's plan, or why the start is refused (the
+    request contradicts the log) or stopped (the log or the storage cannot be trusted)."""
 
     plan: ResumePlan = ResumePlan()
     refused: str | None = None
+    stopped: str | None = None
 
 
 def cleanup_stale(ckpt_dir: Path, stage_root: Path | None, rank: int) -> None:
@@ -94,12 +109,17 @@ def resume(
     decision = _broadcast(_safe_plan(config, recorder) if rank == 0 else None, group)
     if decision.refused:
         raise ResumeRefused(decision.refused)
+    if decision.stopped:
+        raise ResumeStopped(decision.stopped)
     plan = decision.plan
     for candidate in plan.candidates:
         path = uri_path(candidate.uri)
         header = cast(
-            Manifest | str, _broadcast(read_manifest(path, candidate.digest) if rank == 0 else None, group)
+            Manifest | str | StorageUnavailable,
+            _broadcast(_header(path, candidate) if rank == 0 else None, group),
         )
+        if isinstance(header, StorageUnavailable):
+            raise _stopped(header)
         reason = header if isinstance(header, str) else _load(path, header, state, group)
         if reason is None:
             assert isinstance(header, Manifest)
@@ -133,9 +153,11 @@ def _load(path: Path, manifest: Manifest, state: TrainState, group: dist.Process
     unpickles non-tensor items with `weights_only=False`). Returns the combined verdict, the same on every
     rank (None: loaded)."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    verdicts: list[str | None] = [None] * world
-    dist.all_gather_object(verdicts, verify_files(path, owned(manifest.files, rank, world)), group=group)
-    if reason := next((r for r in verdicts if r), None):
+    verdicts: list[str | StorageUnavailable | None] = [None] * world
+    dist.all_gather_object(verdicts, _files_verdict(path, owned(manifest.files, rank, world)), group=group)
+    if unavailable := next((v for v in verdicts if isinstance(v, StorageUnavailable)), None):
+        raise _stopped(unavailable)
+    if reason := next((r for r in verdicts if isinstance(r, str)), None):
         return reason
     if manifest.world_size != world:
         log.warning("world_size_changed", saved=manifest.world_size, now=world)
@@ -149,6 +171,27 @@ def _load(path: Path, manifest: Manifest, state: TrainState, group: dist.Process
     finally:
         state.restore_rng = True
     return None
+
+
+def _header(path: Path, candidate: Candidate) -> Manifest | str | StorageUnavailable:
+    """Rank 0's reading of the candidate's marker and manifest; storage out of reach is sent, not raised."""
+    try:
+        return read_manifest(path, candidate.digest)
+    except StorageUnavailable as exc:
+        return exc
+
+
+def _files_verdict(path: Path, files: list[FileEntry]) -> str | StorageUnavailable | None:
+    """This rank's verdict on its files; storage out of reach is gathered, not raised, so all ranks stop."""
+    try:
+        return verify_files(path, files)
+    except StorageUnavailable as exc:
+        return exc
+
+
+def _stopped(exc: StorageUnavailable) -> ResumeStopped:
+    """What every rank raises (each saw the same verdict) when the storage was out of reach."""
+    return ResumeStopped(f"{exc}; nothing recorded, the checkpoints are untouched")
 
 
 def _first(exc: CheckpointException) -> str:
@@ -183,6 +226,10 @@ def _safe_plan(config: CheckpointConfig, recorder: Recorder | None) -> StartDeci
     """Rank 0's plan; a refusal travels to every rank (raising here alone would leave the others waiting)."""
     try:
         return StartDecision(_plan(config, recorder))
+    except RunBroken as exc:
+        return StartDecision(stopped=str(exc))
+    except StorageUnavailable as exc:
+        return StartDecision(stopped=str(_stopped(exc)))
     except (IllegalTransition, RunUnknown) as exc:
         return StartDecision(refused=str(exc))
 

@@ -20,12 +20,16 @@ log = structlog.get_logger(__name__)
 
 
 class RunUnknown(Exception):
-    """The log answered and has never heard of the run (or its chain is broken): nothing to resume by."""
+    """The log answered and has never heard of the run: nothing to resume by."""
+
+
+class RunBroken(RunUnknown):
+    """The run's chain is broken: its state cannot be trusted, so nothing is resumed, set aside or recorded."""
 
 
 def read_run(run_id: str, settings: NatsSettings, timeout: float) -> RunState | None:
     """The state of `run_id` from its own events; None if the log cannot be read within `timeout` seconds.
-    Raises RunUnknown when the log is readable but knows no such run, or its chain is broken."""
+    Raises RunUnknown when the log is readable but knows no such run, RunBroken when its chain is broken."""
 
     async def query() -> RunState | None:
         async with open_store(settings) as store:
@@ -35,7 +39,7 @@ def read_run(run_id: str, settings: NatsSettings, timeout: float) -> RunState | 
     try:
         state = asyncio.run(asyncio.wait_for(query(), timeout))
     except BrokenRun as exc:
-        raise RunUnknown(str(exc)) from exc
+        raise RunBroken(f"{exc}; refusing to resume") from exc
     except (LogUnavailable, NatsServerError, NatsError, OSError, TimeoutError) as exc:
         log.warning("log_unreachable", run_id=run_id, error=f"{type(exc).__name__}: {exc}")
         return None
