@@ -54,7 +54,7 @@ class _Backoff:
         """Sleep before the next try, or raise LogUnavailable once the deadline would pass."""
         if time.monotonic() + self._delay > self._give_up:
             raise LogUnavailable(f"event log unreachable ({what}: {type(exc).__name__})") from exc
-        log.warning("log_retry", what=what, error=type(exc).__name__, delay=self._delay)
+        log.info("log_retry", what=what, error=type(exc).__name__, delay=self._delay)
         await asyncio.sleep(self._delay)
         self._delay = min(self._delay * 2, 1.0)
 
