@@ -16,6 +16,10 @@ RUN = "dist-JPCP-2x4-fsdp"
 HUGE = "9" * 23
 
 
+def ckpt_args(step: str, epoch: str, shards: str, *source: str) -> tuple[str, ...]:
+    return ("checkpoint", RUN, "--step", step, "--epoch", epoch, "--shards", shards, *source)
+
+
 class Cli:
     """Runs `ftrain ARGS` in this process and captures exit code, stdout and stderr."""
 
@@ -217,11 +221,11 @@ def test_default_run_ids_allocations_and_strategies(
         (("status", RUN, "--", "x"), "ftrain status: error: unexpected arguments after --"),
         (("complete", RUN, "--cost-gpu-hours", "-1"), "ftrain complete: error: argument --cost-gpu-hours"),
         # every number that reaches the log is bounded by the schema (one huge one once bricked the log)
-        (("checkpoint", RUN, "--step", HUGE, "--epoch", "0", "--shards", "1", "--state", "{}"),
+        (ckpt_args(HUGE, "0", "1", "--state", "{}"),
          f"ftrain checkpoint: error: argument --step: {HUGE} is not between 0 and 9223372036854775807"),
-        (("checkpoint", RUN, "--step", "5", "--epoch", HUGE, "--shards", "1", "--state", "{}"),
+        (ckpt_args("5", HUGE, "1", "--state", "{}"),
          f"ftrain checkpoint: error: argument --epoch: {HUGE} is not between 0 and 9223372036854775807"),
-        (("checkpoint", RUN, "--step", "5", "--epoch", "0", "--shards", HUGE, "--state", "{}"),
+        (ckpt_args("5", "0", HUGE, "--state", "{}"),
          f"ftrain checkpoint: error: argument --shards: {HUGE} is not between 1 and 102400000"),
         (("launch", "P", "--nodes", HUGE, "--gpus-per-node", "1"),
          f"ftrain launch: error: argument --nodes: {HUGE} is not between 1 and 100000"),
@@ -232,19 +236,19 @@ def test_default_run_ids_allocations_and_strategies(
         (("complete", RUN, "--cost-gpu-hours", "1e999"), "ftrain complete: error: argument --cost-gpu-hours: '1e999' is not a number between"),
         (("complete", RUN, "--cost-gpu-hours", "1e13"), "ftrain complete: error: argument --cost-gpu-hours: '1e13' is not a number between"),
         # the training state is strict JSON, of bounded size and depth: never stored as something else
-        (("checkpoint", RUN, "--step", "5", "--epoch", "0", "--shards", "1", "--state", '{"lr": NaN}'),
+        (ckpt_args("5", "0", "1", "--state", '{"lr": NaN}'),
          "ftrain checkpoint: error: the training state is not valid JSON (JSON is malformed"),
-        (("checkpoint", RUN, "--step", "5", "--epoch", "0", "--shards", "1", "--state", '{"lr": 1e999}'),
+        (ckpt_args("5", "0", "1", "--state", '{"lr": 1e999}'),
          "ftrain checkpoint: error: the training state is not valid JSON (Number out of range"),
-        (("checkpoint", RUN, "--step", "5", "--epoch", "0", "--shards", "1", "--state", '"\\ud800"'),
+        (ckpt_args("5", "0", "1", "--state", '"\\ud800"'),
          "ftrain checkpoint: error: the training state is not valid JSON"),
-        (("checkpoint", RUN, "--step", "5", "--epoch", "0", "--shards", "1", "--state", '"\udcff"'),
+        (ckpt_args("5", "0", "1", "--state", '"\udcff"'),
          "ftrain checkpoint: error: --state is not valid UTF-8"),
-        (("checkpoint", RUN, "--step", "5", "--epoch", "0", "--shards", "1", "--state", "[" * 100_000 + "]" * 100_000),
+        (ckpt_args("5", "0", "1", "--state", "[" * 100_000 + "]" * 100_000),
          "ftrain checkpoint: error: the training state is nested too deeply"),
-        (("checkpoint", RUN, "--step", "5", "--epoch", "0", "--shards", "1", "--state-file", "/dev/zero"),
+        (ckpt_args("5", "0", "1", "--state-file", "/dev/zero"),
          "ftrain checkpoint: error: --state-file /dev/zero: larger than 1048576 bytes"),
-        (("checkpoint", RUN, "--step", "5", "--epoch", "0", "--shards", "1", "--state", " " * (1024 * 1024 + 1)),
+        (ckpt_args("5", "0", "1", "--state", " " * (1024 * 1024 + 1)),
          "ftrain checkpoint: error: the training state is larger than 1048576 bytes"),
         # text that is not Unicode (an undecodable argv byte) and a command too large for one event
         (("fail", RUN, "--message", "bad \udcff byte"), "ftrain fail: error: failed event holds text that is not valid Unicode"),
