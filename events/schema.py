@@ -7,7 +7,7 @@ the stored bytes, see `events.chain`).
 
 import typing
 from datetime import UTC, datetime
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
 
@@ -15,21 +15,41 @@ EVENT_TYPES = ("launched", "checkpointed", "failed", "resumed", "corrupt_skipped
 FAILURE_REASONS: tuple[str, ...] = ("preempted", "node-failure", "oom", "exit-code", "signal", "unknown")
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
+# The bounds of every number an event carries: SQLite and every consumer hold integers as int64, and a
+# number outside a bound is refused at append and reported as a finding when read (never an overflow).
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+MAX_NODES = 100_000
+MAX_GPUS_PER_NODE = 1_024
+MAX_SHARDS = MAX_NODES * MAX_GPUS_PER_NODE
+MAX_AMOUNT = 1e12  # GPU-hours, seconds: far beyond any real run, finite
+MAX_EVENT_BYTES = 512 * 1024  # half the server's 1 MiB payload limit: the seal and headers must fit too
+
+Count = Annotated[int, msgspec.Meta(ge=0, le=INT64_MAX)]
+Nodes = Annotated[int, msgspec.Meta(ge=1, le=MAX_NODES)]
+GpusPerNode = Annotated[int, msgspec.Meta(ge=1, le=MAX_GPUS_PER_NODE)]
+Shards = Annotated[int, msgspec.Meta(ge=1, le=MAX_SHARDS)]
+ExitCode = Annotated[int, msgspec.Meta(ge=INT64_MIN, le=INT64_MAX)]
+Amount = Annotated[float, msgspec.Meta(ge=0, le=MAX_AMOUNT)]
+
+
+class InvalidEvent(ValueError):
+    """An event that breaks the schema's bounds (a number out of range, not finite, or too large a payload)."""
+
 
 class Actor(msgspec.Struct, frozen=True):
     """Who appended the event: user@host, process, and training rank when a trainer did."""
 
     user: str
     host: str
-    pid: int
-    rank: int | None = None
+    pid: Count
+    rank: Count | None = None
 
 
 class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
     """Fields every event carries. `seq`, `id`, `time`, `actor` and `prev_hash` are stamped at append."""
 
     run_id: str
-    seq: int = 0
+    seq: Count = 0
     id: str = ""
     time: datetime = EPOCH
     actor: Actor | None = None
@@ -40,8 +60,8 @@ class CheckpointPolicy(msgspec.Struct, frozen=True):
     """How often the trainer checkpoints: every `seconds` of wall time and/or every `steps` steps."""
 
     text: str
-    seconds: float | None = None
-    steps: int | None = None
+    seconds: Amount | None = None
+    steps: Count | None = None
 
 
 class Launched(Event, frozen=True, kw_only=True, tag="launched"):
@@ -49,8 +69,8 @@ class Launched(Event, frozen=True, kw_only=True, tag="launched"):
 
     project: str
     strategy: str
-    nodes: int
-    gpus_per_node: int
+    nodes: Nodes
+    gpus_per_node: GpusPerNode
     hosts: tuple[str, ...]
     allocation_source: str
     rdzv_endpoint: str
@@ -64,19 +84,19 @@ class Launched(Event, frozen=True, kw_only=True, tag="launched"):
 class Checkpointed(Event, frozen=True, kw_only=True, tag="checkpointed"):
     """A complete checkpoint exists at `uri`; `checkpoint_hash` is the SHA-256 of its canonical manifest."""
 
-    step: int
-    epoch: int
-    shards: int
+    step: Count
+    epoch: Count
+    shards: Shards
     uri: str
     checkpoint_hash: str
-    size_bytes: int
+    size_bytes: Count
 
 
 class Failed(Event, frozen=True, kw_only=True, tag="failed"):
     """The run stopped abnormally (preemption, node loss, OOM, non-zero exit)."""
 
     reason: str
-    exit_code: int | None = None
+    exit_code: ExitCode | None = None
     message: str = ""
 
 
@@ -84,12 +104,12 @@ class Resumed(Event, frozen=True, kw_only=True, tag="resumed"):
     """The run restarts from the checkpointed event `checkpoint_seq` (its newest valid checkpoint), or from
     step 0 when `checkpoint_seq` is 0: legal only for a run that never recorded a checkpoint."""
 
-    checkpoint_seq: int
-    step: int
-    epoch: int
+    checkpoint_seq: Count
+    step: Count
+    epoch: Count
     uri: str
     checkpoint_hash: str
-    resume_count: int
+    resume_count: Count
     forced: bool = False
     command: tuple[str, ...] = ()
 
@@ -97,8 +117,8 @@ class Resumed(Event, frozen=True, kw_only=True, tag="resumed"):
 class CorruptSkipped(Event, frozen=True, kw_only=True, tag="corrupt_skipped"):
     """The checkpoint of event `checkpoint_seq` failed verification and will never be resumed from."""
 
-    checkpoint_seq: int
-    step: int
+    checkpoint_seq: Count
+    step: Count
     uri: str
     reason: str
 
@@ -106,8 +126,8 @@ class CorruptSkipped(Event, frozen=True, kw_only=True, tag="corrupt_skipped"):
 class Completed(Event, frozen=True, kw_only=True, tag="completed"):
     """The run finished; no event may follow."""
 
-    cost_gpu_hours: float
-    running_seconds: float
+    cost_gpu_hours: Amount
+    running_seconds: Amount
     cost_source: Literal["reported", "wall-time"]
 
 
@@ -124,8 +144,22 @@ def event_type(event: AnyEvent) -> str:
 
 
 def encode_event(event: AnyEvent) -> bytes:
-    """The canonical bytes of an event: the only place event bytes are produced."""
-    return _encoder.encode(event)
+    """The canonical bytes of an event: the only place event bytes are produced, so the only place that
+    needs to refuse what a reader would: the bytes are decoded back, which applies every bound (a NaN or
+    an infinity encodes as null and fails too). Raises InvalidEvent."""
+    try:
+        data = _encoder.encode(event)
+    except UnicodeEncodeError as exc:
+        raise InvalidEvent(
+            f"{event_type(event)} event holds text that is not valid Unicode ({exc.reason})"
+        ) from None
+    if len(data) > MAX_EVENT_BYTES:
+        raise InvalidEvent(f"{event_type(event)} event of {len(data)} bytes exceeds {MAX_EVENT_BYTES}")
+    try:
+        _decoder.decode(data)
+    except msgspec.ValidationError as exc:
+        raise InvalidEvent(f"{event_type(event)} event out of bounds: {exc}") from None
+    return data
 
 
 def decode_event(data: bytes) -> AnyEvent:

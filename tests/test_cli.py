@@ -2,6 +2,7 @@
 
 import asyncio
 import json
+import os
 import re
 from pathlib import Path
 
@@ -12,6 +13,11 @@ from ftrain.cli.main import main
 from tests.conftest import stream_last_seq
 
 RUN = "dist-JPCP-2x4-fsdp"
+HUGE = "9" * 23
+
+
+def ckpt_args(step: str, epoch: str, shards: str, *source: str) -> tuple[str, ...]:
+    return ("checkpoint", RUN, "--step", step, "--epoch", epoch, "--shards", shards, *source)
 
 
 class Cli:
@@ -191,9 +197,9 @@ def test_default_run_ids_allocations_and_strategies(
         (("checkpoint", RUN, "--step", "5", "--epoch", "0", "--shards", "1", "--state", "{not json"),
          "ftrain checkpoint: error: the training state is not valid JSON"),
         (("checkpoint", RUN, "--step", "-5", "--epoch", "0", "--shards", "1", "--state", "{}"),
-         "ftrain checkpoint: error: argument --step: -5 is negative"),
+         "ftrain checkpoint: error: argument --step: -5 is not between 0 and 9223372036854775807"),
         (("checkpoint", RUN, "--step", "5", "--epoch", "0", "--shards", "0", "--state", "{}"),
-         "ftrain checkpoint: error: argument --shards: must be at least 1"),
+         "ftrain checkpoint: error: argument --shards: 0 is not between 1 and 102400000"),
         (("checkpoint", RUN, "--step", "5", "--epoch", "0", "--shards", "1", "--state-file", "/nonexistent/x.json"),
          "ftrain checkpoint: error: --state-file /nonexistent/x.json: No such file or directory"),
         (("checkpoint", "nope", "--step", "5", "--epoch", "0", "--shards", "1", "--state", "{}"),
@@ -214,6 +220,40 @@ def test_default_run_ids_allocations_and_strategies(
         (("frobnicate",), "ftrain: error: argument command: invalid choice"),
         (("status", RUN, "--", "x"), "ftrain status: error: unexpected arguments after --"),
         (("complete", RUN, "--cost-gpu-hours", "-1"), "ftrain complete: error: argument --cost-gpu-hours"),
+        # every number that reaches the log is bounded by the schema (one huge one once bricked the log)
+        (ckpt_args(HUGE, "0", "1", "--state", "{}"),
+         f"ftrain checkpoint: error: argument --step: {HUGE} is not between 0 and 9223372036854775807"),
+        (ckpt_args("5", HUGE, "1", "--state", "{}"),
+         f"ftrain checkpoint: error: argument --epoch: {HUGE} is not between 0 and 9223372036854775807"),
+        (ckpt_args("5", "0", HUGE, "--state", "{}"),
+         f"ftrain checkpoint: error: argument --shards: {HUGE} is not between 1 and 102400000"),
+        (("launch", "P", "--nodes", HUGE, "--gpus-per-node", "1"),
+         f"ftrain launch: error: argument --nodes: {HUGE} is not between 1 and 100000"),
+        (("launch", "P", "--nodes", "1", "--gpus-per-node", "4096"),
+         "ftrain launch: error: argument --gpus-per-node: 4096 is not between 1 and 1024"),
+        (("fail", RUN, "--exit-code", str(2**63)), "ftrain fail: error: argument --exit-code: 9223372036854775808 is not between"),
+        (("complete", RUN, "--cost-gpu-hours", "nan"), "ftrain complete: error: argument --cost-gpu-hours: 'nan' is not a number between 0 and 1e+12"),
+        (("complete", RUN, "--cost-gpu-hours", "1e999"), "ftrain complete: error: argument --cost-gpu-hours: '1e999' is not a number between"),
+        (("complete", RUN, "--cost-gpu-hours", "1e13"), "ftrain complete: error: argument --cost-gpu-hours: '1e13' is not a number between"),
+        # the training state is strict JSON, of bounded size and depth: never stored as something else
+        (ckpt_args("5", "0", "1", "--state", '{"lr": NaN}'),
+         "ftrain checkpoint: error: the training state is not valid JSON (JSON is malformed"),
+        (ckpt_args("5", "0", "1", "--state", '{"lr": 1e999}'),
+         "ftrain checkpoint: error: the training state is not valid JSON (Number out of range"),
+        (ckpt_args("5", "0", "1", "--state", '"\\ud800"'),
+         "ftrain checkpoint: error: the training state is not valid JSON"),
+        (ckpt_args("5", "0", "1", "--state", '"\udcff"'),
+         "ftrain checkpoint: error: --state is not valid UTF-8"),
+        (ckpt_args("5", "0", "1", "--state", "[" * 100_000 + "]" * 100_000),
+         "ftrain checkpoint: error: the training state is nested too deeply"),
+        (ckpt_args("5", "0", "1", "--state-file", "/dev/zero"),
+         "ftrain checkpoint: error: --state-file /dev/zero: larger than 1048576 bytes"),
+        (ckpt_args("5", "0", "1", "--state", " " * (1024 * 1024 + 1)),
+         "ftrain checkpoint: error: the training state is larger than 1048576 bytes"),
+        # text that is not Unicode (an undecodable argv byte) and a command too large for one event
+        (("fail", RUN, "--message", "bad \udcff byte"), "ftrain fail: error: failed event holds text that is not valid Unicode"),
+        (("launch", "P", "--nodes", "1", "--gpus-per-node", "1", "--", "train", "x" * 1_200_000),
+         "ftrain launch: error: launched event of 12"),
     ],
 )  # fmt: skip
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(
@@ -355,6 +395,24 @@ def test_checkpoint_from_a_directory_and_a_state_file(cli: Cli, tmp_path: Path) 
     state_file.write_text('{"b": 1, "a": [1, 2]}')
     cli.ok("checkpoint", RUN, "--step", "2", "--epoch", "0", "--shards", "1", "--state-file", str(state_file))
     assert (cli.storage() / RUN / "step-2" / "state.json").read_text() == '{"a":[1,2],"b":1}'
+
+
+def test_a_file_name_that_is_not_utf8_is_bad_input_and_leaves_no_directory(cli: Cli, tmp_path: Path) -> None:
+    launch(cli)
+    shards = tmp_path / "dcp"
+    shards.mkdir()
+    (shards / os.fsdecode(b"rank\xff.distcp")).write_bytes(b"x")
+    before = cli.last_seq()
+    code, out, err = cli(
+        "checkpoint", RUN, "--step", "5", "--epoch", "0", "--shards", "1", "--path", str(shards)
+    )
+    assert (code, out) == (2, "")
+    assert (
+        err
+        == f"ftrain checkpoint: error: --path {shards}: file name 'rank\\udcff.distcp' is not valid UTF-8\n"
+    )
+    assert cli.last_seq() == before
+    assert not (cli.storage() / RUN).exists()
 
 
 def test_an_orphan_directory_is_refused_not_overwritten(cli: Cli) -> None:

@@ -151,7 +151,7 @@ class Forgery(msgspec.Struct, frozen=True):
     """What was published behind ftrain's back, and what verify must name as the first bad event."""
 
     payloads: list[bytes]
-    seq: int
+    seq: int | None
     reason: str
 
 
@@ -197,10 +197,22 @@ def forge_reordered(history: list[tuple[int, AnyEvent, str]], raw: dict[int, byt
     return Forgery([sixth, fifth], 6, "sequence gap: expected seq 5, found 6")
 
 
+def forge_out_of_range(history: list[tuple[int, AnyEvent, str]], raw: dict[int, bytes]) -> Forgery:
+    # A correctly chained checkpoint whose step no int64 holds: it once overflowed SQLite in every command.
+    # (ftrain refuses to encode it, so the number is spliced into the bytes before sealing.)
+    h4 = history[3][2]
+    body = unseal(_next_checkpoint(history, 5, h4, 20))
+    assert body is not None
+    huge = body[0].replace(b'"step":20,', b'"step":99999999999999999999999,', 1)
+    assert huge != body[0]
+    reason = "undecodable payload (Expected `int` <= 9223372036854775807 - at `$.step`)"
+    return Forgery([seal(huge, h4)[0]], None, reason)
+
+
 @pytest.mark.parametrize(
     "forge",
-    [forge_edited, forge_wrong_prev, forge_gap, forge_reordered],
-    ids=["edited-payload", "wrong-prev-hash", "sequence-gap", "reordered-pair"],
+    [forge_edited, forge_wrong_prev, forge_gap, forge_reordered, forge_out_of_range],
+    ids=["edited-payload", "wrong-prev-hash", "sequence-gap", "reordered-pair", "number-out-of-range"],
 )
 async def test_a_forged_event_is_named_by_audit_never_applied_and_blocks_further_appends(
     app: RunService, env: dict[str, str], server: ServerProcess, forge: Any
@@ -238,7 +250,8 @@ async def test_a_forged_event_is_named_by_audit_never_applied_and_blocks_further
         "event_type": "checkpointed",
         "reason": forgery.reason,
     }
-    described = f"run {victim}: seq {forgery.seq} (checkpointed, stream seq {first_bad}): {forgery.reason}"
+    at = f"seq {forgery.seq}" if forgery.seq is not None else "an unsequenced event"
+    described = f"run {victim}: {at} (checkpointed, stream seq {first_bad}): {forgery.reason}"
 
     everything = await cli(env, "audit", "verify")
     assert everything.returncode == 1, everything.stderr

@@ -414,3 +414,19 @@ async def test_two_processes_recording_into_one_outbox_file_each_keep_their_orde
         assert not [e for e in events if not isinstance(e, Launched | Checkpointed)]
         assert node_outbox(env).pending(run_id) == []
     assert (await app.verify()).ok
+
+
+async def test_a_trainer_ranks_recorder_stamps_its_rank_and_the_supervisors_stamps_none(
+    app: RunService, env: dict[str, str]
+) -> None:
+    await launch(app)
+    with Recorder(RUN, settings.nats(env), rank=0) as trainer:
+        trainer.record(ckpt(100))
+        assert await asyncio.to_thread(trainer.flush, FLUSH_S)
+    with Recorder(RUN, settings.nats(env)) as supervisor:
+        supervisor.record(FailIntent(reason="preempted"))
+        assert await asyncio.to_thread(supervisor.flush, FLUSH_S)
+    events = await run_events(app)
+    assert kinds(events) == ["Launched", "Checkpointed", "Failed"]
+    assert [e.actor.rank if e.actor else "no actor" for e in events[1:]] == [0, None]
+    assert events[1].actor is not None and events[1].actor.pid == os.getpid()

@@ -1,6 +1,10 @@
 """The JetStream event store against a real nats-server: stream config, CAS appends, heads, batched reads."""
 
 import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -10,6 +14,7 @@ from events.jetstream.server import ServerProcess
 from events.jetstream.store import STREAM, AppendConflict, EventStore
 from events.record import parse_subject, run_subject
 from tests.builders import checkpointed, launched
+from tests.conftest import free_port, start_configured_server
 
 
 @pytest.fixture
@@ -115,3 +120,51 @@ async def test_stored_headers_cannot_impersonate_the_servers(store: EventStore) 
         (2, "intruder", "failed"),
         (3, "r1", "checkpointed"),
     ]
+
+
+RETRY_UNTIL_UNAVAILABLE = """
+import asyncio, sys
+from events.jetstream.client import Nats
+from events.jetstream.store import EventStore, LogUnavailable
+from ftrain.logs import configure
+
+async def main() -> None:
+    configure()
+    nc = Nats()
+    await nc.connect(sys.argv[1])
+    try:
+        await EventStore(nc, deadline=0.5).ensure_stream()
+    except LogUnavailable as exc:
+        print(exc)
+    finally:
+        await nc.close()
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize(("level", "retry_lines"), [(None, False), ("info", True)])
+def test_retries_are_quiet_unless_the_log_level_asks(
+    tmp_path: Path, level: str | None, retry_lines: bool
+) -> None:
+    # a server without JetStream: every stream request goes unanswered, retried until the deadline
+    port = free_port()
+    proc = start_configured_server(tmp_path, f"listen: 127.0.0.1:{port}\n", port)
+    env = {k: v for k, v in os.environ.items() if k != "FTRAIN_LOG_LEVEL"} | (
+        {"FTRAIN_LOG_LEVEL": level} if level else {}
+    )
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", RETRY_UNTIL_UNAVAILABLE, f"nats://127.0.0.1:{port}"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    finally:
+        proc.kill()
+        proc.wait()
+    assert done.stdout.startswith("event log unreachable (stream info: "), done.stdout + done.stderr
+    assert ("log_retry" in done.stderr) == retry_lines, done.stderr
+    if not retry_lines:
+        assert done.stderr == ""

@@ -294,9 +294,9 @@ def test_two_nodes_under_slurm_run_one_srun_step(
     ("args", "message"),
     [
         (("--run-id", "a.b"), "ftrain run: error: argument --run-id: run id 'a.b' is invalid"),
-        (("--max-retries", "-1"), "ftrain run: error: argument --max-retries: -1 is negative"),
-        (("--backoff", "-1"), "ftrain run: error: argument --backoff: '-1' is not a non-negative number"),
-        (("--nproc-per-node", "0"), "ftrain run: error: argument --nproc-per-node: must be at least 1"),
+        (("--max-retries", "-1"), "ftrain run: error: argument --max-retries: -1 is not between 0 and 9223372036854775807"),
+        (("--backoff", "-1"), "ftrain run: error: argument --backoff: '-1' is not a number between 0 and 1e+12"),
+        (("--nproc-per-node", "0"), "ftrain run: error: argument --nproc-per-node: 0 is not between 1 and 1024"),
         (("--max-restarts", "x"), "ftrain run: error: argument --max-restarts: 'x' is not an integer"),
         (("--nodes", "2"), "ftrain run: error: --nodes 2 needs a Slurm allocation (SLURM_JOB_ID is not set)"),
         (("--strategy", "megatron", "--tp", "2", "--nproc-per-node", "1"),

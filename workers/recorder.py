@@ -116,8 +116,10 @@ async def deliver(run_log: RunLog, outbox: Outbox) -> int:
 class Recorder:
     """Records one run's lifecycle intents from training code: durable at once, in the log when it answers."""
 
-    def __init__(self, run_id: str, settings: NatsSettings) -> None:
+    def __init__(self, run_id: str, settings: NatsSettings, rank: int | None = None) -> None:
+        """`rank`: the training rank recording (stamped on the events it appends); None for the supervisor."""
         self.run_id = run_id
+        self._rank = rank
         self._settings = settings
         self._outbox = Outbox(outbox_path(settings.home))
         self._wake = asyncio.Event()
@@ -199,7 +201,7 @@ class Recorder:
                     if not outbox.pending(self.run_id):
                         backoff = 0.0  # another process delivered them
                         continue
-                    async with open_store(self._settings) as store:
+                    async with open_store(self._settings, rank=self._rank) as store:
                         await store.ensure_stream()
                         run_log = RunLog(store, self.run_id)
                         while not self._stop.is_set():

@@ -12,7 +12,7 @@ import nats.errors
 import structlog
 
 from events.jetstream.client import Nats
-from events.jetstream.store import EventStore, LogUnavailable
+from events.jetstream.store import EventStore, LogUnavailable, process_actor
 
 log = structlog.get_logger(__name__)
 
@@ -73,8 +73,10 @@ async def open_store(
     connect_timeout: int = 2,
     connect_deadline: float = 5.0,
     deadline: float = 30.0,
+    rank: int | None = None,
 ) -> AsyncIterator[EventStore]:
-    """A connected EventStore whose stream exists; raises LogUnavailable when no server answers."""
+    """A connected EventStore whose stream exists; raises LogUnavailable when no server answers. Its events
+    name this process as their actor, with `rank` when a trainer's rank appends them."""
     urls = server_urls(settings)
     errors: list[Exception] = []
     refused = asyncio.Event()
@@ -115,7 +117,7 @@ async def open_store(
         )
         raise LogUnavailable(f"event log unreachable at {','.join(urls)}: {reason}") from failure
     try:
-        yield EventStore(nc, replicas=settings.replicas, deadline=deadline)
+        yield EventStore(nc, replicas=settings.replicas, deadline=deadline, actor=process_actor(rank))
     finally:
         try:
             await nc.close()

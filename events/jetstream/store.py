@@ -54,7 +54,7 @@ class _Backoff:
         """Sleep before the next try, or raise LogUnavailable once the deadline would pass."""
         if time.monotonic() + self._delay > self._give_up:
             raise LogUnavailable(f"event log unreachable ({what}: {type(exc).__name__})") from exc
-        log.warning("log_retry", what=what, error=type(exc).__name__, delay=self._delay)
+        log.info("log_retry", what=what, error=type(exc).__name__, delay=self._delay)
         await asyncio.sleep(self._delay)
         self._delay = min(self._delay * 2, 1.0)
 
@@ -159,7 +159,10 @@ class EventStore:
         except NotFoundError:
             return None
         parts = unseal(msg.data or b"")
-        seq = decode_event(parts[0]).seq if parts else 0
+        try:
+            seq = decode_event(parts[0]).seq if parts else 0
+        except (msgspec.DecodeError, msgspec.ValidationError):  # a forgery: the chain check reports it
+            seq = 0
         msg_id = (msg.headers or {}).get("Nats-Msg-Id")
         return ChainHead(seq, parts[1] if parts else "", int(msg.seq or 0)), msg_id
 

@@ -2,7 +2,6 @@
 error leaves no trace), `run` executes it against the service and prints the result."""
 
 import argparse
-import json
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -16,6 +15,8 @@ from ftrain.cli.queries import run_audit, run_cost, run_list, run_replay, run_st
 from ftrain.errors import Refused, UsageError
 from ftrain.service import RunService
 from workers.layout import RESERVED
+
+MAX_STATE_BYTES = 1024 * 1024
 
 
 class Command(NamedTuple):
@@ -34,16 +35,39 @@ def _nothing(args: argparse.Namespace) -> None:
 
 def prepare_checkpoint(args: argparse.Namespace) -> list[tuple[str, bytes | Path]]:
     """Read and check the checkpoint's contents before anything is written."""
-    if args.state is not None or args.state_file is not None:
+    if args.state is not None:
         try:
-            text = args.state if args.state is not None else args.state_file.read_text()
-            state = json.loads(text)
-        except OSError as exc:
-            raise UsageError(f"--state-file {args.state_file}: {exc.strerror}") from exc
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise UsageError(f"the training state is not valid JSON ({exc})") from exc
-        return [("state.json", msgspec.json.encode(state, order="sorted"))]
+            return [("state.json", _state_json(args.state.encode()))]
+        except UnicodeEncodeError:
+            raise UsageError("--state is not valid UTF-8") from None
+    if args.state_file is not None:
+        return [("state.json", _state_json(_read_capped(args.state_file)))]
     return _directory_sources(args.path, args.shards)
+
+
+def _read_capped(path: Path) -> bytes:
+    """At most MAX_STATE_BYTES of `path`, read as a stream: /dev/zero or a FIFO must not fill memory."""
+    try:
+        with path.open("rb") as f:
+            data = f.read(MAX_STATE_BYTES + 1)
+    except OSError as exc:
+        raise UsageError(f"--state-file {path}: {exc.strerror or exc}") from exc
+    if len(data) > MAX_STATE_BYTES:
+        raise UsageError(f"--state-file {path}: larger than {MAX_STATE_BYTES} bytes")
+    return data
+
+
+def _state_json(raw: bytes) -> bytes:
+    """The training state, canonical. Strict JSON only: NaN, an infinity (1e999), invalid UTF-8 or a lone
+    surrogate is refused rather than stored as something else, and so is nesting past the decoder's depth."""
+    if len(raw) > MAX_STATE_BYTES:
+        raise UsageError(f"the training state is larger than {MAX_STATE_BYTES} bytes")
+    try:
+        return msgspec.json.encode(msgspec.json.decode(raw), order="sorted")
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise UsageError(f"the training state is not valid JSON ({exc})") from exc
+    except RecursionError:
+        raise UsageError("the training state is nested too deeply") from None
 
 
 def _directory_sources(path: Path, shards: int) -> list[tuple[str, bytes | Path]]:
@@ -53,6 +77,8 @@ def _directory_sources(path: Path, shards: int) -> list[tuple[str, bytes | Path]
     if not files:
         raise UsageError(f"--path {path}: no files")
     names = [str(p.relative_to(path)) for p in files]
+    if bad := next((n for n in names if not _is_utf8(n)), None):
+        raise UsageError(f"--path {path}: file name {bad!r} is not valid UTF-8")
     if RESERVED & set(names):
         raise UsageError(
             f"--path {path}: already holds a manifest or marker (is it a checkpoint of ftrain's?)"
@@ -63,6 +89,15 @@ def _directory_sources(path: Path, shards: int) -> list[tuple[str, bytes | Path]
             f"--path {path} holds {len(dcp_shards)} .distcp shard(s) but --shards {shards} was given"
         )
     return list(zip(names, files, strict=True))
+
+
+def _is_utf8(name: str) -> bool:
+    """Whether a file name decoded from the file system is real text (undecodable bytes become surrogates)."""
+    try:
+        name.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 async def run_checkpoint(

@@ -13,7 +13,7 @@ from typing import NamedTuple, TypeVar
 import msgspec
 
 from events.run_id import RUN_ID_MAX, InvalidRunId, validate_run_id
-from events.schema import Completed, Launched
+from events.schema import Completed, InvalidEvent, Launched, encode_event
 from ftrain import settings
 from ftrain.cadence import parse_checkpoint_every
 from ftrain.cli import render
@@ -95,6 +95,10 @@ def prepare_launch(args: argparse.Namespace) -> LaunchPlan:
             mlflow_run_id=env.get("MLFLOW_RUN_ID") or None,
         )
 
+    try:
+        encode_event(make(base_id))  # a command too long for the log is bad input, refused before a write
+    except InvalidEvent as exc:
+        raise UsageError(str(exc)) from exc
     return LaunchPlan(base_id, bool(args.run_id), make, spec, allocation.hosts)
 
 

@@ -10,7 +10,7 @@ import asyncio
 import os
 import sqlite3
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
 
@@ -20,7 +20,17 @@ import nats.errors
 from events.jetstream.server import NatsServerError
 from events.jetstream.store import LogUnavailable
 from events.run_id import InvalidRunId, validate_run_id
-from events.schema import FAILURE_REASONS, json_schema
+from events.schema import (
+    FAILURE_REASONS,
+    INT64_MAX,
+    INT64_MIN,
+    MAX_AMOUNT,
+    MAX_GPUS_PER_NODE,
+    MAX_NODES,
+    MAX_SHARDS,
+    InvalidEvent,
+    json_schema,
+)
 from ftrain.errors import Refused, UsageError
 from ftrain.settings import InvalidSetting
 from ftrain.supervise.launch_spec import STRATEGIES
@@ -41,46 +51,48 @@ def _run_id(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
-def _non_negative(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} is negative")
-    return value
+def _int_in(low: int, high: int) -> Callable[[str], int]:
+    """An argparse type: an integer within [low, high], the bounds the event schema holds it to."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value} is not between {low} and {high}")
+        return value
+
+    return parse
 
 
-def _positive(text: str) -> int:
-    value = _non_negative(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be at least 1")
-    return value
+_count = _int_in(0, INT64_MAX)
+_positive = _int_in(1, INT64_MAX)
 
 
 def _amount(text: str) -> float:
-    """A finite, non-negative number (GPU-hours, seconds)."""
+    """A finite, non-negative number (GPU-hours, seconds) within the schema's bound."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a non-negative number")
+    if not 0 <= value <= MAX_AMOUNT:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number between 0 and {MAX_AMOUNT:g}")
     return value
 
 
 def _add_launch_arguments(p: argparse.ArgumentParser) -> None:
     """What `launch` and `run` both take: the project, the allocation, the strategy and the run id."""
     p.add_argument("project", type=lambda t: _run_id_as(t, "project"))
-    p.add_argument("--nodes", type=_positive, required=True)
-    p.add_argument("--gpus-per-node", type=_positive, required=True)
+    p.add_argument("--nodes", type=_int_in(1, MAX_NODES), required=True)
+    p.add_argument("--gpus-per-node", type=_int_in(1, MAX_GPUS_PER_NODE), required=True)
     p.add_argument("--strategy", choices=STRATEGIES, default="fsdp")
     p.add_argument("--dataset-revision")
     p.add_argument("--checkpoint-every", metavar="10min|500steps")
     p.add_argument(
         "--nodelist", help="comma list or Slurm hostlist (default: SLURM_JOB_NODELIST, PBS_NODEFILE)"
     )
-    p.add_argument("--rdzv-port", type=_positive, default=29500)
+    p.add_argument("--rdzv-port", type=_int_in(1, 65535), default=29500)
     p.add_argument("--run-id", type=_run_id)
     p.add_argument("--tp", type=_positive, default=1, help="megatron tensor-parallel size")
     p.add_argument("--pp", type=_positive, default=1, help="megatron pipeline-parallel size")
@@ -101,8 +113,12 @@ def build_parser() -> argparse.ArgumentParser:
         "run", help="launch (or relaunch a failed --run-id) and supervise it: retry, resume, record"
     )
     _add_launch_arguments(p)
-    p.add_argument("--nproc-per-node", type=_positive, help="processes per node (default: --gpus-per-node)")
-    p.add_argument("--max-retries", type=_non_negative, default=3, help="relaunches after a failure")
+    p.add_argument(
+        "--nproc-per-node",
+        type=_int_in(1, MAX_GPUS_PER_NODE),
+        help="processes per node (default: --gpus-per-node)",
+    )
+    p.add_argument("--max-retries", type=_count, default=3, help="relaunches after a failure")
     p.add_argument(
         "--backoff",
         type=_amount,
@@ -110,15 +126,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="wait before the first relaunch, doubled per failure up to 60 s (default 5)",
     )
-    p.add_argument(
-        "--max-restarts", type=_non_negative, default=0, help="torchrun's own in-place worker restarts"
-    )
+    p.add_argument("--max-restarts", type=_count, default=0, help="torchrun's own in-place worker restarts")
 
     p = sub.add_parser("checkpoint", help="record a checkpoint (writes it under $FTRAIN_STORAGE)")
     p.add_argument("run_id", type=_run_id)
-    p.add_argument("--step", type=_non_negative, required=True)
-    p.add_argument("--epoch", type=_non_negative, required=True)
-    p.add_argument("--shards", type=_positive, required=True)
+    p.add_argument("--step", type=_count, required=True)
+    p.add_argument("--epoch", type=_count, required=True)
+    p.add_argument("--shards", type=_int_in(1, MAX_SHARDS), required=True)
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--state", help="training state as JSON")
     source.add_argument("--state-file", type=Path)
@@ -131,7 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("fail", help="record a failure or preemption")
     p.add_argument("run_id", type=_run_id)
     p.add_argument("--reason", choices=FAILURE_REASONS, default="preempted")
-    p.add_argument("--exit-code", type=int)
+    p.add_argument("--exit-code", type=_int_in(INT64_MIN, INT64_MAX))
     p.add_argument("--message", default="")
 
     p = sub.add_parser("complete", help="record completion and cost")
@@ -198,7 +212,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         configure()
         return _dispatch(args)
-    except (UsageError, InvalidSetting) as exc:
+    except (UsageError, InvalidSetting, InvalidEvent) as exc:
         _fail(2, f"ftrain {args.command}: error: {exc}")
     except (Refused, LogUnavailable, NatsServerError) as exc:
         _fail(1, f"ftrain {args.command}: {exc}")

@@ -58,7 +58,9 @@ class CheckpointManager:
         self.rank = dist.get_rank()
         # rank 0 records the lifecycle of a run the log knows; without a run id the directory is the truth
         self.recorder = (
-            Recorder(config.run_id, settings.nats(os.environ)) if config.run_id and self.rank == 0 else None
+            Recorder(config.run_id, settings.nats(os.environ), rank=self.rank)
+            if config.run_id and self.rank == 0
+            else None
         )
         self.world = dist.get_world_size()
         self.group = dist.new_group(backend="gloo")
