@@ -274,6 +274,10 @@ class RunService:
                 dataset_revision=state.launch.dataset_revision,
             )
         except CheckpointExists as exc:
+            if any(c.step == step for c in (await self.state_of(run_id)).checkpoints):
+                raise Refused(
+                    f"run {run_id} already has checkpoint step {step} (another writer got there first)"
+                ) from exc
             raise Refused(
                 f"{exc} but the log has no such checkpoint (an interrupted save?); remove it"
             ) from exc

@@ -739,3 +739,28 @@ async def test_an_event_filed_under_a_subject_ftrain_never_writes_is_reported(
         "BROKEN run good.extra: seq 2 (failed, stream seq 2): stored under run 'good.extra'" in audit.stdout
     )
     assert (await cli(env, "audit", "verify", "good")).returncode == 0  # the real run is intact
+
+
+async def test_two_checkpoints_of_one_step_race_one_lands_and_the_loser_is_not_told_to_delete_it(
+    app: RunService, env: dict[str, str]
+) -> None:
+    """Both pass the step check; the loser finds the directory the winner wrote (and recorded, or is about
+    to): it must never be told to remove a checkpoint the log has."""
+    run = "race-ckpt"
+    await launch(app, run)
+    barrier = threading.Barrier(2)
+
+    def checkpoint() -> subprocess.CompletedProcess[str]:
+        barrier.wait()
+        return run_ftrain(
+            ["checkpoint", run, "--step", "10", "--epoch", "0", "--shards", "1", "--state", "{}"], env
+        )
+
+    results = await asyncio.gather(asyncio.to_thread(checkpoint), asyncio.to_thread(checkpoint))
+    assert sorted(r.returncode for r in results) == [0, 1], [r.stderr for r in results]
+    loser = one_line(next(r for r in results if r.returncode == 1).stderr)
+    assert loser in (
+        f"ftrain checkpoint: run {run} already has checkpoint step 10 (another writer got there first)",
+        f"ftrain checkpoint: run {run} is at step 10; checkpoint step 10 does not advance it",
+    )
+    assert [c.step for c in (await app.state_of(run)).checkpoints] == [10]
