@@ -70,6 +70,8 @@ class Checkpointed(Event, frozen=True, kw_only=True, tag="checkpointed"):
     uri: str
     checkpoint_hash: str
     size_bytes: int
+    attempt: int = 0
+    """The attempt that wrote it (0: written before attempts existed, or by no attempt's process)."""
 
 
 class Failed(Event, frozen=True, kw_only=True, tag="failed"):
@@ -78,6 +80,7 @@ class Failed(Event, frozen=True, kw_only=True, tag="failed"):
     reason: str
     exit_code: int | None = None
     message: str = ""
+    attempt: int = 0
 
 
 class Resumed(Event, frozen=True, kw_only=True, tag="resumed"):
@@ -92,6 +95,9 @@ class Resumed(Event, frozen=True, kw_only=True, tag="resumed"):
     resume_count: int
     forced: bool = False
     command: tuple[str, ...] = ()
+    attempt: int = 0
+    """The attempt it opens (the current one + 1), or continues (the current one: a trainer that fell back
+    to an older checkpoint, or whose workers its launcher restarted in place); 0: opens the next (old logs)."""
 
 
 class CorruptSkipped(Event, frozen=True, kw_only=True, tag="corrupt_skipped"):
@@ -109,6 +115,7 @@ class Completed(Event, frozen=True, kw_only=True, tag="completed"):
     cost_gpu_hours: float
     running_seconds: float
     cost_source: Literal["reported", "wall-time"]
+    attempt: int = 0
 
 
 AnyEvent = Launched | Checkpointed | Failed | Resumed | CorruptSkipped | Completed
