@@ -1,7 +1,7 @@
 """`ftrain run`: real torchrun, a real nats-server, real checkpoint directories, and a stand-in trainer.
 
 The stand-in trainer imports no torch: it counts its starts in a file, follows one action list per start, and
-records its checkpoints and resumes through the ftrain CLI so the run's event sequence stays legal.
+records its checkpoints through the ftrain CLI so the run's event sequence stays legal.
 """
 
 import json
@@ -30,7 +30,9 @@ ONE_GPU = ("--nodes", "1", "--gpus-per-node", "1")
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
 
 TRAINER = '''
-"""Stand-in trainer: python trainer.py STATE_DIR ACTIONS_OF_START_1 ACTIONS_OF_START_2 ..."""
+"""Stand-in trainer: python trainer.py STATE_DIR ACTIONS_OF_START_1 ACTIONS_OF_START_2 ...
+
+It records no `resumed`: the supervisor opens each relaunch's attempt with one itself."""
 import json, os, signal, subprocess, sys, time
 from pathlib import Path
 
@@ -40,7 +42,7 @@ if os.environ["RANK"] != "0":
 counter = state / "starts"
 start = int(counter.read_text()) + 1 if counter.exists() else 1
 counter.write_text(str(start))
-keys = ("FTRAIN_RUN_ID", "FTRAIN_CKPT_DIR", "FTRAIN_NATS_URL", "TORCHELASTIC_RESTART_COUNT")
+keys = ("FTRAIN_RUN_ID", "FTRAIN_CKPT_DIR", "FTRAIN_NATS_URL", "TORCHELASTIC_RESTART_COUNT", "FTRAIN_ATTEMPT")
 with (state / "env.jsonl").open("a") as f:
     f.write(json.dumps({k: os.environ.get(k) for k in keys}) + "\\n")
 run, ckpt_dir = os.environ["FTRAIN_RUN_ID"], Path(os.environ["FTRAIN_CKPT_DIR"])
@@ -58,9 +60,7 @@ def terminated(signum, frame):
 
 
 for action in plans[start - 1].split("+"):
-    if action == "resume":
-        ftrain("resume", run)
-    elif action == "ckpt":
+    if action == "ckpt":
         ftrain("checkpoint", run, "--step", str(start * 10), "--epoch", "0", "--shards", "1", "--state", "{}")
         assert (ckpt_dir / f"step-{start * 10}" / ".complete").exists(), "FTRAIN_CKPT_DIR is not the run's"
     elif action == "kill":
@@ -136,14 +136,14 @@ def test_fails_twice_then_completes(cli: Cli, trainer: tuple[Path, Path]) -> Non
     script, state = trainer
     code, out, err = cli(
         "run", "P", *ONE_GPU, "--backoff", "0.1", "--", str(script), str(state),
-        "ckpt+exit3", "resume+ckpt+kill", "resume+ckpt",
+        "ckpt+exit3", "ckpt+kill", "ckpt",
     )  # fmt: skip
     assert code == 0, err
     lines = out.splitlines()
     assert lines[:2] == [
         f"Launched {RUN} — 1×1 GPUs, fsdp, rdzv localhost:29500",
         f"  torchrun --nnodes=1 --nproc_per_node=1 --rdzv_backend=c10d --rdzv_endpoint=localhost:29500 "
-        f"--rdzv_id={RUN} {script} {state} ckpt+exit3 resume+ckpt+kill resume+ckpt",
+        f"--rdzv_id={RUN} {script} {state} ckpt+exit3 ckpt+kill ckpt",
     ]
     assert re.fullmatch(
         r"Attempt 1 of 4 failed \(exit code 3\) after \d+\.\d s — checkpoint step 10; retrying in 0\.1 s",
@@ -162,6 +162,7 @@ def test_fails_twice_then_completes(cli: Cli, trainer: tuple[Path, Path]) -> Non
     ]  # fmt: skip
     ckpt_dir = str(cli.storage() / RUN)
     assert {(s["FTRAIN_RUN_ID"], s["FTRAIN_CKPT_DIR"]) for s in starts(state)} == {(RUN, ckpt_dir)}
+    assert [s["FTRAIN_ATTEMPT"] for s in starts(state)] == ["1", "2", "3"]
     assert cli.ok("audit", "verify") == ["Verified 9 event(s) in 1 run(s): every chain intact"]
 
 
@@ -169,7 +170,7 @@ def test_gives_up_after_max_retries(cli: Cli, trainer: tuple[Path, Path]) -> Non
     script, state = trainer
     code, out, err = cli(
         "run", "P", *ONE_GPU, "--max-retries", "1", "--backoff", "0",
-        "--", str(script), str(state), "ckpt+exit3", "resume+ckpt+exit4",
+        "--", str(script), str(state), "ckpt+exit3", "ckpt+exit4",
     )  # fmt: skip
     assert code == 1
     assert last_line(err) == f"ftrain run: run {RUN} gave up after 1 retry (last: exit code 4)"
@@ -188,7 +189,7 @@ def test_relaunches_a_failed_run_and_gives_up_without_progress(cli: Cli, trainer
     cli.ok("fail", "r1")
     code, out, err = cli(
         "run", "P", *ONE_GPU, "--run-id", "r1", "--max-retries", "5", "--backoff", "0",
-        "--", str(script), str(state), "resume+exit1", "resume+exit1", "resume+ckpt",
+        "--", str(script), str(state), "exit1", "exit1", "ckpt",
     )  # fmt: skip
     assert code == 1
     lines = out.splitlines()
@@ -208,7 +209,7 @@ def test_relaunches_a_failed_run_and_gives_up_without_progress(cli: Cli, trainer
         "launched", "checkpointed 10", "failed preempted None", "resumed 10", "failed exit-code 1",
         "resumed 10", "failed exit-code 1",
     ]  # fmt: skip
-    assert len(starts(state)) == 2
+    assert [s["FTRAIN_ATTEMPT"] for s in starts(state)] == ["2", "3"]
 
 
 def test_sigterm_is_forwarded_and_recorded_as_preempted(
@@ -457,6 +458,8 @@ def test_a_job_ignoring_sigterm_is_killed_with_its_own_sessions(tmp_path: Path) 
         tmp_path / "ckpt",
         Relaunches(),
         recorder,
+        attempt=1,
+        opener=lambda: pytest.fail("a stopped run is not relaunched"),
         grace=0.3,
     )
     try:
@@ -464,7 +467,10 @@ def test_a_job_ignoring_sigterm_is_killed_with_its_own_sessions(tmp_path: Path) 
         assert outcome.status == "stopped" and outcome.exit_code == 143
         assert recorder.intents == [
             FailIntent(
-                reason="preempted", exit_code=143, message="SIGTERM forwarded to the training processes"
+                reason="preempted",
+                exit_code=143,
+                message="SIGTERM forwarded to the training processes",
+                attempt=1,
             )
         ]
         deadline = time.monotonic() + 5  # SIGKILL is sent; the grandchild dies when next scheduled

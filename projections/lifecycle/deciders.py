@@ -149,9 +149,8 @@ def _intent_event(state: RunState, intent: Intent, at: datetime) -> AnyEvent | N
         ref = _by_hash(state, intent.checkpoint_hash) or _unknown(intent.checkpoint_hash, intent.step, at)
         return None if ref.status == "corrupt" else corrupt_skipped_event(state, ref, intent.reason)
     if isinstance(intent, ResumeIntent):
-        if running and intent.attempt and state.resumed_in == intent.attempt == state.attempt:
-            if state.resumed_hash == (intent.checkpoint_hash or ""):
-                return None  # the supervisor opened this attempt from the very checkpoint the trainer loaded
+        if _opened_by_supervisor(state, intent):
+            return None
         if intent.checkpoint_hash is None:
             return restart_event(state, forced=running, attempt=intent.attempt)
         # built for the named checkpoint even when it is not the newest valid one: the judge refuses it then,
@@ -171,6 +170,17 @@ def _intent_event(state: RunState, intent: Intent, at: datetime) -> AnyEvent | N
     if state.status == "completed":
         return None
     return completed_event(state, intent.cost_gpu_hours, at, intent.attempt)
+
+
+def _opened_by_supervisor(state: RunState, intent: ResumeIntent) -> bool:
+    """The run is in the trainer's attempt, which its supervisor opened from the very checkpoint the trainer
+    loaded: the `resumed` is in the log already (one per attempt, unless the trainer had to fall back)."""
+    return (
+        state.status == "running"
+        and intent.attempt != 0
+        and state.resumed_in == intent.attempt == state.attempt
+        and state.resumed_hash == (intent.checkpoint_hash or "")
+    )
 
 
 def _by_hash(state: RunState, checkpoint_hash: str) -> CheckpointRef | None:
