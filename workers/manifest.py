@@ -50,6 +50,8 @@ class Marker(msgspec.Struct, frozen=True):
 
     manifest_digest: DigestField
     step: int
+    attempt: int = 0
+    """The attempt that sealed it (0: sealed before attempts existed, or by no attempt)."""
 
 
 class _Format(msgspec.Struct):

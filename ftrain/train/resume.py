@@ -38,6 +38,7 @@ from projections.lifecycle import (
     skipped_line,
 )
 from workers.checkpoint_dir import marker_hash, on_disk, read_manifest, set_aside, uri_path, verify_files
+from workers.fence import Fenced, claim
 from workers.layout import assemblies
 from workers.manifest import FileEntry, Manifest
 from workers.recorder import Recorder
@@ -69,9 +70,11 @@ class ResumePoint(msgspec.Struct, frozen=True):
 
 
 class StartDecision(msgspec.Struct, frozen=True):
-    """Rank 0's decision, broadcast to every rank: the lifecycle's plan, or why the start is refused."""
+    """Rank 0's decision, broadcast to every rank: the lifecycle's plan and the attempt this job records in,
+    or why the start is refused."""
 
     plan: ResumePlan = ResumePlan()
+    attempt: int = 0
     refused: str | None = None
 
 
@@ -88,13 +91,14 @@ def cleanup_stale(ckpt_dir: Path, stage_root: Path | None, rank: int) -> None:
 
 def resume(
     config: CheckpointConfig, state: TrainState, recorder: Recorder | None, group: dist.ProcessGroup
-) -> ResumePoint | None:
-    """Load the newest valid checkpoint into `state` on every rank; None when there is none to resume."""
+) -> tuple[ResumePoint | None, int]:
+    """Load the newest valid checkpoint into `state` on every rank; returns where training continues (None:
+    from the start) and the attempt this job records in (0: no log to say)."""
     rank = dist.get_rank()
     decision = _broadcast(_safe_plan(config, recorder) if rank == 0 else None, group)
     if decision.refused:
         raise ResumeRefused(decision.refused)
-    plan = decision.plan
+    plan, attempt = decision.plan, decision.attempt
     for candidate in plan.candidates:
         path = uri_path(candidate.uri)
         header = cast(
@@ -103,7 +107,7 @@ def resume(
         reason = header if isinstance(header, str) else _load(path, header, state, group)
         if reason is None:
             assert isinstance(header, Manifest)
-            return _resumed(path, candidate, state, recorder)
+            return _resumed(path, candidate, state, recorder, attempt), attempt
         if rank == 0:
             _skip(candidate, reason, recorder)
     if plan.had_checkpoints:
@@ -112,8 +116,8 @@ def resume(
             "refusing to start over"
         )
     if plan.restart and recorder is not None:
-        recorder.record(ResumeIntent(checkpoint_hash=None, step=0))
-    return None
+        recorder.record(ResumeIntent(checkpoint_hash=None, step=0, attempt=attempt))
+    return None, attempt
 
 
 def owned(files: tuple[FileEntry, ...], rank: int, world: int) -> list[FileEntry]:
@@ -157,12 +161,14 @@ def _first(exc: CheckpointException) -> str:
     return f"{type(error).__name__}: {error}"
 
 
-def _resumed(path: Path, candidate: Candidate, state: TrainState, recorder: Recorder | None) -> ResumePoint:
+def _resumed(
+    path: Path, candidate: Candidate, state: TrainState, recorder: Recorder | None, attempt: int
+) -> ResumePoint:
     point = ResumePoint(state.step, state.epoch)
     if dist.get_rank() == 0:
         if recorder is not None:
             digest = candidate.digest or marker_hash(path) or ""
-            recorder.record(ResumeIntent(checkpoint_hash=digest, step=point.step))
+            recorder.record(ResumeIntent(checkpoint_hash=digest, step=point.step, attempt=attempt))
         print(f"RESUMED from step={point.step} (epoch={point.epoch})", flush=True)
     return point
 
@@ -182,29 +188,44 @@ def _skip(candidate: Candidate, reason: str, recorder: Recorder | None) -> None:
 def _safe_plan(config: CheckpointConfig, recorder: Recorder | None) -> StartDecision:
     """Rank 0's plan; a refusal travels to every rank (raising here alone would leave the others waiting)."""
     try:
-        return StartDecision(_plan(config, recorder))
-    except (IllegalTransition, RunUnknown) as exc:
+        return _plan(config, recorder)
+    except (IllegalTransition, RunUnknown, Fenced) as exc:
         return StartDecision(refused=str(exc))
 
 
-def _plan(config: CheckpointConfig, recorder: Recorder | None) -> ResumePlan:
+def _plan(config: CheckpointConfig, recorder: Recorder | None) -> StartDecision:
     """Rank 0: the lifecycle's plan, from the log when it answers, else from the directory alone; the
-    directories it sets aside are moved here (kept, never deleted)."""
+    directories it sets aside are moved here (kept, never deleted), and the directory is claimed for the
+    attempt (an older attempt that wakes up then writes nothing more)."""
     state = _run_state(config, recorder)
     restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
     in_place = state is not None and state.status == "running" and restarts > 0 and config.resume
     plan = plan_resume(
         state, on_disk(config.ckpt_dir), forced=True, fresh=not config.resume, failed_in_place=in_place
     )
+    opened = settings.attempt()
     if in_place and recorder is not None:
+        assert state is not None
         recorder.record(
             FailIntent(
                 reason="exit-code",
                 message=f"torchrun restarted the workers (TORCHELASTIC_RESTART_COUNT={restarts})",
+                attempt=opened or state.attempt,
             )
         )
+    attempt = opened or _attempt(state, plan)
+    if attempt:
+        claim(config.ckpt_dir, attempt)
     set_aside_planned(plan)
-    return plan
+    return StartDecision(plan, attempt)
+
+
+def _attempt(state: RunState | None, plan: ResumePlan) -> int:
+    """Outside `ftrain run` (which names the attempt it opened), the attempt the log is in, or the next when
+    this start records a resume (which opens it); 0 with no log to ask."""
+    if state is None:
+        return 0
+    return state.attempt + (1 if plan.candidates or plan.restart else 0)
 
 
 def set_aside_planned(plan: ResumePlan) -> None:
