@@ -20,10 +20,12 @@ import pytest
 from ftrain.supervise.attempts import child_env, srun_command
 from ftrain.supervise.failure_report import FailureReport, failure
 from ftrain.supervise.launch_spec import LaunchSpec
+from ftrain.supervise.procs import attempt_processes, end_attempt
 from ftrain.supervise.supervisor import Relaunches, Supervisor, backoff_delay
 from projections.lifecycle import CompleteIntent, FailIntent
 from tests.conftest import free_port
 from tests.test_cli import Cli
+from tests.training import alive
 
 RUN = "dist-P-1x1-fsdp"
 ONE_GPU = ("--nodes", "1", "--gpus-per-node", "1")
@@ -424,13 +426,6 @@ class _Intents:
         return True
 
 
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 def test_a_job_ignoring_sigterm_is_killed_with_its_own_sessions(tmp_path: Path) -> None:
     pids = tmp_path / "pids"
     stubborn = tmp_path / "stubborn.py"
@@ -474,11 +469,60 @@ def test_a_job_ignoring_sigterm_is_killed_with_its_own_sessions(tmp_path: Path) 
             )
         ]
         deadline = time.monotonic() + 5  # SIGKILL is sent; the grandchild dies when next scheduled
-        while any(_alive(int(pid)) for pid in pids.read_text().split()):
+        while any(alive(int(pid)) for pid in pids.read_text().split()):
             assert time.monotonic() < deadline, "a process outlived the SIGKILL"
             time.sleep(0.02)
         assert signal.getsignal(signal.SIGTERM) is handler
     finally:  # a failure must not leave them running forever
         for pid in map(int, pids.read_text().split() if pids.exists() else ()):
-            if _alive(pid):
+            if alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_two_supervisors_relaunching_one_run_start_one_trainer(
+    cli: Cli, env: dict[str, str], trainer: tuple[Path, Path]
+) -> None:
+    script, state = trainer
+    cli.ok("launch", "P", *ONE_GPU, "--run-id", "r1")
+    cli.ok("checkpoint", "r1", "--step", "10", "--epoch", "0", "--shards", "1", "--state", "{}")
+    cli.ok("fail", "r1")
+    argv = [str(Path(sys.executable).with_name("ftrain")), "run", "P", *ONE_GPU, "--run-id", "r1",
+            "--", str(script), str(state), "exit0"]  # fmt: skip
+    both = [
+        subprocess.Popen(
+            argv, env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
+    ]
+    results = sorted((p.wait(timeout=120), *p.communicate()) for p in both)
+    (won, _, won_err), (lost, lost_out, lost_err) = results
+    assert (won, lost) == (0, 1), won_err
+    assert lost_out == "" and lost_err.count("\n") == 1 and "is running (another supervisor?)" in lost_err
+    assert len(starts(state)) == 1 and starts(state)[0]["FTRAIN_ATTEMPT"] == "2"
+    assert timeline(cli, "r1") == [
+        "launched",
+        "checkpointed 10",
+        "failed preempted None",
+        "resumed 10",
+        "completed",
+    ]
+
+
+def test_every_process_of_an_ended_attempt_is_killed_even_stopped_and_in_its_own_session(
+    tmp_path: Path,
+) -> None:
+    mine = {**os.environ, "FTRAIN_RUN_ID": "r", "FTRAIN_ATTEMPT": "7"}
+    orphan = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"], env=mine, start_new_session=True
+    )
+    other = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"], env={**mine, "FTRAIN_ATTEMPT": "8"}
+    )
+    try:
+        os.kill(orphan.pid, signal.SIGSTOP)
+        assert orphan.pid in attempt_processes("r", 7) and other.pid not in attempt_processes("r", 7)
+        assert end_attempt("r", 7, timeout=5) == []
+        assert orphan.wait(timeout=5) == -signal.SIGKILL and other.poll() is None
+    finally:
+        orphan.kill()
+        other.kill()

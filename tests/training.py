@@ -72,3 +72,11 @@ def metrics(ckpt_dir: Path, rank: int = 0) -> list[dict[str, Any]]:
     """Every record rank `rank` logged, across restarts."""
     lines = (ckpt_dir / "metrics" / f"metrics-{rank}.jsonl").read_bytes().splitlines()
     return [msgspec.json.decode(line) for line in lines]
+
+
+def alive(pid: int) -> bool:
+    """Whether process `pid` exists and is not a zombie."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
