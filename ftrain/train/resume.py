@@ -38,7 +38,7 @@ from projections.lifecycle import (
     skipped_line,
 )
 from workers.checkpoint_dir import marker_hash, on_disk, read_manifest, set_aside, uri_path, verify_files
-from workers.fence import Fenced, claim
+from workers.fence import Fenced, claim, owner
 from workers.layout import assemblies
 from workers.manifest import FileEntry, Manifest
 from workers.recorder import Recorder
@@ -213,19 +213,18 @@ def _plan(config: CheckpointConfig, recorder: Recorder | None) -> StartDecision:
                 attempt=opened or state.attempt,
             )
         )
-    attempt = opened or _attempt(state, plan)
+    attempt = opened or _attempt(state, plan, config.ckpt_dir)
     if attempt:
         claim(config.ckpt_dir, attempt)
     set_aside_planned(plan)
     return StartDecision(plan, attempt)
 
 
-def _attempt(state: RunState | None, plan: ResumePlan) -> int:
-    """Outside `ftrain run` (which names the attempt it opened), the attempt the log is in, or the next when
-    this start records a resume (which opens it); 0 with no log to ask."""
-    if state is None:
-        return 0
-    return state.attempt + (1 if plan.candidates or plan.restart else 0)
+def _attempt(state: RunState | None, plan: ResumePlan, ckpt_dir: Path) -> int:
+    """Outside `ftrain run` (which names the attempt it opened): the attempt the run is in, or the next when
+    this start resumes (which opens it). The log says which; with no log to ask, the directory's last claim."""
+    current = state.attempt if state is not None else owner(ckpt_dir)
+    return current + (1 if plan.candidates or plan.restart else 0)
 
 
 def set_aside_planned(plan: ResumePlan) -> None:
