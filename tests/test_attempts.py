@@ -17,7 +17,7 @@ import pytest
 
 from ftrain.supervise.procs import children, signal_job
 from tests.conftest import ftrain_process
-from tests.training import alive, final_digest, torchrun, torchrun_command, torchrun_env
+from tests.training import alive, final_digest, launch_logged, torchrun, torchrun_command, torchrun_env
 from workers.fence import owner
 from workers.layout import MARKER, complete_steps
 from workers.manifest import decode_marker
@@ -85,12 +85,7 @@ def test_sigkill_to_torchruns_process_group_takes_every_worker_and_the_relaunch_
 def test_a_stopped_attempt_continued_after_a_relaunch_writes_nothing_trusted_and_the_run_ends_bit_identical(
     tmp_path: Path, env: dict[str, str], reference: str
 ) -> None:
-    launched = ftrain_process(
-        ["launch", "proj", "--run-id", RUN, "--nodes", "1", "--gpus-per-node", "2"], env
-    )
-    assert launched.returncode == 0, launched.stderr
-    ckpt = Path(env["FTRAIN_STORAGE"]) / RUN
-    job_env = {**env, "FTRAIN_RUN_ID": RUN, "FTRAIN_CKPT_DIR": str(ckpt)}
+    ckpt, job_env = launch_logged(RUN, env)
     old = start(ckpt, tmp_path / "old", job_env)
     try:
         wait_for(lambda: (ckpt / "step-10" / MARKER).exists(), old, "the first checkpoint")

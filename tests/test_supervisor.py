@@ -20,6 +20,7 @@ import pytest
 from ftrain.supervise.attempts import child_env, srun_command
 from ftrain.supervise.failure_report import FailureReport, failure
 from ftrain.supervise.launch_spec import LaunchSpec
+from ftrain.supervise.opening import NotOpened
 from ftrain.supervise.procs import attempt_processes, end_attempt
 from ftrain.supervise.supervisor import Relaunches, Supervisor, backoff_delay
 from projections.lifecycle import CompleteIntent, FailIntent
@@ -526,3 +527,31 @@ def test_every_process_of_an_ended_attempt_is_killed_even_stopped_and_in_its_own
     finally:
         orphan.kill()
         other.kill()
+
+
+def test_a_relaunch_whose_attempt_cannot_be_opened_is_not_started(tmp_path: Path) -> None:
+    starts = tmp_path / "starts"
+    job = [sys.executable, "-c", f"open({str(starts)!r}, 'a').write('x'); raise SystemExit(3)"]
+
+    def unreachable() -> int:
+        raise NotOpened("the event log is out of reach (TimeoutError: )")
+
+    recorder = _Intents()
+    outcome = Supervisor(
+        "r",
+        lambda: job,
+        os.environ,
+        tmp_path / "ckpt",
+        Relaunches(backoff=0),
+        recorder,
+        attempt=1,
+        opener=unreachable,
+    ).run()
+    assert outcome == (
+        "gave-up",
+        1,
+        "run r not relaunched: the event log is out of reach (TimeoutError: )",
+        True,
+    )
+    assert starts.read_text() == "x"
+    assert [i.attempt for i in recorder.intents] == [1]
