@@ -213,7 +213,7 @@ def _plan(config: CheckpointConfig, recorder: Recorder | None) -> StartDecision:
                 attempt=opened or state.attempt,
             )
         )
-    attempt = opened or _attempt(state, plan, config.ckpt_dir)
+    attempt = opened or (_attempt(state, plan, config.ckpt_dir) if config.run_id else 0)
     if attempt:
         claim(config.ckpt_dir, attempt)
     set_aside_planned(plan)
@@ -222,7 +222,8 @@ def _plan(config: CheckpointConfig, recorder: Recorder | None) -> StartDecision:
 
 def _attempt(state: RunState | None, plan: ResumePlan, ckpt_dir: Path) -> int:
     """Outside `ftrain run` (which names the attempt it opened): the attempt the run is in, or the next when
-    this start resumes (which opens it). The log says which; with no log to ask, the directory's last claim."""
+    this start resumes (which opens it). The log says which; when it is out of reach, the directory's last
+    claim. A job without a run id has no attempts: the directory is its only truth."""
     current = state.attempt if state is not None else owner(ckpt_dir)
     return current + (1 if plan.candidates or plan.restart else 0)
 
