@@ -90,6 +90,8 @@ class Checkpointed(Event, frozen=True, kw_only=True, tag="checkpointed"):
     uri: str
     checkpoint_hash: str
     size_bytes: Count
+    attempt: Count = 0
+    """The attempt that wrote it (0: written before attempts existed, or by no attempt's process)."""
 
 
 class Failed(Event, frozen=True, kw_only=True, tag="failed"):
@@ -98,6 +100,7 @@ class Failed(Event, frozen=True, kw_only=True, tag="failed"):
     reason: str
     exit_code: ExitCode | None = None
     message: str = ""
+    attempt: Count = 0
 
 
 class Resumed(Event, frozen=True, kw_only=True, tag="resumed"):
@@ -112,6 +115,9 @@ class Resumed(Event, frozen=True, kw_only=True, tag="resumed"):
     resume_count: Count
     forced: bool = False
     command: tuple[str, ...] = ()
+    attempt: Count = 0
+    """The attempt it opens (the current one + 1), or continues (the current one: a trainer that fell back
+    to an older checkpoint, or whose workers its launcher restarted in place); 0: opens the next (old logs)."""
 
 
 class CorruptSkipped(Event, frozen=True, kw_only=True, tag="corrupt_skipped"):
@@ -129,6 +135,7 @@ class Completed(Event, frozen=True, kw_only=True, tag="completed"):
     cost_gpu_hours: Amount
     running_seconds: Amount
     cost_source: Literal["reported", "wall-time"]
+    attempt: Count = 0
 
 
 AnyEvent = Launched | Checkpointed | Failed | Resumed | CorruptSkipped | Completed

@@ -247,7 +247,7 @@ class RunService:
         """Write the checkpoint directory (manifest and marker last), then append `checkpointed`."""
         state = await self.state_of(run_id)
 
-        def event_for(written: WrittenCheckpoint | None) -> Checkpointed:
+        def event_for(written: WrittenCheckpoint | None, current: RunState = state) -> Checkpointed:
             return Checkpointed(
                 run_id=run_id,
                 step=step,
@@ -256,6 +256,7 @@ class RunService:
                 uri=written.uri if written else "",
                 checkpoint_hash=written.checkpoint_hash if written else "",
                 size_bytes=written.manifest.size_bytes if written else 0,
+                attempt=current.attempt,  # an operator records in the current attempt
             )
 
         try:
@@ -282,7 +283,7 @@ class RunService:
                 f"{exc} but the log has no such checkpoint (an interrupted save?); remove it"
             ) from exc
         try:
-            event = await self._record(run_id, lambda _: event_for(written))
+            event = await self._record(run_id, partial(event_for, written))
         except BaseException:
             remove_checkpoint(written.path)
             raise
@@ -293,7 +294,14 @@ class RunService:
         """Record a failure or preemption."""
         await self.state_of(run_id)
         event = await self._record(
-            run_id, lambda _: Failed(run_id=run_id, reason=reason, exit_code=exit_code, message=message)
+            run_id,
+            lambda current: Failed(
+                run_id=run_id,
+                reason=reason,
+                exit_code=exit_code,
+                message=message,
+                attempt=current.attempt,
+            ),
         )
         assert isinstance(event, Failed)
         return event

@@ -33,6 +33,8 @@ RUN_ID: Final = "FTRAIN_RUN_ID"
 """Set by `ftrain run` for the trainer: the run it records into."""
 CKPT_DIR: Final = "FTRAIN_CKPT_DIR"
 """Set by `ftrain run` for the trainer: the run's checkpoint directory."""
+ATTEMPT: Final = "FTRAIN_ATTEMPT"
+"""Set by `ftrain run` for the trainer: the attempt the supervisor opened, which its events must carry."""
 
 KILL_POINTS: Final = ("step", "stage", "write", "fanout", "finalize")
 """Where FTRAIN_KILL_AT may kill: after the optimizer step, or at a phase of a save."""
@@ -148,6 +150,16 @@ def run_id(env: Env = os.environ) -> str | None:
         return validate_run_id(value, what=RUN_ID)
     except InvalidRunId as exc:
         raise InvalidSetting(str(exc)) from exc
+
+
+def attempt(env: Env = os.environ) -> int | None:
+    """The attempt `ftrain run` opened for this trainer; None outside `ftrain run` (the log then tells)."""
+    value = _get(env, ATTEMPT)
+    if value is None:
+        return None
+    if not value.isdigit() or int(value) < 1:
+        raise InvalidSetting(f"{ATTEMPT}={value!r}: expected an attempt number ≥ 1")
+    return int(value)
 
 
 def ckpt_dir(env: Env = os.environ) -> Path | None:

@@ -8,7 +8,15 @@ import pytest
 
 from events.chain import ChainHead
 from events.schema import AnyEvent, Checkpointed, Completed, CorruptSkipped, Failed, Launched, Resumed
-from projections.lifecycle import IllegalTransition, RunState, apply, restart_event
+from projections.lifecycle import (
+    IllegalTransition,
+    ResumeIntent,
+    RunState,
+    apply,
+    decide_intent,
+    relaunch,
+    restart_event,
+)
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -123,3 +131,54 @@ def test_a_run_that_never_checkpointed_restarts_from_step_zero_and_no_other_may(
     naming = msgspec.structs.replace(restart_event(failed, forced=False), uri="u5")
     with pytest.raises(IllegalTransition, match="names no checkpoint"):
         apply(failed, at(naming, 3, 99), ChainHead())
+
+
+# -- attempts: epochs in the log ------------------------------------------------------------------------------
+
+
+def stamped(event: AnyEvent, attempt: int) -> AnyEvent:
+    return msgspec.structs.replace(event, attempt=attempt)
+
+
+def test_attempts_open_with_launched_and_resumed_and_old_logs_still_fold() -> None:
+    legacy = fold(launched(), ckpt(5), Failed(run_id="r", reason="x"), resumed_from(2, 5), ckpt(10))
+    assert (legacy.attempt, legacy.fenced, legacy.step) == (2, False, 10)
+
+    state = fold(launched(), stamped(ckpt(5), 1), stamped(Failed(run_id="r", reason="x"), 1),
+                 stamped(resumed_from(2, 5), 2), stamped(ckpt(10), 2))  # fmt: skip
+    assert (state.attempt, state.fenced, state.step, state.resumed_in) == (2, True, 10, 2)
+
+
+@pytest.mark.parametrize(
+    "late",
+    [stamped(ckpt(15), 1), ckpt(15), stamped(Failed(run_id="r", reason="x"), 1),
+     stamped(Completed(run_id="r", cost_gpu_hours=1, running_seconds=1, cost_source="reported"), 1)],
+)  # fmt: skip
+def test_an_older_attempts_late_events_are_refused_and_never_touch_the_live_attempt(late: AnyEvent) -> None:
+    live = fold(launched(), stamped(ckpt(5), 1), stamped(Failed(run_id="r", reason="x"), 1),
+                stamped(resumed_from(2, 5), 2))  # fmt: skip
+    with pytest.raises(
+        IllegalTransition, match=r"^run r is in attempt 2; an event of attempt [01] is refused$"
+    ):
+        apply(live, at(late, 5, 99), ChainHead())
+    assert apply(live, at(stamped(ckpt(15), 2), 5, 99), ChainHead()).step == 15
+
+
+def test_a_relaunch_opens_the_next_attempt_once_and_a_resume_within_it_stays_in_it() -> None:
+    failed = fold(
+        launched(), stamped(ckpt(5), 1), stamped(ckpt(10), 1), stamped(Failed(run_id="r", reason="x"), 1)
+    )
+    opened = relaunch(failed)
+    assert (opened.attempt, opened.step, opened.resume_count) == (2, 10, 1)
+    running = apply(failed, at(opened, 5, 99), ChainHead())
+    with pytest.raises(IllegalTransition, match="is running \\(another supervisor\\?\\)"):
+        relaunch(running)  # the second of two racing relaunches decides against the winner's state
+    # the trainer that loaded step 10 records nothing more; one that had to fall back records it, in attempt 2
+    assert decide_intent(running, ResumeIntent(checkpoint_hash="h10", step=10, attempt=2), "i", T0) is None
+    skipped = apply(running, at(CorruptSkipped(run_id="r", checkpoint_seq=3, step=10, uri="u10", reason="bad"), 6, 99),
+                    ChainHead())  # fmt: skip
+    fallback = decide_intent(skipped, ResumeIntent(checkpoint_hash="h5", step=5, attempt=2), "i", T0)
+    assert isinstance(fallback, Resumed) and fallback.attempt == 2
+    assert apply(skipped, at(fallback, 7, 99), ChainHead()).attempt == 2
+    with pytest.raises(IllegalTransition, match="attempt 4 cannot resume it"):
+        apply(skipped, at(stamped(fallback, 4), 7, 99), ChainHead())

@@ -1,7 +1,7 @@
 """`ftrain run`: real torchrun, a real nats-server, real checkpoint directories, and a stand-in trainer.
 
 The stand-in trainer imports no torch: it counts its starts in a file, follows one action list per start, and
-records its checkpoints and resumes through the ftrain CLI so the run's event sequence stays legal.
+records its checkpoints through the ftrain CLI so the run's event sequence stays legal.
 """
 
 import json
@@ -20,17 +20,22 @@ import pytest
 from ftrain.supervise.attempts import child_env, srun_command
 from ftrain.supervise.failure_report import FailureReport, failure
 from ftrain.supervise.launch_spec import LaunchSpec
+from ftrain.supervise.opening import NotOpened
+from ftrain.supervise.procs import attempt_processes, end_attempt
 from ftrain.supervise.supervisor import Relaunches, Supervisor, backoff_delay
 from projections.lifecycle import CompleteIntent, FailIntent
 from tests.conftest import free_port
 from tests.test_cli import Cli
+from tests.training import alive
 
 RUN = "dist-P-1x1-fsdp"
 ONE_GPU = ("--nodes", "1", "--gpus-per-node", "1")
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
 
 TRAINER = '''
-"""Stand-in trainer: python trainer.py STATE_DIR ACTIONS_OF_START_1 ACTIONS_OF_START_2 ..."""
+"""Stand-in trainer: python trainer.py STATE_DIR ACTIONS_OF_START_1 ACTIONS_OF_START_2 ...
+
+It records no `resumed`: the supervisor opens each relaunch's attempt with one itself."""
 import json, os, signal, subprocess, sys, time
 from pathlib import Path
 
@@ -40,7 +45,7 @@ if os.environ["RANK"] != "0":
 counter = state / "starts"
 start = int(counter.read_text()) + 1 if counter.exists() else 1
 counter.write_text(str(start))
-keys = ("FTRAIN_RUN_ID", "FTRAIN_CKPT_DIR", "FTRAIN_NATS_URL", "TORCHELASTIC_RESTART_COUNT")
+keys = ("FTRAIN_RUN_ID", "FTRAIN_CKPT_DIR", "FTRAIN_NATS_URL", "TORCHELASTIC_RESTART_COUNT", "FTRAIN_ATTEMPT")
 with (state / "env.jsonl").open("a") as f:
     f.write(json.dumps({k: os.environ.get(k) for k in keys}) + "\\n")
 run, ckpt_dir = os.environ["FTRAIN_RUN_ID"], Path(os.environ["FTRAIN_CKPT_DIR"])
@@ -58,9 +63,7 @@ def terminated(signum, frame):
 
 
 for action in plans[start - 1].split("+"):
-    if action == "resume":
-        ftrain("resume", run)
-    elif action == "ckpt":
+    if action == "ckpt":
         ftrain("checkpoint", run, "--step", str(start * 10), "--epoch", "0", "--shards", "1", "--state", "{}")
         assert (ckpt_dir / f"step-{start * 10}" / ".complete").exists(), "FTRAIN_CKPT_DIR is not the run's"
     elif action == "kill":
@@ -136,14 +139,14 @@ def test_fails_twice_then_completes(cli: Cli, trainer: tuple[Path, Path]) -> Non
     script, state = trainer
     code, out, err = cli(
         "run", "P", *ONE_GPU, "--backoff", "0.1", "--", str(script), str(state),
-        "ckpt+exit3", "resume+ckpt+kill", "resume+ckpt",
+        "ckpt+exit3", "ckpt+kill", "ckpt",
     )  # fmt: skip
     assert code == 0, err
     lines = out.splitlines()
     assert lines[:2] == [
         f"Launched {RUN} — 1×1 GPUs, fsdp, rdzv localhost:29500",
         f"  torchrun --nnodes=1 --nproc_per_node=1 --rdzv_backend=c10d --rdzv_endpoint=localhost:29500 "
-        f"--rdzv_id={RUN} {script} {state} ckpt+exit3 resume+ckpt+kill resume+ckpt",
+        f"--rdzv_id={RUN} {script} {state} ckpt+exit3 ckpt+kill ckpt",
     ]
     assert re.fullmatch(
         r"Attempt 1 of 4 failed \(exit code 3\) after \d+\.\d s — checkpoint step 10; retrying in 0\.1 s",
@@ -162,6 +165,7 @@ def test_fails_twice_then_completes(cli: Cli, trainer: tuple[Path, Path]) -> Non
     ]  # fmt: skip
     ckpt_dir = str(cli.storage() / RUN)
     assert {(s["FTRAIN_RUN_ID"], s["FTRAIN_CKPT_DIR"]) for s in starts(state)} == {(RUN, ckpt_dir)}
+    assert [s["FTRAIN_ATTEMPT"] for s in starts(state)] == ["1", "2", "3"]
     assert cli.ok("audit", "verify") == ["Verified 9 event(s) in 1 run(s): every chain intact"]
 
 
@@ -169,7 +173,7 @@ def test_gives_up_after_max_retries(cli: Cli, trainer: tuple[Path, Path]) -> Non
     script, state = trainer
     code, out, err = cli(
         "run", "P", *ONE_GPU, "--max-retries", "1", "--backoff", "0",
-        "--", str(script), str(state), "ckpt+exit3", "resume+ckpt+exit4",
+        "--", str(script), str(state), "ckpt+exit3", "ckpt+exit4",
     )  # fmt: skip
     assert code == 1
     assert last_line(err) == f"ftrain run: run {RUN} gave up after 1 retry (last: exit code 4)"
@@ -188,7 +192,7 @@ def test_relaunches_a_failed_run_and_gives_up_without_progress(cli: Cli, trainer
     cli.ok("fail", "r1")
     code, out, err = cli(
         "run", "P", *ONE_GPU, "--run-id", "r1", "--max-retries", "5", "--backoff", "0",
-        "--", str(script), str(state), "resume+exit1", "resume+exit1", "resume+ckpt",
+        "--", str(script), str(state), "exit1", "exit1", "ckpt",
     )  # fmt: skip
     assert code == 1
     lines = out.splitlines()
@@ -208,7 +212,7 @@ def test_relaunches_a_failed_run_and_gives_up_without_progress(cli: Cli, trainer
         "launched", "checkpointed 10", "failed preempted None", "resumed 10", "failed exit-code 1",
         "resumed 10", "failed exit-code 1",
     ]  # fmt: skip
-    assert len(starts(state)) == 2
+    assert [s["FTRAIN_ATTEMPT"] for s in starts(state)] == ["2", "3"]
 
 
 def test_sigterm_is_forwarded_and_recorded_as_preempted(
@@ -423,13 +427,6 @@ class _Intents:
         return True
 
 
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 def test_a_job_ignoring_sigterm_is_killed_with_its_own_sessions(tmp_path: Path) -> None:
     pids = tmp_path / "pids"
     stubborn = tmp_path / "stubborn.py"
@@ -457,6 +454,8 @@ def test_a_job_ignoring_sigterm_is_killed_with_its_own_sessions(tmp_path: Path) 
         tmp_path / "ckpt",
         Relaunches(),
         recorder,
+        attempt=1,
+        opener=lambda: pytest.fail("a stopped run is not relaunched"),
         grace=0.3,
     )
     try:
@@ -464,15 +463,95 @@ def test_a_job_ignoring_sigterm_is_killed_with_its_own_sessions(tmp_path: Path) 
         assert outcome.status == "stopped" and outcome.exit_code == 143
         assert recorder.intents == [
             FailIntent(
-                reason="preempted", exit_code=143, message="SIGTERM forwarded to the training processes"
+                reason="preempted",
+                exit_code=143,
+                message="SIGTERM forwarded to the training processes",
+                attempt=1,
             )
         ]
         deadline = time.monotonic() + 5  # SIGKILL is sent; the grandchild dies when next scheduled
-        while any(_alive(int(pid)) for pid in pids.read_text().split()):
+        while any(alive(int(pid)) for pid in pids.read_text().split()):
             assert time.monotonic() < deadline, "a process outlived the SIGKILL"
             time.sleep(0.02)
         assert signal.getsignal(signal.SIGTERM) is handler
     finally:  # a failure must not leave them running forever
         for pid in map(int, pids.read_text().split() if pids.exists() else ()):
-            if _alive(pid):
+            if alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_two_supervisors_relaunching_one_run_start_one_trainer(
+    cli: Cli, env: dict[str, str], trainer: tuple[Path, Path]
+) -> None:
+    script, state = trainer
+    cli.ok("launch", "P", *ONE_GPU, "--run-id", "r1")
+    cli.ok("checkpoint", "r1", "--step", "10", "--epoch", "0", "--shards", "1", "--state", "{}")
+    cli.ok("fail", "r1")
+    argv = [str(Path(sys.executable).with_name("ftrain")), "run", "P", *ONE_GPU, "--run-id", "r1",
+            "--", str(script), str(state), "exit0"]  # fmt: skip
+    both = [
+        subprocess.Popen(
+            argv, env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
+    ]
+    results = sorted((p.wait(timeout=120), *p.communicate()) for p in both)
+    (won, _, won_err), (lost, lost_out, lost_err) = results
+    assert (won, lost) == (0, 1), won_err
+    assert lost_out == "" and lost_err.count("\n") == 1 and "is running (another supervisor?)" in lost_err
+    assert len(starts(state)) == 1 and starts(state)[0]["FTRAIN_ATTEMPT"] == "2"
+    assert timeline(cli, "r1") == [
+        "launched",
+        "checkpointed 10",
+        "failed preempted None",
+        "resumed 10",
+        "completed",
+    ]
+
+
+def test_every_process_of_an_ended_attempt_is_killed_even_stopped_and_in_its_own_session(
+    tmp_path: Path,
+) -> None:
+    mine = {**os.environ, "FTRAIN_RUN_ID": "r", "FTRAIN_ATTEMPT": "7"}
+    orphan = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"], env=mine, start_new_session=True
+    )
+    other = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"], env={**mine, "FTRAIN_ATTEMPT": "8"}
+    )
+    try:
+        os.kill(orphan.pid, signal.SIGSTOP)
+        assert orphan.pid in attempt_processes("r", 7) and other.pid not in attempt_processes("r", 7)
+        assert end_attempt("r", 7, timeout=5) == []
+        assert orphan.wait(timeout=5) == -signal.SIGKILL and other.poll() is None
+    finally:
+        orphan.kill()
+        other.kill()
+
+
+def test_a_relaunch_whose_attempt_cannot_be_opened_is_not_started(tmp_path: Path) -> None:
+    starts = tmp_path / "starts"
+    job = [sys.executable, "-c", f"open({str(starts)!r}, 'a').write('x'); raise SystemExit(3)"]
+
+    def unreachable() -> int:
+        raise NotOpened("the event log is out of reach (TimeoutError: )")
+
+    recorder = _Intents()
+    outcome = Supervisor(
+        "r",
+        lambda: job,
+        os.environ,
+        tmp_path / "ckpt",
+        Relaunches(backoff=0),
+        recorder,
+        attempt=1,
+        opener=unreachable,
+    ).run()
+    assert outcome == (
+        "gave-up",
+        1,
+        "run r not relaunched: the event log is out of reach (TimeoutError: )",
+        True,
+    )
+    assert starts.read_text() == "x"
+    assert [i.attempt for i in recorder.intents] == [1]

@@ -12,10 +12,9 @@ from events.jetstream.server import ServerProcess
 from events.schema import Checkpointed, CorruptSkipped, Launched, Resumed
 from ftrain import settings
 from ftrain.service import RunService
-from tests.conftest import ftrain_process
 from tests.servers import kill_server, restart_server
 from tests.test_training import flip
-from tests.training import FINAL, RESUMED, torchrun, torchrun_command, torchrun_env
+from tests.training import FINAL, RESUMED, launch_logged, torchrun, torchrun_command, torchrun_env
 from workers.recorder import Recorder
 
 pytestmark = pytest.mark.timeout(300)
@@ -30,12 +29,7 @@ async def run_events(app: RunService) -> list[object]:
 async def test_kill_corrupt_skip_resume_and_a_broker_outage_all_reach_the_log(
     tmp_path: Path, env: dict[str, str], server: ServerProcess
 ) -> None:
-    launched = ftrain_process(
-        ["launch", "proj", "--run-id", RUN, "--nodes", "1", "--gpus-per-node", "2"], env
-    )
-    assert launched.returncode == 0, launched.stderr
-    ckpt = Path(env["FTRAIN_STORAGE"]) / RUN
-    job_env = {**env, "FTRAIN_RUN_ID": RUN, "FTRAIN_CKPT_DIR": str(ckpt)}
+    ckpt, job_env = launch_logged(RUN, env)
     flags = ("--train-iters", "200", "--save-interval", "20")
 
     first = await asyncio.to_thread(torchrun, ckpt, *flags, kill_at="step:50", env=job_env)

@@ -10,7 +10,7 @@ from typing import Any
 
 import msgspec
 
-from tests.conftest import free_port
+from tests.conftest import free_port, ftrain_process
 
 FINAL = re.compile(r"FINAL step=(\d+) params_sha256=([0-9a-f]{64})")
 RESUMED = re.compile(r"RESUMED from step=(\d+) \(epoch=(\d+)\)")
@@ -72,3 +72,21 @@ def metrics(ckpt_dir: Path, rank: int = 0) -> list[dict[str, Any]]:
     """Every record rank `rank` logged, across restarts."""
     lines = (ckpt_dir / "metrics" / f"metrics-{rank}.jsonl").read_bytes().splitlines()
     return [msgspec.json.decode(line) for line in lines]
+
+
+def alive(pid: int) -> bool:
+    """Whether process `pid` exists and is not a zombie."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def launch_logged(run_id: str, env: dict[str, str]) -> tuple[Path, dict[str, str]]:
+    """`ftrain launch` a 2-process run; its checkpoint directory and the environment its jobs run with."""
+    launched = ftrain_process(
+        ["launch", "proj", "--run-id", run_id, "--nodes", "1", "--gpus-per-node", "2"], env
+    )
+    assert launched.returncode == 0, launched.stderr
+    ckpt = Path(env["FTRAIN_STORAGE"]) / run_id
+    return ckpt, {**env, "FTRAIN_RUN_ID": run_id, "FTRAIN_CKPT_DIR": str(ckpt)}

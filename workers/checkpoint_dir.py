@@ -116,13 +116,13 @@ def write_checkpoint(
         raise
 
 
-def seal_checkpoint(tmp: Path, final: Path, manifest: Manifest) -> WrittenCheckpoint:
-    """Finish an assembled directory whose data files are in place: manifest, marker (atomically, last),
-    then rename it to `final`. The caller removes `tmp` if this raises."""
+def seal_checkpoint(tmp: Path, final: Path, manifest: Manifest, attempt: int = 0) -> WrittenCheckpoint:
+    """Finish an assembled directory whose data files are in place: manifest, marker (atomically, last;
+    naming the `attempt` that sealed it), then rename it to `final`. The caller removes `tmp` if this raises."""
     raw = encode_manifest(manifest)
     write_file(tmp / MANIFEST, raw)
     manifest_digest = digest_of(raw)
-    write_atomic(tmp / MARKER, msgspec.json.encode(Marker(manifest_digest, manifest.step)))
+    write_atomic(tmp / MARKER, msgspec.json.encode(Marker(manifest_digest, manifest.step, attempt)))
     try:
         os.rename(tmp, final)
     except OSError as exc:

@@ -60,6 +60,11 @@ def assembly_dir(run: Path, step: int, writer: str = "") -> Path:
     return run / f".step-{step}.tmp{f'-{writer}' if writer else ''}"
 
 
+def attempt_file(run: Path) -> Path:
+    """The file naming the attempt that owns the run's directory (`workers.fence`)."""
+    return run / ".attempt"
+
+
 def partial_path(path: Path) -> Path:
     """Where a copy to `path` lands until it is verified."""
     return path.with_name(path.name + PARTIAL)

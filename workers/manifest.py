@@ -45,11 +45,13 @@ class Manifest(msgspec.Struct, frozen=True, kw_only=True):
         return sum(f.size for f in self.files)
 
 
-class Marker(msgspec.Struct, frozen=True):
+class Marker(msgspec.Struct, frozen=True, omit_defaults=True):
     """The completion marker, written last: a checkpoint without it never completed."""
 
     manifest_digest: DigestField
     step: int
+    attempt: int = 0
+    """The attempt that sealed it (0, and left out: sealed by no attempt, or before attempts existed)."""
 
 
 class _Format(msgspec.Struct):

@@ -7,6 +7,7 @@ import os
 import shutil
 import sys
 from collections.abc import Awaitable, Callable
+from functools import partial
 from pathlib import Path
 from typing import NamedTuple, TypeVar
 
@@ -22,6 +23,7 @@ from ftrain.service import RunService, checkpoint_storage
 from ftrain.supervise.attempts import attempt_commands, child_env
 from ftrain.supervise.hostlist import HostlistError, resolve_allocation
 from ftrain.supervise.launch_spec import DEFAULT_TRAIN_CMD, LaunchSpec, LaunchSpecError, build_command
+from ftrain.supervise.opening import NotOpened, append_relaunch, open_attempt
 from ftrain.supervise.supervisor import Relaunches, Supervisor
 from projections.lifecycle import IllegalTransition, check_relaunch
 from workers.checkpoint_dir import path_uri, uri_path
@@ -165,8 +167,10 @@ def prepare_run(args: argparse.Namespace) -> RunPlan:
     )
 
 
-async def start_run(app: RunService, args: argparse.Namespace, plan: RunPlan) -> Launched:
-    """Append `launched` for a new run; an existing --run-id is relaunched, as launched, after a failure only."""
+async def start_run(app: RunService, args: argparse.Namespace, plan: RunPlan) -> tuple[Launched, int]:
+    """Append `launched` for a new run (attempt 1); an existing --run-id is relaunched, as launched, after a
+    failure only, by opening its next attempt (of two racing relaunches, one opens it; the other is refused).
+    Returns the launch and the attempt to start."""
     if plan.launch.explicit:
         await app.projector.catch_up()
         if await app.model.taken(plan.launch.base_id):
@@ -179,14 +183,15 @@ async def start_run(app: RunService, args: argparse.Namespace, plan: RunPlan) ->
                     gpus_per_node=args.gpus_per_node,
                     strategy=args.strategy,
                 )
-            except IllegalTransition as exc:
+                opened = await append_relaunch(app.store, state.run_id)
+            except (IllegalTransition, NotOpened) as exc:
                 raise Refused(str(exc)) from exc
             render.emit(
                 f"Relaunching {state.run_id} — failure {state.failures} (last: {state.last_failure}), "
                 f"step {state.step}, {state.resume_count} resume(s) so far"
             )
-            return state.launch
-    return await append_launched(app, plan.launch)
+            return state.launch, opened.attempt
+    return await append_launched(app, plan.launch), 1
 
 
 def supervise(args: argparse.Namespace) -> int:
@@ -194,14 +199,24 @@ def supervise(args: argparse.Namespace) -> int:
     from workers.recorder import Recorder
 
     plan = prepare_run(args)
-    launched = asyncio.run(_with_app(lambda app: start_run(app, args, plan)))
+    launched, attempt = asyncio.run(_with_app(lambda app: start_run(app, args, plan)))
     run_id = launched.run_id
     ckpt_dir = run_dir(uri_path(launched.storage), run_id)
     command = attempt_commands(plan.spec(run_id), plan.launch.hosts, plan.torchrun, slurm=plan.slurm)
     env = child_env(os.environ, run_id, ckpt_dir)
-    recorder = Recorder(run_id, settings.nats(os.environ))
+    nats = settings.nats(os.environ)
+    recorder = Recorder(run_id, nats)
     try:
-        outcome = Supervisor(run_id, command, env, ckpt_dir, plan.relaunches, recorder).run()
+        outcome = Supervisor(
+            run_id,
+            command,
+            env,
+            ckpt_dir,
+            plan.relaunches,
+            recorder,
+            attempt=attempt,
+            opener=partial(open_attempt, run_id, nats),
+        ).run()
     finally:
         recorder.close()
     if outcome.status != "completed":

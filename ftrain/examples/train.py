@@ -31,8 +31,10 @@ from ftrain.examples.model import MODELS, TinyGPT, parameter_count
 from ftrain.logs import configure as configure_logging
 from ftrain.train.checkpointing import CheckpointConfig, CheckpointManager, SaveTimes, TrainState
 from ftrain.train.faults import fault_point
+from ftrain.train.lifeline import die_with_launcher
 from ftrain.train.metrics import MetricsWriter, process_start_time, reached_step
 from ftrain.train.resume import NoValidCheckpoint, ResumeFailed, ResumeRefused, ResumeStopped
+from workers.fence import Fenced
 
 META_INIT_AUTO_PARAMS = 6_000_000_000  # the seed's threshold: dense init stays exact for smaller models
 PROCESS_START = process_start_time()
@@ -53,6 +55,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Flags in the seed's spirit; mistakes are one line and exit 2, before anything is written."""
     try:
         run_id, ckpt_dir, log_level = settings.run_id(), settings.ckpt_dir(), settings.log_level()
+        settings.attempt()
     except settings.InvalidSetting as exc:
         _usage(str(exc))
     p = _Parser(prog="python -m ftrain.examples.train", description=__doc__.split("\n")[0])
@@ -198,6 +201,9 @@ def train(args: argparse.Namespace) -> int:
     except ResumeRefused as exc:
         _say(rank, f"train: {exc}")
         return 2
+    except Fenced as exc:  # a newer attempt took over while this one was stopped or cut off
+        _say(rank, f"train: {exc}")
+        return 1
     finally:
         manager.close()
         dist.destroy_process_group()
@@ -257,6 +263,7 @@ def _say(rank: int, line: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point for torchrun."""
+    die_with_launcher()
     args = parse_args(argv)
     configure_logging(args.log_level)
     return train(args)

@@ -1,9 +1,20 @@
-"""Signalling a whole torchrun job: torchrun starts each worker in a session of its own, so signalling the
-agent's process group alone leaves the workers running."""
+"""Signalling a whole torchrun job, and making sure none of an attempt's processes outlives it.
+
+torchrun starts each worker in a session of its own, so signalling the agent's process group alone leaves the
+workers running; and when the agent dies first (a SIGKILL to its group, the OOM killer) its workers become
+orphans nobody tracks. What every process of an attempt keeps is its environment: the supervisor starts the
+attempt with the run and the attempt number in it, and every worker inherits them.
+"""
 
 import contextlib
 import os
+import signal
+import time
 from pathlib import Path
+
+from ftrain import settings
+
+REAP_POLL_SECONDS = 0.05
 
 
 def children(pid: int) -> list[int]:
@@ -24,3 +35,32 @@ def signal_job(agent: int, signum: int) -> None:
     for group in [agent, *sorted(workers, key=lambda pid: pid == me)]:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(group, signum)
+
+
+def attempt_processes(run_id: str, attempt: int) -> list[int]:
+    """The live processes on this host started for `attempt` of `run_id` (found by the FTRAIN_RUN_ID and
+    FTRAIN_ATTEMPT they inherited; a zombie's environment reads empty, so the dead are not listed)."""
+    marks = {f"{settings.RUN_ID}={run_id}".encode(), f"{settings.ATTEMPT}={attempt}".encode()}
+    me = os.getpid()
+    found: list[int] = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        with contextlib.suppress(OSError):
+            if marks <= set((entry / "environ").read_bytes().split(b"\0")):
+                found.append(int(entry.name))
+    return found
+
+
+def end_attempt(run_id: str, attempt: int, timeout: float) -> list[int]:
+    """SIGKILL every process of the attempt until none is left (a stopped process dies too); returns those
+    still alive after `timeout` seconds (none, unless a process is stuck in the kernel)."""
+    deadline = time.monotonic() + timeout
+    while left := attempt_processes(run_id, attempt):
+        if time.monotonic() >= deadline:
+            return left
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(REAP_POLL_SECONDS)
+    return []

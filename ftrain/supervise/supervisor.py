@@ -2,9 +2,10 @@
 
 The trainer resumes by itself from its newest valid checkpoint, so a relaunch is the same command again. What a
 training process cannot do for itself is left here: notice that it died (exit code or signal, as torchrun
-reports it), record `failed`, wait a growing backoff, start it again, stop when retrying no longer helps, and pass
-a scheduler's preemption on to it. Every event goes through the durable outbox, so a log that is down never
-holds up a relaunch. What an attempt runs is in `attempts`, why it failed in `failure_report`; nothing here
+reports it), make sure none of its processes survives it, record `failed`, wait a growing backoff, open the next
+attempt in the log (compare-and-set: one supervisor per attempt) and start it, stop when retrying no longer
+helps, and pass a scheduler's preemption on to it. Every event goes through the durable outbox, so a log that is down never
+holds up recording (but a relaunch waits for the log: it must open its attempt). What an attempt runs is in `attempts`, why it failed in `failure_report`; nothing here
 imports torch.
 """
 
@@ -22,9 +23,11 @@ from typing import Final, Literal, NamedTuple, Protocol
 import msgspec
 import structlog
 
+from ftrain import settings
 from ftrain.cli import render
 from ftrain.supervise.failure_report import FailureReport, describe, failure, signal_name, tee_stderr
-from ftrain.supervise.procs import signal_job
+from ftrain.supervise.opening import NotOpened
+from ftrain.supervise.procs import end_attempt, signal_job
 from projections.lifecycle import CompleteIntent, FailIntent
 from workers.layout import complete_steps
 
@@ -37,6 +40,8 @@ STALLED_ATTEMPTS: Final = 2
 FLUSH_FIRST_SECONDS: Final = 2.0
 FLUSH_SECONDS: Final = 10.0
 POLL_SECONDS: Final = 0.5
+END_SECONDS: Final = 10.0
+"""How long the processes of an ended attempt get to die of SIGKILL before the run is given up."""
 
 log = structlog.get_logger(__name__)
 
@@ -83,8 +88,12 @@ class Supervisor:
         relaunches: Relaunches,
         recorder: Recording,
         *,
+        attempt: int,
+        opener: Callable[[], int],
         grace: float = GRACE_SECONDS,
     ) -> None:
+        """`attempt`: the run's attempt the log opened for the first start (1 for a new run); `opener` opens
+        the next one in the log before each relaunch, returning its number (raises NotOpened)."""
         self.run_id = run_id
         self.command = command
         self.env = dict(env)
@@ -92,6 +101,8 @@ class Supervisor:
         self.relaunches = relaunches
         self.grace = grace
         self.recorder = recorder
+        self.opener = opener
+        self.number = attempt
         self._child: subprocess.Popen[bytes] | None = None
         self._stop: int | None = None
         self._deadline: float | None = None
@@ -114,8 +125,13 @@ class Supervisor:
             attempt += 1
             if self._stop is not None:  # told to stop during the backoff: the log already has the failure
                 return self._stopped("")
+            if attempt > 1:
+                try:
+                    self.number = self.opener()
+                except NotOpened as exc:
+                    return Outcome("gave-up", 1, f"run {self.run_id} not relaunched: {exc}")
             started = time.monotonic()
-            returncode, worker_exit = self._attempt()
+            returncode, worker_exit, survivors = self._attempt()
             ended = time.monotonic()
             step = self._newest()
             progress = step is not None and (newest is None or step > newest)
@@ -130,19 +146,29 @@ class Supervisor:
                     reason="preempted",
                     exit_code=128 + self._stop,
                     message=f"{name} forwarded to the training processes",
+                    attempt=self.number,
                 )
                 recorded = self._record(stop)
                 render.emit(f"{head} stopped by {name} {where}")
                 return self._stopped(" (recorded as failed: preempted)", recorded)
             if returncode == 0:
-                recorded = self._record(CompleteIntent())
+                recorded = self._record(CompleteIntent(attempt=self.number))
                 render.emit(f"{head} succeeded {where}")
                 return Outcome("completed", 0, recorded=recorded)
-            failed = failure(returncode, worker_exit)
+            failed = msgspec.structs.replace(failure(returncode, worker_exit), attempt=self.number)
             stalled = 0 if progress else stalled + 1
             delay = backoff_delay(self.relaunches.backoff, attempt)
             recorded = self._record(failed)
             line = f"{head} failed ({describe(failed)}) {where}" + ("" if progress else " (no progress)")
+            if survivors:
+                render.emit(line)
+                return Outcome(
+                    "gave-up",
+                    1,
+                    f"run {self.run_id} not relaunched: process(es) {' '.join(map(str, survivors))} of attempt "
+                    f"{self.number} survived SIGKILL",
+                    recorded,
+                )
             if stalled >= STALLED_ATTEMPTS or attempt == total:
                 render.emit(line)
                 why = (
@@ -161,11 +187,13 @@ class Supervisor:
         name = signal_name(self._stop)
         return Outcome("stopped", 128 + self._stop, f"run {self.run_id} stopped by {name}{note}", recorded)
 
-    def _attempt(self) -> tuple[int, int | None]:
-        """Run one attempt in its own process group; its exit status and the blamed worker's exit code."""
+    def _attempt(self) -> tuple[int, int | None, list[int]]:
+        """Run one attempt in its own process group; its exit status, the blamed worker's exit code, and the
+        processes of the attempt that outlived it and a SIGKILL (normally none)."""
         argv = self.command()
-        log.info("attempt_started", run_id=self.run_id, argv=argv)
-        child = subprocess.Popen(argv, env=self.env, stderr=subprocess.PIPE, start_new_session=True)
+        log.info("attempt_started", run_id=self.run_id, attempt=self.number, argv=argv)
+        env = {**self.env, settings.ATTEMPT: str(self.number)}
+        child = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, start_new_session=True)
         self._child = child
         if self._stop is not None:  # the signal came while the child was being started
             self._signal_child(self._stop)
@@ -177,9 +205,10 @@ class Supervisor:
             returncode = self._wait(child)
         finally:
             self._child = None
-        tee.join(timeout=5)  # an orphaned worker may hold the pipe open; its output keeps flowing meanwhile
+        survivors = end_attempt(self.run_id, self.number, END_SECONDS)  # orphaned workers, stopped ones too
+        tee.join(timeout=5)
         log.info("attempt_ended", run_id=self.run_id, returncode=returncode, worker_exit=report.worker_exit)
-        return returncode, report.worker_exit
+        return returncode, report.worker_exit, survivors
 
     def _wait(self, child: subprocess.Popen[bytes]) -> int:
         """Wait for the child; once the grace period of a stop request is over, kill it."""

@@ -25,12 +25,14 @@ from events.schema import Checkpointed
 from ftrain import settings
 from ftrain.train.config import CheckpointConfig
 from ftrain.train.faults import fault_point
+from ftrain.train.lifeline import die_with_launcher
 from ftrain.train.resume import ResumePoint, cleanup_stale, resume
 from ftrain.train.state import TrainState
 from projections.lifecycle import CheckpointIntent
-from workers.checkpoint_dir import seal_checkpoint
+from workers.checkpoint_dir import CheckpointExists, WrittenCheckpoint, seal_checkpoint, set_aside
 from workers.dcp_writer import HashingWriter
 from workers.fanout import fan_out
+from workers.fence import check as check_fence
 from workers.layout import assembly_dir, rank_stage_dir, step_dir
 from workers.manifest import FileEntry, Manifest
 from workers.recorder import Recorder
@@ -53,6 +55,7 @@ class CheckpointManager:
     """Saves and resumes one training job's state; one instance per rank."""
 
     def __init__(self, config: CheckpointConfig, state: TrainState) -> None:
+        die_with_launcher()
         self.config = config
         self.state = state
         self.rank = dist.get_rank()
@@ -69,6 +72,8 @@ class CheckpointManager:
         self._buffers = StagingBuffers()
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ftrain-ckpt")
         self._inflight: Future[None] | None = None
+        self.attempt = 0
+        """The run's attempt this job records in (set by `load`; 0: no log to say)."""
 
     @property
     def stage_root(self) -> Path:
@@ -83,7 +88,8 @@ class CheckpointManager:
         Raises NoValidCheckpoint on every rank when checkpoints exist and none is valid."""
         cleanup_stale(self.config.ckpt_dir, self.stage_root if self.config.async_save else None, self.rank)
         dist.barrier(group=self.group)
-        return resume(self.config, self.state, self.recorder, self.group)
+        point, self.attempt = resume(self.config, self.state, self.recorder, self.group)
+        return point
 
     # -- saving --------------------------------------------------------------------------------------------
 
@@ -138,7 +144,7 @@ class CheckpointManager:
                 self.recorder.close()
 
     def _save_sync(self, step: int, epoch: int) -> None:
-        tmp = assembly_dir(self.config.ckpt_dir, step)
+        tmp = self._assembly(step)
         writer = HashingWriter(tmp)
         dcp_save({"app": self.state}, storage_writer=writer, process_group=self.group)
         fault_point("write", step)
@@ -153,10 +159,14 @@ class CheckpointManager:
         dcp_save({"app": staged}, storage_writer=writer, process_group=self.group)
         entries = writer.entries()
         fault_point("write", step)
-        fan_out(local, assembly_dir(self.config.ckpt_dir, step), entries)
+        fan_out(local, self._assembly(step), entries)
         local.rmdir()
         fault_point("fanout", step)
-        self._finalize(step, epoch, assembly_dir(self.config.ckpt_dir, step), entries)
+        self._finalize(step, epoch, self._assembly(step), entries)
+
+    def _assembly(self, step: int) -> Path:
+        """Where this attempt assembles `step`: never where an older attempt's process may still write."""
+        return assembly_dir(self.config.ckpt_dir, step, f"attempt-{self.attempt}" if self.attempt else "")
 
     def _finalize(self, step: int, epoch: int, tmp: Path, entries: list[FileEntry]) -> None:
         """Gather every rank's file digests on rank 0, which seals the checkpoint and records it."""
@@ -178,7 +188,7 @@ class CheckpointManager:
             extra={"format": "torch.distributed.checkpoint", "torch": str(torch.__version__)},
         )
         final = step_dir(self.config.ckpt_dir, step)
-        written = seal_checkpoint(tmp, final, manifest)
+        written = self._seal(tmp, final, manifest)
         if self.recorder is not None:
             self.recorder.record(
                 CheckpointIntent(
@@ -190,8 +200,22 @@ class CheckpointManager:
                         uri=written.uri,
                         checkpoint_hash=written.checkpoint_hash,
                         size_bytes=manifest.size_bytes,
+                        attempt=self.attempt,
                     )
                 )
             )
         log.info("checkpoint_finalized", step=step, path=str(final), bytes=manifest.size_bytes)
+        check_fence(self.config.ckpt_dir, self.attempt)
         prune(self.config.ckpt_dir, self.config.keep)
+
+    def _seal(self, tmp: Path, final: Path, manifest: Manifest) -> WrittenCheckpoint:
+        """Seal unless a newer attempt owns the directory (raises Fenced). A `step-N` already there was never
+        recorded by this attempt, which is past every step it resumed from: an older attempt's, sealed after
+        it was superseded; it is set aside (kept as evidence), never trusted."""
+        check_fence(self.config.ckpt_dir, self.attempt)
+        try:
+            return seal_checkpoint(tmp, final, manifest, self.attempt)
+        except CheckpointExists:
+            log.warning("older_attempts_checkpoint_set_aside", path=str(final))
+            set_aside(final, "unrecorded", f"{int(time.time())}")
+            return seal_checkpoint(tmp, final, manifest, self.attempt)

@@ -46,6 +46,7 @@ from workers.checkpoint_dir import (
     uri_path,
     verify_files,
 )
+from workers.fence import Fenced, claim, owner
 from workers.layout import assemblies
 from workers.manifest import FileEntry, Manifest
 from workers.recorder import Recorder
@@ -82,10 +83,12 @@ class ResumePoint(msgspec.Struct, frozen=True):
 
 
 class StartDecision(msgspec.Struct, frozen=True):
-    """Rank 0's decision, broadcast to every rank: the lifecycle's plan, or why the start is refused (the
-    request contradicts the log) or stopped (the log or the storage cannot be trusted)."""
+    """Rank 0's decision, broadcast to every rank: the lifecycle's plan and the attempt this job records in,
+    or why the start is refused (the request contradicts the log) or stopped (the log or the storage cannot
+    be trusted)."""
 
     plan: ResumePlan = ResumePlan()
+    attempt: int = 0
     refused: str | None = None
     stopped: str | None = None
 
@@ -103,15 +106,16 @@ def cleanup_stale(ckpt_dir: Path, stage_root: Path | None, rank: int) -> None:
 
 def resume(
     config: CheckpointConfig, state: TrainState, recorder: Recorder | None, group: dist.ProcessGroup
-) -> ResumePoint | None:
-    """Load the newest valid checkpoint into `state` on every rank; None when there is none to resume."""
+) -> tuple[ResumePoint | None, int]:
+    """Load the newest valid checkpoint into `state` on every rank; returns where training continues (None:
+    from the start) and the attempt this job records in (0: no log to say)."""
     rank = dist.get_rank()
     decision = _broadcast(_safe_plan(config, recorder) if rank == 0 else None, group)
     if decision.refused:
         raise ResumeRefused(decision.refused)
     if decision.stopped:
         raise ResumeStopped(decision.stopped)
-    plan = decision.plan
+    plan, attempt = decision.plan, decision.attempt
     for candidate in plan.candidates:
         path = uri_path(candidate.uri)
         header = cast(
@@ -123,7 +127,7 @@ def resume(
         reason = header if isinstance(header, str) else _load(path, header, state, group)
         if reason is None:
             assert isinstance(header, Manifest)
-            return _resumed(path, candidate, state, recorder)
+            return _resumed(path, candidate, state, recorder, attempt), attempt
         if rank == 0:
             _skip(candidate, reason, recorder)
     if plan.had_checkpoints:
@@ -132,8 +136,8 @@ def resume(
             "refusing to start over"
         )
     if plan.restart and recorder is not None:
-        recorder.record(ResumeIntent(checkpoint_hash=None, step=0))
-    return None
+        recorder.record(ResumeIntent(checkpoint_hash=None, step=0, attempt=attempt))
+    return None, attempt
 
 
 def owned(files: tuple[FileEntry, ...], rank: int, world: int) -> list[FileEntry]:
@@ -200,12 +204,14 @@ def _first(exc: CheckpointException) -> str:
     return f"{type(error).__name__}: {error}"
 
 
-def _resumed(path: Path, candidate: Candidate, state: TrainState, recorder: Recorder | None) -> ResumePoint:
+def _resumed(
+    path: Path, candidate: Candidate, state: TrainState, recorder: Recorder | None, attempt: int
+) -> ResumePoint:
     point = ResumePoint(state.step, state.epoch)
     if dist.get_rank() == 0:
         if recorder is not None:
             digest = candidate.digest or marker_hash(path) or ""
-            recorder.record(ResumeIntent(checkpoint_hash=digest, step=point.step))
+            recorder.record(ResumeIntent(checkpoint_hash=digest, step=point.step, attempt=attempt))
         print(f"RESUMED from step={point.step} (epoch={point.epoch})", flush=True)
     return point
 
@@ -225,33 +231,48 @@ def _skip(candidate: Candidate, reason: str, recorder: Recorder | None) -> None:
 def _safe_plan(config: CheckpointConfig, recorder: Recorder | None) -> StartDecision:
     """Rank 0's plan; a refusal travels to every rank (raising here alone would leave the others waiting)."""
     try:
-        return StartDecision(_plan(config, recorder))
+        return _plan(config, recorder)
     except RunBroken as exc:
         return StartDecision(stopped=str(exc))
     except StorageUnavailable as exc:
         return StartDecision(stopped=str(_stopped(exc)))
-    except (IllegalTransition, RunUnknown) as exc:
+    except (IllegalTransition, RunUnknown, Fenced) as exc:
         return StartDecision(refused=str(exc))
 
 
-def _plan(config: CheckpointConfig, recorder: Recorder | None) -> ResumePlan:
+def _plan(config: CheckpointConfig, recorder: Recorder | None) -> StartDecision:
     """Rank 0: the lifecycle's plan, from the log when it answers, else from the directory alone; the
-    directories it sets aside are moved here (kept, never deleted)."""
+    directories it sets aside are moved here (kept, never deleted), and the directory is claimed for the
+    attempt (an older attempt that wakes up then writes nothing more)."""
     state = _run_state(config, recorder)
     restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
     in_place = state is not None and state.status == "running" and restarts > 0 and config.resume
     plan = plan_resume(
         state, on_disk(config.ckpt_dir), forced=True, fresh=not config.resume, failed_in_place=in_place
     )
+    opened = settings.attempt()
     if in_place and recorder is not None:
+        assert state is not None
         recorder.record(
             FailIntent(
                 reason="exit-code",
                 message=f"torchrun restarted the workers (TORCHELASTIC_RESTART_COUNT={restarts})",
+                attempt=opened or state.attempt,
             )
         )
+    attempt = opened or (_attempt(state, plan, config.ckpt_dir) if config.run_id else 0)
+    if attempt:
+        claim(config.ckpt_dir, attempt)
     set_aside_planned(plan)
-    return plan
+    return StartDecision(plan, attempt)
+
+
+def _attempt(state: RunState | None, plan: ResumePlan, ckpt_dir: Path) -> int:
+    """Outside `ftrain run` (which names the attempt it opened): the attempt the run is in, or the next when
+    this start resumes (which opens it). The log says which; when it is out of reach, the directory's last
+    claim. A job without a run id has no attempts: the directory is its only truth."""
+    current = state.attempt if state is not None else owner(ckpt_dir)
+    return current + (1 if plan.candidates or plan.restart else 0)
 
 
 def set_aside_planned(plan: ResumePlan) -> None:

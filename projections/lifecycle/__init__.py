@@ -13,6 +13,7 @@ from projections.lifecycle.deciders import (
     completed_event,
     corrupt_skipped_event,
     decide_intent,
+    relaunch,
     restart_event,
     resume_from,
     resumed_event,
@@ -26,7 +27,13 @@ from projections.lifecycle.intents import (
     ResumeIntent,
     SkipIntent,
 )
-from projections.lifecycle.judge import IllegalTransition, apply, check, check_may_resume, check_open
+from projections.lifecycle.judge import (
+    IllegalTransition,
+    apply,
+    check,
+    check_may_resume,
+    check_open,
+)
 from projections.lifecycle.resume_plan import Candidate, OnDisk, ResumePlan, plan_resume, skipped_line
 from projections.lifecycle.state import CheckpointRef, RunState, RunStatus
 
@@ -53,6 +60,7 @@ __all__ = [
     "corrupt_skipped_event",
     "decide_intent",
     "plan_resume",
+    "relaunch",
     "restart_event",
     "resume_from",
     "resumed_event",

@@ -23,12 +23,7 @@ from projections.lifecycle.state import CheckpointRef, RunState
 
 def check_relaunch(state: RunState, *, project: str, nodes: int, gpus_per_node: int, strategy: str) -> None:
     """Only a failed run is relaunched (a running one may still have its supervisor), and only as itself."""
-    check_open(state)
-    if state.status == "running":
-        raise IllegalTransition(
-            f"run {state.run_id} is running (another supervisor?); if it is dead, record that first: "
-            f"ftrain fail {state.run_id}"
-        )
+    _check_failed(state)
     launch = state.launch
     if (launch.project, launch.nodes, launch.gpus_per_node, launch.strategy) != (
         project,
@@ -42,8 +37,30 @@ def check_relaunch(state: RunState, *, project: str, nodes: int, gpus_per_node: 
         )
 
 
-def resumed_event(state: RunState, ref: CheckpointRef, *, forced: bool) -> Resumed:
-    """The `resumed` event for resuming `state` from checkpoint `ref`, relaunching the launch command."""
+def _check_failed(state: RunState) -> None:
+    check_open(state)
+    if state.status == "running":
+        raise IllegalTransition(
+            f"run {state.run_id} is running (another supervisor?); if it is dead, record that first: "
+            f"ftrain fail {state.run_id}"
+        )
+
+
+def relaunch(state: RunState) -> Resumed:
+    """The `resumed` a supervisor appends before it starts any process of a relaunch: it opens the next attempt
+    (of two racing supervisors, the one whose append lands; the other then finds the run running), from the
+    newest checkpoint the log says is valid (the trainer verifies it, and records a fallback within the
+    attempt), or from step 0 for a run that never checkpointed."""
+    _check_failed(state)
+    newest = next(iter(state.valid_checkpoints()), None)
+    if newest is None:
+        return restart_event(state, forced=False)
+    return resumed_event(state, newest, forced=False)
+
+
+def resumed_event(state: RunState, ref: CheckpointRef, *, forced: bool, attempt: int = 0) -> Resumed:
+    """The `resumed` event for resuming `state` from checkpoint `ref`, relaunching the launch command, in
+    `attempt` (0: opening the next one)."""
     return Resumed(
         run_id=state.run_id,
         checkpoint_seq=ref.seq,
@@ -54,10 +71,11 @@ def resumed_event(state: RunState, ref: CheckpointRef, *, forced: bool) -> Resum
         resume_count=state.resume_count + 1,
         forced=forced,
         command=state.launch.command,
+        attempt=attempt or state.attempt + 1,
     )
 
 
-def restart_event(state: RunState, *, forced: bool) -> Resumed:
+def restart_event(state: RunState, *, forced: bool, attempt: int = 0) -> Resumed:
     """The `resumed` event restarting from step 0 a run that never checkpointed (preempted before its first)."""
     return Resumed(
         run_id=state.run_id,
@@ -69,6 +87,7 @@ def restart_event(state: RunState, *, forced: bool) -> Resumed:
         resume_count=state.resume_count + 1,
         forced=forced,
         command=state.launch.command,
+        attempt=attempt or state.attempt + 1,
     )
 
 
@@ -79,13 +98,17 @@ def corrupt_skipped_event(state: RunState, ref: CheckpointRef, reason: str) -> C
     )
 
 
-def completed_event(state: RunState, cost_gpu_hours: float | None, at: datetime) -> Completed:
-    """`completed` as of `at`: the reported GPU-hours, else running wall time × GPUs."""
+def completed_event(
+    state: RunState, cost_gpu_hours: float | None, at: datetime, attempt: int | None = None
+) -> Completed:
+    """`completed` as of `at`: the reported GPU-hours, else running wall time × GPUs; recorded by `attempt`
+    (None: the current one, as an operator's command does)."""
     return Completed(
         run_id=state.run_id,
         cost_gpu_hours=cost_gpu_hours if cost_gpu_hours is not None else state.gpu_hours_at(at),
         running_seconds=state.running_seconds_at(at),
         cost_source="reported" if cost_gpu_hours is not None else "wall-time",
+        attempt=state.attempt if attempt is None else attempt,
     )
 
 
@@ -126,19 +149,38 @@ def _intent_event(state: RunState, intent: Intent, at: datetime) -> AnyEvent | N
         ref = _by_hash(state, intent.checkpoint_hash) or _unknown(intent.checkpoint_hash, intent.step, at)
         return None if ref.status == "corrupt" else corrupt_skipped_event(state, ref, intent.reason)
     if isinstance(intent, ResumeIntent):
+        if _opened_by_supervisor(state, intent):
+            return None
         if intent.checkpoint_hash is None:
-            return restart_event(state, forced=running)
+            return restart_event(state, forced=running, attempt=intent.attempt)
         # built for the named checkpoint even when it is not the newest valid one: the judge refuses it then,
         # rather than the run silently resuming from a checkpoint the trainer did not load
         ref = _by_hash(state, intent.checkpoint_hash) or _unknown(intent.checkpoint_hash, intent.step, at)
-        return resumed_event(state, ref, forced=running)
+        return resumed_event(state, ref, forced=running, attempt=intent.attempt)
     if isinstance(intent, FailIntent):
         if not running:  # a failure of a stopped run is no transition
             return None
         return Failed(
-            run_id=state.run_id, reason=intent.reason, exit_code=intent.exit_code, message=intent.message
+            run_id=state.run_id,
+            reason=intent.reason,
+            exit_code=intent.exit_code,
+            message=intent.message,
+            attempt=intent.attempt,
         )
-    return None if state.status == "completed" else completed_event(state, intent.cost_gpu_hours, at)
+    if state.status == "completed":
+        return None
+    return completed_event(state, intent.cost_gpu_hours, at, intent.attempt)
+
+
+def _opened_by_supervisor(state: RunState, intent: ResumeIntent) -> bool:
+    """The run is in the trainer's attempt, which its supervisor opened from the very checkpoint the trainer
+    loaded: the `resumed` is in the log already (one per attempt, unless the trainer had to fall back)."""
+    return (
+        state.status == "running"
+        and intent.attempt != 0
+        and state.resumed_in == intent.attempt == state.attempt
+        and state.resumed_hash == (intent.checkpoint_hash or "")
+    )
 
 
 def _by_hash(state: RunState, checkpoint_hash: str) -> CheckpointRef | None:

@@ -2,7 +2,8 @@
 
 An intent names a transition by what the writer knows (a checkpoint's digest, a step), never by the log's
 position: the position is decided when the log is reachable, against the run's state then
-(`projections.lifecycle.deciders.decide_intent`).
+(`projections.lifecycle.deciders.decide_intent`). Each carries the attempt of the process that wants it
+(0: an old outbox row), so an intent of an attempt that has since been superseded is refused.
 """
 
 import msgspec
@@ -29,6 +30,7 @@ class ResumeIntent(msgspec.Struct, frozen=True, kw_only=True, tag="resume"):
 
     checkpoint_hash: str | None
     step: int
+    attempt: int = 0
 
 
 class FailIntent(msgspec.Struct, frozen=True, kw_only=True, tag="fail"):
@@ -37,12 +39,14 @@ class FailIntent(msgspec.Struct, frozen=True, kw_only=True, tag="fail"):
     reason: str
     exit_code: int | None = None
     message: str = ""
+    attempt: int = 0
 
 
 class CompleteIntent(msgspec.Struct, frozen=True, kw_only=True, tag="complete"):
     """The training job finished: record `completed` (GPU-hours reported, or wall time × GPUs when None)."""
 
     cost_gpu_hours: float | None = None
+    attempt: int = 0
 
 
 Intent = CheckpointIntent | SkipIntent | ResumeIntent | FailIntent | CompleteIntent

@@ -47,6 +47,8 @@ def check(state: RunState | None, event: AnyEvent) -> None:
     if isinstance(event, Launched):
         raise IllegalTransition(f"run {state.run_id} already exists ({state.status})")
     check_open(state)
+    if isinstance(event, Checkpointed | Failed | Completed):
+        check_attempt(state, event.attempt)
     if isinstance(event, Checkpointed | Failed | Completed) and state.status != "running":
         raise IllegalTransition(
             f"run {state.run_id} is {state.status}; it cannot be {kind} (resume it first)"
@@ -68,8 +70,30 @@ def check(state: RunState | None, event: AnyEvent) -> None:
         _check_resume(state, event)
 
 
+def check_attempt(state: RunState, attempt: int) -> None:
+    """Only the current attempt records: an older one's processes (a zombie, a partitioned node) are fenced
+    off. An event without an attempt (0) is an old writer's, accepted until the run has seen one with."""
+    if attempt == state.attempt or (attempt == 0 and not state.fenced):
+        return
+    raise IllegalTransition(
+        f"run {state.run_id} is in attempt {state.attempt}; an event of attempt {attempt} is refused"
+    )
+
+
+def opened_attempt(state: RunState, event: Resumed) -> int:
+    """The attempt the run is in after `event`: it continues the current one, or opens the next."""
+    return event.attempt or state.attempt + 1
+
+
 def _check_resume(state: RunState, event: Resumed) -> None:
-    check_may_resume(state, forced=event.forced)
+    if event.attempt and event.attempt not in (state.attempt, state.attempt + 1):
+        raise IllegalTransition(
+            f"run {state.run_id} is in attempt {state.attempt}; attempt {event.attempt} cannot resume it"
+        )
+    if event.attempt != state.attempt:  # opening an attempt follows a failure
+        check_may_resume(state, forced=event.forced)
+    else:
+        check_open(state)
     if event.checkpoint_seq == 0:
         _check_restart(state, event)
         return
@@ -111,10 +135,13 @@ def apply(state: RunState | None, event: AnyEvent, head: ChainHead) -> RunState:
             status="running",
             launch=event,
             head=head,
+            attempt=1,
             updated_at=event.time,
             running_since=event.time,
         )
     changes: dict[str, object] = {"head": head, "updated_at": event.time}
+    if isinstance(event, Checkpointed | Failed | Completed) and event.attempt:
+        changes["fenced"] = True
     if isinstance(event, Checkpointed):
         ref = CheckpointRef(recorded=event)
         changes.update(step=event.step, epoch=event.epoch, checkpoints=(*state.checkpoints, ref))
@@ -141,6 +168,9 @@ def apply(state: RunState | None, event: AnyEvent, head: ChainHead) -> RunState:
             resume_count=event.resume_count,
             running_since=event.time,
             running_seconds=state.running_seconds_at(event.time),
+            attempt=opened_attempt(state, event),
+            resumed_in=opened_attempt(state, event),
+            resumed_hash=event.checkpoint_hash,
         )
     elif isinstance(event, Completed):
         changes.update(

@@ -64,6 +64,15 @@ class RunState(msgspec.Struct, frozen=True, kw_only=True):
     running_seconds: float = 0.0
     cost_gpu_hours: float | None = None
     cost_source: str | None = None
+    attempt: int = 0
+    """The current attempt: `launched` opens 1, each `resumed` that opens one the next. Only the current
+    attempt's processes may record; a zombie of an older one is refused."""
+    fenced: bool = False
+    """An attempt's process has recorded with its attempt: from then on one without (an old trainer) is
+    refused too."""
+    resumed_in: int = 0
+    """The attempt of the last `resumed` (0: none yet), and the checkpoint it named (`resumed_hash`)."""
+    resumed_hash: str | None = None
 
     @property
     def gpus(self) -> int:

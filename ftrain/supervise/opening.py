@@ -1,0 +1,54 @@
+"""Opening an attempt: the `resumed` a relaunch appends to the run's own log before it starts any process.
+
+The append is a compare-and-set on the run's head, so of two supervisors relaunching one run exactly one
+opens the attempt; the other finds the run running and is refused. A relaunch that cannot reach the log
+does not start: an attempt the log never opened could not be fenced off from the next.
+"""
+
+import asyncio
+
+from nats.errors import Error as NatsError
+
+from events.jetstream.connection import NatsSettings, open_store
+from events.jetstream.server import NatsServerError
+from events.jetstream.store import EventStore, LogUnavailable
+from events.schema import Resumed
+from projections.lifecycle import IllegalTransition, RunState, relaunch
+from projections.run_log import BrokenRun, ContendedRun, RunLog
+
+OPEN_TIMEOUT = 30.0
+
+
+class NotOpened(Exception):
+    """The attempt was not opened: another supervisor opened it, the run cannot be relaunched, or the log
+    is out of reach. The message is one line."""
+
+
+async def append_relaunch(store: EventStore, run_id: str) -> Resumed:
+    """Open the next attempt of `run_id` (a failed run). Raises NotOpened."""
+
+    def decide(state: RunState | None) -> Resumed:
+        if state is None:
+            raise IllegalTransition(f"unknown run {run_id!r}")
+        return relaunch(state)
+
+    try:
+        appended = await RunLog(store, run_id).append(decide)
+    except (IllegalTransition, BrokenRun, ContendedRun) as exc:
+        raise NotOpened(str(exc)) from exc
+    assert appended is not None and isinstance(appended.event, Resumed)
+    return appended.event
+
+
+def open_attempt(run_id: str, nats: NatsSettings, timeout: float = OPEN_TIMEOUT) -> int:
+    """Open the next attempt of `run_id` through its log; returns its number. Raises NotOpened."""
+
+    async def go() -> Resumed:
+        async with open_store(nats) as store:
+            await store.ensure_stream()
+            return await append_relaunch(store, run_id)
+
+    try:
+        return asyncio.run(asyncio.wait_for(go(), timeout)).attempt
+    except (LogUnavailable, NatsServerError, NatsError, OSError) as exc:  # OSError covers TimeoutError
+        raise NotOpened(f"the event log is out of reach ({type(exc).__name__}: {exc})") from exc

@@ -1,0 +1,40 @@
+"""The attempt that owns a run's checkpoint directory, on the file system itself.
+
+The log refuses a zombie attempt's events, but not its writes: an old attempt that wakes up (a process
+stopped and continued, a node cut off and back) could still seal step directories and prune the live
+attempt's checkpoints. So each attempt claims the directory with its number at start-up, and a writer checks
+the claim before it seals or prunes: a higher number means it has been superseded.
+"""
+
+import contextlib
+import os
+from pathlib import Path
+
+from workers.layout import attempt_file
+
+
+class Fenced(RuntimeError):
+    """A newer attempt owns the run's checkpoint directory: this one must write nothing more."""
+
+
+def owner(run: Path) -> int:
+    """The attempt that last claimed `run` (0: none has)."""
+    with contextlib.suppress(FileNotFoundError, ValueError):
+        return int(attempt_file(run).read_text())
+    return 0
+
+
+def claim(run: Path, attempt: int) -> None:
+    """Claim `run` for `attempt` (atomically; never lowers a newer claim). Raises Fenced when a newer
+    attempt holds it."""
+    check(run, attempt)
+    run.mkdir(parents=True, exist_ok=True)
+    tmp = attempt_file(run).with_name(f"{attempt_file(run).name}.{os.getpid()}")
+    tmp.write_text(str(attempt))
+    os.replace(tmp, attempt_file(run))
+
+
+def check(run: Path, attempt: int) -> None:
+    """Raise Fenced when a newer attempt than `attempt` has claimed `run`."""
+    if (held := owner(run)) > attempt:
+        raise Fenced(f"attempt {attempt} is superseded by attempt {held} of {run.name}; writing nothing")
