@@ -8,6 +8,7 @@ import hashlib
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -41,7 +42,17 @@ from workers.checkpoint_dir import (
 from workers.dcp_writer import HashingFileSystem, HashingWriter
 from workers.fanout import FanOutError, fan_out
 from workers.integrity import Digest, Hashed, hash_file
-from workers.layout import MANIFEST, MARKER, PARTIAL, complete_steps, run_dir, set_asides
+from workers.layout import (
+    MANIFEST,
+    MARKER,
+    PARTIAL,
+    assembly_dir,
+    assembly_writer,
+    complete_steps,
+    process_writer,
+    run_dir,
+    set_asides,
+)
 from workers.manifest import FileEntry, Manifest
 from workers.retention import prune
 from workers.staging import StagingBuffers
@@ -496,3 +507,27 @@ def test_valid_kill_points_import_cleanly_and_kill_at_the_named_point_only() -> 
         start_new_session=True,
     )
     assert (result.returncode, result.stdout, result.stderr) == (-signal.SIGKILL, "alive before step 3\n", "")
+
+
+def test_a_writer_killed_mid_write_leaves_an_assembly_the_next_writer_on_its_host_removes(
+    tmp_path: Path,
+) -> None:
+    """`kill -9` during `ftrain checkpoint --path` leaves `.step-N.tmp-<host>-<pid>-…`; only a dead writer's
+    of this host is removed: a live writer's, another host's (its pid means nothing here) and the trainer's
+    stay."""
+    run, host = run_dir(tmp_path, RUN), socket.gethostname()
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    dead = make_checkpoint_dir(assembly_dir(run, 5, process_writer(host, gone.pid, "a1")), marker=False)
+    live = make_checkpoint_dir(assembly_dir(run, 6, process_writer(host, os.getpid(), "b2")), marker=False)
+    remote = make_checkpoint_dir(
+        assembly_dir(run, 7, process_writer("elsewhere", gone.pid, "c3")), marker=False
+    )
+    trainer = make_checkpoint_dir(assembly_dir(run, 8, "attempt-2"), marker=False)
+
+    sealed(tmp_path, 9)
+
+    assert not dead.exists()
+    assert [p.exists() for p in (live, remote, trainer)] == [True, True, True]
+    assert assembly_writer(live) == (host, os.getpid())
+    assert assembly_writer(trainer) is None

@@ -8,6 +8,7 @@ manifest bytes; this module converts it to and from the stored digests.
 
 import os
 import shutil
+import socket
 import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -26,9 +27,12 @@ from workers.layout import (
     MARKER,
     RESERVED,
     SetAsideKind,
+    assemblies,
     assembly_dir,
+    assembly_writer,
     checkpoint_path,
     complete_steps,
+    process_writer,
     set_aside_path,
     step_dir,
 )
@@ -95,7 +99,10 @@ def write_checkpoint(
     final = checkpoint_path(root, run_id, step)
     if final.exists():
         raise CheckpointExists(f"{final} already exists")
-    tmp = assembly_dir(final.parent, step, uuid.uuid4().hex[:12])
+    remove_dead_assemblies(final.parent)
+    tmp = assembly_dir(
+        final.parent, step, process_writer(socket.gethostname(), os.getpid(), uuid.uuid4().hex[:8])
+    )
     tmp.mkdir(parents=True)
     try:
         entries = [_write_source(tmp / name, src, name) for name, src in sources]
@@ -114,6 +121,28 @@ def write_checkpoint(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def remove_dead_assemblies(run: Path) -> list[Path]:
+    """Remove the assembly directories that writers on this host left when they died mid-write; a live
+    writer's, another host's and the trainer's are left alone. Returns what was removed."""
+    host, removed = socket.gethostname(), []
+    for path in assemblies(run):
+        writer = assembly_writer(path)
+        if writer is not None and writer[0] == host and not _process_exists(writer[1]):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def seal_checkpoint(tmp: Path, final: Path, manifest: Manifest, attempt: int = 0) -> WrittenCheckpoint:

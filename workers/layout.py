@@ -117,6 +117,23 @@ def set_asides(run: Path) -> list[SetAside]:
     return sorted(found, key=lambda s: (s.step, s.path.name))
 
 
+def process_writer(host: str, pid: int, nonce: str) -> str:
+    """The writer tag of one process's assembly directory: the host and process that own it, so a later
+    writer on the same host can tell a dead writer's leftovers (a `kill -9` mid-write) from live work."""
+    return f"{host}-{pid}-{nonce}"
+
+
+def assembly_writer(path: Path) -> tuple[str, int] | None:
+    """(host, pid) of the process that named this assembly directory; None when no process did (the trainer's
+    assemblies are named by step and attempt) or the name is not one of ours."""
+    match = _ASSEMBLY.fullmatch(path.name)
+    writer = match.group(1) if match else None
+    parts = writer[1:].rsplit("-", 2) if writer else []
+    if len(parts) != 3 or not parts[0] or not parts[1].isdigit():
+        return None
+    return parts[0], int(parts[1])
+
+
 def assemblies(run: Path) -> list[Path]:
     """The assembly directories under `run`: saves that were interrupted, when no save is running."""
     return [run / name for name in _names(run) if _ASSEMBLY.fullmatch(name)]
