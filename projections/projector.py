@@ -6,6 +6,7 @@ import sqlite3
 import msgspec
 import structlog
 
+from events.chain import unseal
 from events.jetstream.store import EventStore
 from events.record import StoredRecord
 from events.schema import AnyEvent, Checkpointed, CorruptSkipped
@@ -88,12 +89,27 @@ class Projector:
                     log.warning("readmodel_ahead_of_stream", model_seq=start.last_seq, stream_seq=end)
                     await self.model.rebuild(self.stream_id, start.generation)
                     continue
+                if not await self._agrees_at(start.last_seq):  # restored, then written anew past it
+                    log.warning("readmodel_diverged_from_stream", stream_seq=start.last_seq)
+                    await self.model.rebuild(self.stream_id, start.generation)
+                    continue
             count, complete = await self._apply_from(start)
             applied += count
             if complete:
                 return applied
             # another process applied first, or reset the model: resume from where it is now
             log.debug("readmodel_raced", last_seq=start.last_seq)
+
+    async def _agrees_at(self, stream_seq: int) -> bool:
+        """Whether the stream still holds, at the model's last sequence, the event the model applied there:
+        a store restored from an older copy and then appended to reaches the same sequence with other events."""
+        known = await self.model.hash_at(stream_seq) if stream_seq else None
+        if known is None:
+            return True  # nothing applied yet, or that record was rejected: no hash to compare
+        async for records in self.store.read(stream_seq, batch=1):
+            sealed = unseal(records[0].payload) if records[0].stream_seq == stream_seq else None
+            return sealed is not None and sealed[1] == known
+        return False
 
     async def rebuild(self) -> int:
         """Drop every view and replay the stream from sequence 1 (a rebuild asked at the same moment by

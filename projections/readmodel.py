@@ -284,6 +284,11 @@ class ReadModel:
             states[state.run_id] = msgspec.structs.replace(state, checkpoints=checkpoints)
         return states
 
+    async def hash_at(self, stream_seq: int) -> str | None:
+        """The chain hash the model recorded for the event at `stream_seq` (None: none, or it was rejected)."""
+        rows = await self._fetch("SELECT hash FROM audit WHERE stream_seq = ?", (stream_seq,))
+        return None if not rows or rows[0][0] is None else str(rows[0][0])
+
     async def taken(self, run_id: str) -> bool:
         """Whether any event, accepted or not, was ever stored for `run_id`."""
         return bool(await self._fetch("SELECT 1 FROM audit WHERE run_id = ? LIMIT 1", (run_id,)))

@@ -51,3 +51,21 @@ def test_a_model_ahead_of_the_stream_is_rebuilt(env: dict[str, str], server: Ser
     result = ftrain_process(["status", "r3"], env)
     assert result.returncode == 0, result.stderr
     assert "readmodel_ahead_of_stream" in result.stdout + result.stderr
+
+
+def test_a_model_that_disagrees_with_the_stream_at_its_last_sequence_is_rebuilt(
+    env: dict[str, str], server: ServerProcess
+) -> None:
+    """A store restored from an older copy and appended to anew reaches the model's last sequence with other
+    events: the model would think itself caught up while holding runs the log no longer has."""
+    path = launch_runs(env)
+    with sqlite3.connect(path) as db:
+        db.execute(
+            "UPDATE audit SET hash = ? WHERE stream_seq = (SELECT MAX(stream_seq) FROM audit)", ("f" * 64,)
+        )
+        db.execute("DELETE FROM runs WHERE run_id = 'r3'")
+    result = ftrain_process(["status", "r3"], env)
+    assert result.returncode == 0, result.stderr
+    assert "readmodel_diverged_from_stream" in result.stdout + result.stderr
+    again = ftrain_process(["status", "r3"], env)
+    assert again.returncode == 0 and "readmodel_diverged_from_stream" not in again.stdout + again.stderr
