@@ -27,7 +27,7 @@ def test_a_resume_names_the_checkpoint_and_relaunches_the_launch_command() -> No
     ref = state.checkpoints[0]
     assert resumed_event(state, ref, forced=True) == Resumed(
         run_id=RUN, checkpoint_seq=2, step=10, epoch=2, uri="u10", checkpoint_hash=ref.checkpoint_hash,
-        resume_count=1, forced=True, command=COMMAND,
+        resume_count=1, forced=True, command=COMMAND, attempt=2,
     )  # fmt: skip
 
 
@@ -35,7 +35,7 @@ def test_a_restart_names_no_checkpoint_and_relaunches_the_launch_command() -> No
     state = fold(launched(), FAILED)
     assert restart_event(state, forced=True) == Resumed(
         run_id=RUN, checkpoint_seq=0, step=0, epoch=0, uri="", checkpoint_hash="", resume_count=1, forced=True,
-        command=COMMAND,
+        command=COMMAND, attempt=2,
     )  # fmt: skip
 
 
@@ -76,7 +76,7 @@ def test_a_resume_from_a_checkpoint_the_log_never_recorded_names_it_for_the_judg
     intent = ResumeIntent(checkpoint_hash="e" * 64, step=30)
     assert decide_intent(unrecorded_state(), intent, "i", AT) == Resumed(
         run_id=RUN, id="i", time=AT, checkpoint_seq=0, step=30, epoch=0, uri="", checkpoint_hash="e" * 64,
-        resume_count=1, forced=False, command=COMMAND,
+        resume_count=1, forced=False, command=COMMAND, attempt=2,
     )  # fmt: skip
 
 

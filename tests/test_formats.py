@@ -45,6 +45,9 @@ from workers.manifest import (
 
 VECTORS = Path(__file__).parent / "vectors"
 EVENTS: list[dict[str, str]] = json.loads((VECTORS / "events.json").read_text("utf-8"))
+LEGACY_EVENTS: list[dict[str, str]] = json.loads((VECTORS / "events-before-attempts.json").read_text("utf-8"))
+"""The same chain as written before events carried their attempt: stored bytes verify whatever the schema
+has become since (hashes are over stored bytes, never a re-encoding)."""
 CHECKPOINT = VECTORS / "checkpoint"
 DIGESTS: dict[str, str] = json.loads((VECTORS / "checkpoint.json").read_text("utf-8"))
 
@@ -63,15 +66,15 @@ def vector_events() -> list[AnyEvent]:
                  allocation_source="nodelist", rdzv_endpoint="gpu01:29500", command=COMMAND, storage="file:///ckpt"),
         Checkpointed(run_id=RUN, seq=2, id="01J0000000000000000000000B", time=T.replace(minute=30),
                      actor=Actor("ops", "gpu01", 7, 0), step=100, epoch=1, shards=1, uri=URI,
-                     checkpoint_hash=CHECKPOINT_HASH, size_bytes=12),
+                     checkpoint_hash=CHECKPOINT_HASH, size_bytes=12, attempt=1),
         Failed(run_id=RUN, seq=3, id="01J0000000000000000000000C", time=T.replace(hour=13), reason="preempted",
-               exit_code=143, message="SIGTERM"),
+               exit_code=143, message="SIGTERM", attempt=1),
         Resumed(run_id=RUN, seq=4, id="01J0000000000000000000000D", time=T.replace(hour=14), checkpoint_seq=2,
-                step=100, epoch=1, uri=URI, checkpoint_hash=CHECKPOINT_HASH, resume_count=1, command=COMMAND),
+                step=100, epoch=1, uri=URI, checkpoint_hash=CHECKPOINT_HASH, resume_count=1, command=COMMAND, attempt=2),
         CorruptSkipped(run_id=RUN, seq=5, id="01J0000000000000000000000E", time=T.replace(hour=15),
                        checkpoint_seq=2, step=100, uri=URI, reason="hash mismatch"),
         Completed(run_id=RUN, seq=6, id="01J0000000000000000000000F", time=T.replace(hour=16), cost_gpu_hours=64.0,
-                  running_seconds=14400.0, cost_source="reported"),
+                  running_seconds=14400.0, cost_source="reported", attempt=2),
     ]  # fmt: skip
 
 
@@ -84,10 +87,11 @@ def test_genesis_is_64_ascii_zeros_as_the_readme_documents() -> None:
     assert EVENTS[0]["prev_hash"] == GENESIS
 
 
-def test_each_stored_payload_hashes_to_its_vector_byte_for_byte() -> None:
+@pytest.mark.parametrize("vectors", [EVENTS, LEGACY_EVENTS], ids=["current", "before-attempts"])
+def test_each_stored_payload_hashes_to_its_vector_byte_for_byte(vectors: list[dict[str, str]]) -> None:
     """hash = SHA-256(prev hash as ASCII hex ‖ the payload without its trailing `,"hash":"…"` member)."""
     prev = GENESIS
-    for vector in EVENTS:
+    for vector in vectors:
         payload = vector["payload"].encode("utf-8")
         suffix = f',"hash":"{vector["hash"]}"}}'.encode("ascii")
         assert vector["prev_hash"] == prev and payload.endswith(suffix)
@@ -105,15 +109,16 @@ def test_the_canonical_encoding_of_each_event_is_the_stored_body_byte_for_byte()
         assert decode_event(vector["payload"].encode("utf-8")) == stamped
 
 
-def test_the_vector_chain_links_from_genesis_under_its_subjects() -> None:
+@pytest.mark.parametrize("vectors", [EVENTS, LEGACY_EVENTS], ids=["current", "before-attempts"])
+def test_the_vector_chain_links_from_genesis_under_its_subjects(vectors: list[dict[str, str]]) -> None:
     head = ChainHead()
-    for n, vector in enumerate(EVENTS, start=1):
+    for n, vector in enumerate(vectors, start=1):
         run_id, subject_type = parse_subject(vector["subject"])
         assert vector["subject"] == run_subject(run_id, subject_type)
         link = check_link(head, run_id, subject_type, vector["payload"].encode("utf-8"))
         assert isinstance(link, Linked), link
         head = ChainHead(n, link.hash, n)
-    assert head.hash == EVENTS[-1]["hash"]
+    assert head.hash == vectors[-1]["hash"]
 
 
 def test_a_chain_that_starts_anywhere_but_genesis_is_broken() -> None:

@@ -30,7 +30,7 @@ def test_an_empty_value_reads_as_unset() -> None:
         value for value in vars(settings).values() if isinstance(value, str) and value.startswith("FTRAIN_")
     ]
     empty = dict.fromkeys(names, "")
-    assert len(empty) == 16
+    assert len(empty) == 17
     read = (
         settings.home(empty),
         settings.storage(empty),
@@ -40,6 +40,7 @@ def test_an_empty_value_reads_as_unset() -> None:
         settings.kill_once(empty),
         settings.run_id(empty),
         settings.ckpt_dir(empty),
+        settings.attempt(empty),
     )
     assert read == (
         DEFAULT_HOME,
@@ -47,6 +48,7 @@ def test_an_empty_value_reads_as_unset() -> None:
         NatsSettings(home=DEFAULT_HOME),
         logging.WARNING,
         frozenset(),
+        None,
         None,
         None,
         None,

@@ -178,6 +178,16 @@ def on_disk(run: Path) -> list[OnDisk]:
     return [OnDisk(step, path_uri(step_dir(run, step)), marker_hash(step_dir(run, step))) for step in steps]
 
 
+def require_listable(run: Path) -> None:
+    """Raise StorageUnavailable unless the run directory can be listed. Where the log records checkpoints,
+    a missing or unreadable run directory means the storage is out of reach, never that they are gone: it
+    must not be created afresh (that would turn an unmounted file system into "directory missing")."""
+    try:
+        os.scandir(run).close()
+    except OSError as exc:
+        raise _unavailable(run, exc) from exc
+
+
 def _unavailable(path: Path, exc: OSError) -> StorageUnavailable:
     return StorageUnavailable(f"storage unavailable: {path}: {exc.strerror or exc}")
 

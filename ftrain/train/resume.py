@@ -42,6 +42,7 @@ from workers.checkpoint_dir import (
     marker_hash,
     on_disk,
     read_manifest,
+    require_listable,
     set_aside,
     uri_path,
     verify_files,
@@ -262,6 +263,8 @@ def _plan(config: CheckpointConfig, recorder: Recorder | None) -> StartDecision:
         )
     attempt = opened or (_attempt(state, plan, config.ckpt_dir) if config.run_id else 0)
     if attempt:
+        if plan.candidates:  # the log expects checkpoints there: claiming must not recreate a missing root
+            require_listable(config.ckpt_dir)
         claim(config.ckpt_dir, attempt)
     set_aside_planned(plan)
     return StartDecision(plan, attempt)
