@@ -12,7 +12,7 @@ from events.jetstream.server import ServerProcess
 from events.schema import Checkpointed, Resumed
 from ftrain import settings
 from ftrain.service import RunService
-from tests.conftest import ftrain_process, stream_last_seq
+from tests.conftest import free_port, ftrain_process, stream_last_seq
 from tests.test_failures import files_under
 from tests.training import RESUMED, torchrun
 from workers.checkpoint_dir import StorageUnavailable, file_verdict, verify_checkpoint, write_checkpoint
@@ -99,6 +99,11 @@ async def test_trainer_with_the_storage_root_gone_exits_1_and_resumes_once_it_is
     assert "storage unavailable" in stopped.stdout + stopped.stderr
     assert "skipped" not in stopped.stdout and RESUMED.search(stopped.stdout) is None
     assert await stream_last_seq(server.url) == before
+
+    offline = {**job_env, "FTRAIN_NATS_URL": f"nats://127.0.0.1:{free_port()}"}  # and the log out of reach
+    blind = await asyncio.to_thread(torchrun, ckpt, *flags, env=offline)
+    assert blind.returncode != 0 and "storage unavailable" in blind.stdout + blind.stderr, blind.stdout
+    assert not os.path.exists(storage)  # nothing recreated where the file system will be mounted again
 
     os.rename(storage.with_name("unmounted"), storage)
     again = await asyncio.to_thread(torchrun, ckpt, *flags, env=job_env)

@@ -252,6 +252,10 @@ def _plan(config: CheckpointConfig, recorder: Recorder | None) -> StartDecision:
         state, on_disk(config.ckpt_dir), forced=True, fresh=not config.resume, failed_in_place=in_place
     )
     opened = settings.attempt()
+    if state is None and config.run_id and config.resume and opened != 1:
+        # No log to ask and no checkpoint found: a first start, or storage that is not mounted right now.
+        # Only a first attempt may start from nothing; any other stops until the run directory is back.
+        require_listable(config.ckpt_dir)
     if in_place and recorder is not None:
         assert state is not None
         recorder.record(
