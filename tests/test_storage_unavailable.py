@@ -103,7 +103,9 @@ async def test_trainer_with_the_storage_root_gone_exits_1_and_resumes_once_it_is
     offline = {**job_env, "FTRAIN_NATS_URL": f"nats://127.0.0.1:{free_port()}"}  # and the log out of reach
     blind = await asyncio.to_thread(torchrun, ckpt, *flags, env=offline)
     assert blind.returncode != 0 and "storage unavailable" in blind.stdout + blind.stderr, blind.stdout
-    assert not os.path.exists(storage)  # nothing recreated where the file system will be mounted again
+    assert not await asyncio.to_thread(
+        storage.exists
+    )  # nothing recreated where the file system will be mounted again
 
     os.rename(storage.with_name("unmounted"), storage)
     again = await asyncio.to_thread(torchrun, ckpt, *flags, env=job_env)
