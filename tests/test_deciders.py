@@ -175,9 +175,11 @@ def test_a_completion_is_recorded_by_the_attempt_named_or_else_the_current_one()
     assert completed_event(state, 5.0, end, 0) == Completed(
         run_id=RUN, cost_gpu_hours=5.0, running_seconds=seconds, cost_source="reported", attempt=0
     )
-    decided = decide_intent(state, CompleteIntent(cost_gpu_hours=5.0, attempt=2), "i", end)
-    assert decided == Completed(run_id=RUN, id="i", time=end, cost_gpu_hours=5.0, running_seconds=seconds,
-                                cost_source="reported", attempt=2)  # fmt: skip
+    # an intent keeps its own attempt, even an old outbox row's 0: the judge decides whether it may record
+    for attempt in (0, 2):
+        decided = decide_intent(state, CompleteIntent(cost_gpu_hours=5.0, attempt=attempt), "i", end)
+        assert decided == Completed(run_id=RUN, id="i", time=end, cost_gpu_hours=5.0, running_seconds=seconds,
+                                    cost_source="reported", attempt=attempt)  # fmt: skip
 
 
 def test_a_failure_is_recorded_with_the_intents_reason_exit_code_message_and_attempt_while_running() -> None:
