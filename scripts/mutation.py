@@ -28,7 +28,7 @@ PACKAGES = ("events", "projections", "workers", "ftrain", "tests")
 CONSTANTS: tuple[tuple[str, str, str], ...] = (
     ("events/chain.py", 'GENESIS = "0" * 64', 'GENESIS = "0" * 63'),
     ("events/chain.py", 'GENESIS = "0" * 64', 'GENESIS = "1" * 64'),
-    ("events/schema.py", "    seq: int = 0", "    seq: int = 1"),
+    ("events/schema.py", "    seq: Count = 0", "    seq: Count = 1"),
     ("workers/manifest.py", "FORMAT = 2", "FORMAT = 3"),
     ("workers/integrity.py", 'ALGORITHM: Final = "sha256"', 'ALGORITHM: Final = "sha-256"'),
     ("workers/layout.py", 'MARKER: Final = ".complete"', 'MARKER: Final = ".done"'),

@@ -19,12 +19,14 @@ from events.chain import GENESIS, Broken, ChainHead, Linked, check_link, seal, u
 from events.record import parse_subject, run_subject
 from events.run_id import RUN_ID_MAX, InvalidRunId, validate_run_id
 from events.schema import (
+    MAX_EVENT_BYTES,
     Actor,
     AnyEvent,
     Checkpointed,
     Completed,
     CorruptSkipped,
     Failed,
+    InvalidEvent,
     Launched,
     Resumed,
     decode_event,
@@ -278,6 +280,39 @@ def test_a_run_id_that_is_unsafe_is_refused_saying_why(run_id: str, message: str
         validate_run_id(run_id)
     with pytest.raises(InvalidRunId, match=f"^{re.escape(message.replace('run id', '--run-id'))}$"):
         validate_run_id(run_id, what="--run-id")
+
+
+def test_an_event_of_exactly_the_payload_limit_encodes_and_one_byte_more_is_refused_saying_its_size() -> None:
+    """An event's bytes are at most MAX_EVENT_BYTES (512 KiB): half the server's payload limit."""
+    empty = len(encode_event(Failed(run_id="r1", reason="preempted")))
+    at_limit = Failed(run_id="r1", reason="preempted", message="a" * (MAX_EVENT_BYTES - empty))
+    assert MAX_EVENT_BYTES == 524288 and len(encode_event(at_limit)) == MAX_EVENT_BYTES
+    over = msgspec.structs.replace(at_limit, message=at_limit.message + "a")
+    with pytest.raises(InvalidEvent, match=r"^failed event of 524289 bytes exceeds 524288$"):
+        encode_event(over)
+
+
+@pytest.mark.parametrize(
+    ("event", "message"),
+    [
+        (Failed(run_id="r1", reason="preempted", exit_code=2**63),
+         "failed event out of bounds: Expected `int` <= 9223372036854775807 - at `$.exit_code`"),
+        (Checkpointed(run_id="r1", step=-1, epoch=0, shards=1, uri=URI, checkpoint_hash="h", size_bytes=0),
+         "checkpointed event out of bounds: Expected `int` >= 0 - at `$.step`"),
+        (Completed(run_id="r1", cost_gpu_hours=float("nan"), running_seconds=1.0, cost_source="reported"),
+         "completed event out of bounds: Expected `float`, got `null` - at `$.cost_gpu_hours`"),
+        (Failed(run_id="r1", reason="preempted", message="bad \udcff byte"),
+         "failed event holds text that is not valid Unicode (surrogates not allowed)"),
+    ],
+)  # fmt: skip
+def test_an_event_a_reader_would_refuse_is_refused_at_encode_naming_its_type_and_why(
+    event: AnyEvent, message: str
+) -> None:
+    """Every bound is checked where bytes are made: an int64 overflow, a negative count, a NaN (it encodes as
+    null), text that is not Unicode. The error is InvalidEvent (a ValueError), never msgspec's own."""
+    with pytest.raises(InvalidEvent, match=f"^{re.escape(message)}$") as raised:
+        encode_event(event)
+    assert raised.value.__cause__ is None and raised.value.__suppress_context__
 
 
 def test_the_published_json_schema_names_every_event_type() -> None:

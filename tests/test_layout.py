@@ -24,11 +24,14 @@ from workers.layout import (
     SetAside,
     assemblies,
     assembly_dir,
+    assembly_writer,
+    attempt_file,
     checkpoint_path,
     complete_steps,
     parse_set_aside,
     parse_step,
     partial_path,
+    process_writer,
     rank_stage_dir,
     run_dir,
     set_aside_path,
@@ -56,6 +59,37 @@ def test_where_a_checkpoint_and_its_work_in_progress_live() -> None:
     assert partial_path(Path("/ckpt/r1/step-20/a.pt")) == Path("/ckpt/r1/step-20/a.pt.partial")
     assert rank_stage_dir(Path("/local"), 3) == Path("/local/rank-3")
     assert set_aside_path(Path("/ckpt/r1/step-20"), "corrupt", "t1") == Path("/ckpt/r1/step-20.corrupt-t1")
+
+
+def test_the_attempt_owning_a_run_directory_is_named_in_its_dot_attempt_file() -> None:
+    assert attempt_file(Path("/ckpt/r1")) == Path("/ckpt/r1/.attempt")
+
+
+def test_a_process_names_its_assembly_by_host_pid_and_nonce_and_the_name_gives_them_back() -> None:
+    assert process_writer("gpu-a-01", 4242, "n1") == "gpu-a-01-4242-n1"
+    assembly = assembly_dir(Path("/ckpt/r1"), 20, process_writer("gpu-a-01", 4242, "n1"))
+    assert assembly == Path("/ckpt/r1/.step-20.tmp-gpu-a-01-4242-n1")
+    assert assembly_writer(assembly) == ("gpu-a-01", 4242)
+
+
+@pytest.mark.parametrize(
+    ("name", "writer"),
+    [
+        (".step-20.tmp-gpu01-4242-n1", ("gpu01", 4242)),
+        (".step-20.tmp-gpu-a-01-7-n1", ("gpu-a-01", 7)),  # a host name may hold hyphens: split from the right
+        (".step-20.tmp", None),  # the trainer's ranks share an unnamed one
+        (".step-20.tmp-w7", None),  # a writer tag no process wrote
+        (".step-20.tmp-gpu01-4242", None),
+        (".step-20.tmp--4242-n1", None),  # no host
+        (".step-20.tmp-gpu01-x42-n1", None),  # no pid
+        ("step-20.tmp-gpu01-4242-n1", None),  # not an assembly directory
+        ("step-20", None),
+    ],
+)
+def test_an_assembly_names_the_host_and_pid_that_wrote_it_or_none(
+    name: str, writer: tuple[str, int] | None
+) -> None:
+    assert assembly_writer(Path("/ckpt/r1") / name) == writer
 
 
 @pytest.mark.parametrize(("name", "step"), [("step-0", 0), ("step-20", 20), ("step-007", 7)])
