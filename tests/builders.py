@@ -1,9 +1,16 @@
 """Event builders shared by tests."""
 
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from events.schema import Checkpointed, Launched
+import msgspec
+
+from events.chain import ChainHead
+from events.schema import AnyEvent, Checkpointed, Launched
+from projections.lifecycle import RunState, apply
 from workers.checkpoint_dir import write_checkpoint
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def launched(run_id: str, project: str = "p") -> Launched:
@@ -26,3 +33,13 @@ def written_checkpoint(storage: Path, run_id: str, step: int) -> Checkpointed:
                                sources=[("state.json", f'{{"step": {step}}}'.encode())])  # fmt: skip
     return Checkpointed(run_id=run_id, step=step, epoch=step // 10, shards=1, uri=written.uri,
                         checkpoint_hash=written.checkpoint_hash, size_bytes=written.manifest.size_bytes)  # fmt: skip
+
+
+def fold(*events: AnyEvent) -> RunState:
+    """The state after `events`, the n-th stamped seq n at T0 + n minutes."""
+    state: RunState | None = None
+    for n, event in enumerate(events, start=1):
+        stamped = msgspec.structs.replace(event, seq=n, time=T0 + timedelta(minutes=n))
+        state = apply(state, stamped, ChainHead(n, f"{n:064x}", n))
+    assert state is not None
+    return state

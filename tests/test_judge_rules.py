@@ -6,16 +6,15 @@ through. Each refusal is matched on the rule's own message.
 """
 
 import re
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
-import msgspec
 import pytest
 
 from events.chain import ChainHead
 from events.schema import AnyEvent, Checkpointed, Completed, CorruptSkipped, Failed, Launched, Resumed
-from projections.lifecycle import IllegalTransition, RunState, apply, check
+from projections.lifecycle import IllegalTransition, RunState, check
+from tests.builders import T0, fold
 
-T0 = datetime(2026, 1, 1, tzinfo=UTC)
 RUN = "r"
 
 
@@ -48,16 +47,6 @@ def restart(
 
 FAILED = Failed(run_id=RUN, reason="preempted")
 COMPLETED = Completed(run_id=RUN, cost_gpu_hours=1.0, running_seconds=60.0, cost_source="reported")
-
-
-def fold(*events: AnyEvent) -> RunState:
-    """The state after `events`, the n-th stamped seq n at T0 + n minutes."""
-    state: RunState | None = None
-    for n, event in enumerate(events, start=1):
-        stamped = msgspec.structs.replace(event, seq=n, time=T0 + timedelta(minutes=n))
-        state = apply(state, stamped, ChainHead(n, f"{n:064x}", n))
-    assert state is not None
-    return state
 
 
 def refused(state: RunState | None, event: AnyEvent, message: str) -> None:

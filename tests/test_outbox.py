@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 
 import msgspec
@@ -47,14 +47,13 @@ from projections.lifecycle import (
     decide_intent,
 )
 from projections.run_log import RunLog
-from tests.builders import launched
+from tests.builders import T0, fold, launched
 from tests.conftest import free_port
 from tests.servers import kill_server, restart_server
 from workers.outbox import Outbox, outbox_path
 from workers.recorder import Recorder, deliver
 
 RUN = "run-outbox"
-T0 = datetime(2026, 1, 1, tzinfo=UTC)
 AT = T0 + timedelta(hours=1)
 FLUSH_S = 30.0
 UNREACHABLE_WARNING = "event_log_unreachable_intents_kept"
@@ -68,16 +67,6 @@ def ckpt(step: int) -> CheckpointIntent:
 def recorded(intent: CheckpointIntent) -> Checkpointed:
     """The checkpointed event an intent becomes, unstamped, for building states."""
     return intent.checkpointed
-
-
-def fold(*events: AnyEvent) -> RunState:
-    """The state after `events`, the n-th stamped seq n at T0 + n minutes."""
-    state: RunState | None = None
-    for n, event in enumerate(events, start=1):
-        stamped = msgspec.structs.replace(event, seq=n, time=T0 + timedelta(minutes=n))
-        state = apply(state, stamped, ChainHead(n, f"{n:064x}", n))
-    assert state is not None
-    return state
 
 
 def decided(state: RunState, intent: Intent) -> AnyEvent | None:
