@@ -280,7 +280,8 @@ class RunService:
                     f"run {run_id} already has checkpoint step {step} (another writer got there first)"
                 ) from exc
             raise Refused(
-                f"{exc} but the log has no such checkpoint (an interrupted save?); remove it"
+                f"{exc} but the log has no such checkpoint yet: another writer may be recording it, or a save "
+                "was interrupted (then remove it)"
             ) from exc
         try:
             event = await self._record(run_id, partial(event_for, written))

@@ -745,7 +745,7 @@ async def test_two_checkpoints_of_one_step_race_one_lands_and_the_loser_is_not_t
     app: RunService, env: dict[str, str]
 ) -> None:
     """Both pass the step check; the loser finds the directory the winner wrote (and recorded, or is about
-    to): it must never be told to remove a checkpoint the log has."""
+    to): it must never be told plainly to remove a checkpoint the log has or is about to have."""
     run = "race-ckpt"
     await launch(app, run)
     barrier = threading.Barrier(2)
@@ -759,8 +759,11 @@ async def test_two_checkpoints_of_one_step_race_one_lands_and_the_loser_is_not_t
     results = await asyncio.gather(asyncio.to_thread(checkpoint), asyncio.to_thread(checkpoint))
     assert sorted(r.returncode for r in results) == [0, 1], [r.stderr for r in results]
     loser = one_line(next(r for r in results if r.returncode == 1).stderr)
+    step_dir = Path(env["FTRAIN_STORAGE"]) / run / "step-10"
     assert loser in (
         f"ftrain checkpoint: run {run} already has checkpoint step 10 (another writer got there first)",
         f"ftrain checkpoint: run {run} is at step 10; checkpoint step 10 does not advance it",
+        f"ftrain checkpoint: {step_dir} already exists but the log has no such checkpoint yet: another writer "
+        "may be recording it, or a save was interrupted (then remove it)",
     )
     assert [c.step for c in (await app.state_of(run)).checkpoints] == [10]
