@@ -14,9 +14,11 @@ def fsync_dir(path: Path) -> None:
 
 
 def write_atomic(path: Path, data: bytes) -> None:
-    """Write `data` to `path` so readers see the old file or the whole new one: temp, fsync, rename."""
+    """Write `data` to `path` so readers see the old file or the whole new one: temp, fsync, rename. The
+    file is private (0600) from its first byte, whatever the umask."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
+    tmp.unlink(missing_ok=True)  # a leftover of a killed writer with this pid
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600), "wb") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())

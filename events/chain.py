@@ -1,22 +1,33 @@
 """The per-run hash chain, pure: sealing an event's bytes and checking one link.
 
-A stored payload is the event's canonical JSON with one member appended, `"hash"`, where
+A stored payload is the event's canonical JSON with trailing members appended: `"hash"`, where
 
-    hash = SHA-256(prev_hash as ASCII hex ‖ the payload without that trailing `,"hash":"…"` member)
+    hash = SHA-256(prev_hash as ASCII hex ‖ the payload without its trailing members)
 
-so a reader verifies the exact bytes stored, never a re-encoding; decoders ignore the extra member.
+and, when its writer signed it, `"signer"` (the Ed25519 public key, hex) and `"sig"` (the signature over
+`ftrain-event-v1:` ‖ hash, hex; see `events.signing`). So a reader verifies the exact bytes stored, never a
+re-encoding; decoders ignore the extra members. Payloads from before signing end after `"hash"` and still
+read, as unsigned.
 """
 
 import hashlib
+from collections.abc import Callable
+from typing import NamedTuple
 
 import msgspec
 
 from events.schema import AnyEvent, decode_event, event_type
+from events.signing import Signature
+
+SignHash = Callable[[str], Signature]
 
 GENESIS = "0" * 64
 _PREFIX = b',"hash":"'
 _SUFFIX = b'"}'
 _SEAL_LEN = len(_PREFIX) + 64 + len(_SUFFIX)
+_SIGNER = b'","signer":"'
+_SIG = b'","sig":"'
+_SIGNED_LEN = len(_PREFIX) + 64 + len(_SIGNER) + 64 + len(_SIG) + 128 + len(_SUFFIX)
 
 
 class ChainHead(msgspec.Struct, frozen=True):
@@ -32,6 +43,7 @@ class Linked(msgspec.Struct, frozen=True):
 
     event: AnyEvent
     hash: str
+    signature: Signature | None = None
 
 
 class Broken(msgspec.Struct, frozen=True):
@@ -49,21 +61,43 @@ def link_hash(prev_hash: str, body: bytes) -> str:
     return digest.hexdigest()
 
 
-def seal(body: bytes, prev_hash: str) -> tuple[bytes, str]:
-    """The payload to store for canonical `body`, and its hash."""
+def seal(body: bytes, prev_hash: str, sign: SignHash | None = None) -> tuple[bytes, str]:
+    """The payload to store for canonical `body`, and its hash, signed by `sign` when given."""
     digest = link_hash(prev_hash, body)
-    return body[:-1] + _PREFIX + digest.encode("ascii") + _SUFFIX, digest
+    return body[:-1] + _trailer(digest, sign(digest) if sign else None), digest
 
 
-def unseal(payload: bytes) -> tuple[bytes, str] | None:
-    """Split a stored payload into the hashed body and the claimed hash; None when not sealed."""
-    if len(payload) <= _SEAL_LEN or not payload.endswith(_SUFFIX):
+def _trailer(digest: str, signature: Signature | None) -> bytes:
+    hashed = _PREFIX + digest.encode("ascii")
+    if signature is None:
+        return hashed + _SUFFIX
+    return hashed + _SIGNER + signature.signer.encode() + _SIG + signature.sig.encode() + _SUFFIX
+
+
+class Sealed(NamedTuple):
+    """A stored payload taken apart: the hashed body, the claimed hash, and the signature if any."""
+
+    body: bytes
+    hash: str
+    signature: Signature | None
+
+
+def unseal(payload: bytes) -> Sealed | None:
+    """Split a stored payload into body, claimed hash and signature; None when it carries no hash."""
+    if not payload.endswith(_SUFFIX):
         return None
+    cut = len(payload) - _SIGNED_LEN
+    if cut > 0 and payload[cut : cut + len(_PREFIX)] == _PREFIX:
+        tail = payload[cut + len(_PREFIX) : -len(_SUFFIX)]
+        if tail[64 : 64 + len(_SIGNER)] == _SIGNER and tail[-128 - len(_SIG) : -128] == _SIG:
+            signer, sig = tail[64 + len(_SIGNER) : 128 + len(_SIGNER)], tail[-128:]
+            signature = Signature(signer.decode("ascii", "replace"), sig.decode("ascii", "replace"))
+            return Sealed(payload[:cut] + b"}", tail[:64].decode("ascii", "replace"), signature)
     cut = len(payload) - _SEAL_LEN
-    if payload[cut : cut + len(_PREFIX)] != _PREFIX:
+    if cut <= 0 or payload[cut : cut + len(_PREFIX)] != _PREFIX:
         return None
     claimed = payload[cut + len(_PREFIX) : -len(_SUFFIX)].decode("ascii", "replace")
-    return payload[:cut] + b"}", claimed
+    return Sealed(payload[:cut] + b"}", claimed, None)
 
 
 def check_link(head: ChainHead, run_id: str, subject_type: str, payload: bytes) -> Linked | Broken:
@@ -71,7 +105,7 @@ def check_link(head: ChainHead, run_id: str, subject_type: str, payload: bytes) 
     parts = unseal(payload)
     if parts is None:
         return Broken("payload carries no hash")
-    body, claimed = parts
+    body, claimed = parts.body, parts.hash
     try:
         event = decode_event(body)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
@@ -89,4 +123,4 @@ def check_link(head: ChainHead, run_id: str, subject_type: str, payload: bytes) 
         return Broken(
             f"prev_hash {event.prev_hash[:12]}… does not match the hash of seq {head.seq}", seq, str(etype)
         )
-    return Linked(event, claimed)
+    return Linked(event, claimed, parts.signature)

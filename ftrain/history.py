@@ -11,19 +11,26 @@ import msgspec
 from events.jetstream.store import EventStore
 from events.schema import AnyEvent
 from projections.audit import ChainWalk, Finding
+from projections.log_anchors import AnchorCheck
 
 
 class AuditReport(msgspec.Struct, frozen=True):
-    """`audit verify`: events checked, runs seen, and the first break of each broken run."""
+    """`audit verify`: events checked, runs seen, the first break of each broken run, who vouches for each
+    run (its signer's name; None: unsigned, accepted by the trust list), what the anchors say was lost or
+    changed, and the changes an operator accepted (`server repair`)."""
 
     events: int
     runs: int
     findings: list[Finding]
+    signers: dict[str, str | None] = msgspec.field(default_factory=dict)
+    stream_findings: list[str] = msgspec.field(default_factory=list)
+    accepted: list[str] = msgspec.field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        """True when every chain verified."""
-        return not self.findings
+        """True when every chain verified, a trusted writer vouches for every run, and the stream holds
+        everything anchored."""
+        return not self.findings and not self.stream_findings
 
 
 class TimelineEntry(msgspec.Struct, frozen=True):
@@ -38,13 +45,35 @@ class TimelineEntry(msgspec.Struct, frozen=True):
 
 
 async def verify(store: EventStore, run_id: str | None = None) -> AuditReport:
-    """Re-verify every chain from the stream itself: hashes, links, sequence, and legal transitions."""
-    walk, events = ChainWalk(), 0
-    async for records in store.read(1, run_id=run_id):
-        for record in records:
-            walk.feed(record)
-        events += len(records)
-    return AuditReport(events, len(walk.states.keys() | walk.broken), list(walk.findings.values()))
+    """Re-verify every chain from the stream itself: hashes, links, sequence, legal transitions, one
+    signature per run, and the stream against its anchors. A whole-log audit that finds nothing anchors
+    every run's head and the root of what it read."""
+    facts = await store.facts()
+    anchors = AnchorCheck.load(store.anchors.paths if store.anchors else [], store.trust, run_id)
+    walk, events = ChainWalk(trust=store.trust), 0
+    if facts is not None:  # a stream that is gone has nothing to read: the anchors report it
+        async for records in store.read(1, run_id=run_id):
+            for record in records:
+                anchors.feed(record, walk.feed(record))
+            events += len(records)
+    runs = sorted(walk.states.keys() | walk.broken)
+    findings = list(walk.findings.values())
+    signers: dict[str, str | None] = {}
+    for run in runs:
+        if run in walk.findings:
+            continue
+        verdict = walk.vouched(run)
+        if isinstance(verdict, Finding):
+            findings.append(verdict)
+        elif verdict is not None:
+            signers[run] = verdict.signer
+    findings += anchors.run_findings(walk.states)
+    stream_findings = anchors.stream_findings(facts)
+    report = AuditReport(events, len(runs), findings, signers, stream_findings, anchors.accepted)
+    if report.ok and run_id is None and facts is not None:
+        heads = {r: s.head for r, s in walk.states.items() if s is not None}
+        store.anchor_heads(anchors.unanchored(heads), anchors.root_size, anchors.root())
+    return report
 
 
 async def timeline(store: EventStore, run_id: str | None = None) -> AsyncIterator[TimelineEntry]:

@@ -6,7 +6,6 @@ again after a conflict. Queries catch the read model up first (read-your-writes)
 over this class; tests call it directly.
 """
 
-import hashlib
 import os
 import sqlite3
 import time
@@ -20,8 +19,8 @@ import msgspec
 import structlog
 
 from events.chain import ChainHead
-from events.jetstream.connection import NatsSettings, open_store
-from events.jetstream.store import AppendConflict, EventStore
+from events.jetstream.connection import NatsSettings, endpoint_name, open_store
+from events.jetstream.store import AppendConflict, EventStore, LogTampered
 from events.run_id import InvalidRunId, validate_run_id
 from events.schema import (
     AnyEvent,
@@ -90,9 +89,7 @@ class ResumeOutcome(msgspec.Struct, frozen=True):
 
 def readmodel_path(settings: NatsSettings) -> Path:
     """One read model per log endpoint, under $FTRAIN_HOME."""
-    if settings.url is None:
-        return settings.home / "readmodel.sqlite"
-    return settings.home / f"readmodel-{hashlib.sha256(settings.url.encode()).hexdigest()[:12]}.sqlite"
+    return settings.home / endpoint_name(settings, "readmodel", ".sqlite")
 
 
 def checkpoint_storage(env: Mapping[str, str]) -> Path:
@@ -114,15 +111,23 @@ class RunService:
 
     @classmethod
     @asynccontextmanager
-    async def open(cls, env: Mapping[str, str] = os.environ) -> AsyncIterator["RunService"]:
-        """Connect to the log (starting the embedded server if needed) and open the read model."""
+    async def open(
+        cls, env: Mapping[str, str] = os.environ, *, auditing: bool = False
+    ) -> AsyncIterator["RunService"]:
+        """Connect to the log (starting the embedded server if needed) and open the read model. A stream
+        that is not the one anchored raises LogTampered, unless `auditing`: an audit is what reports it."""
         try:
             settings = ftrain_settings.nats(env)
         except ValueError as exc:
             raise UsageError(str(exc)) from exc
         storage = checkpoint_storage(env)
         async with open_store(settings) as store:
-            stream_id = await store.ensure_stream()
+            try:
+                stream_id = await store.ensure_stream()
+            except LogTampered:
+                if not auditing:
+                    raise
+                stream_id = facts.created if (facts := await store.facts()) else ""
             model = await ReadModel.open(readmodel_path(settings))
             try:
                 yield cls(store, model, Projector(store, model, stream_id), storage)

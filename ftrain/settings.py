@@ -14,6 +14,7 @@ from typing import Final
 
 from events.jetstream.connection import NatsSettings
 from events.run_id import InvalidRunId, validate_run_id
+from events.signing import KEY_PREFIX, InvalidKey, parse_public_key
 
 HOME: Final = "FTRAIN_HOME"
 STORAGE: Final = "FTRAIN_STORAGE"
@@ -26,6 +27,12 @@ NATS_TLS_CA: Final = "FTRAIN_NATS_TLS_CA"
 NATS_TLS_CERT: Final = "FTRAIN_NATS_TLS_CERT"
 NATS_TLS_KEY: Final = "FTRAIN_NATS_TLS_KEY"
 STREAM_REPLICAS: Final = "FTRAIN_STREAM_REPLICAS"
+TRUSTED_KEYS: Final = "FTRAIN_TRUSTED_KEYS"
+"""Writers trusted beyond `<home>/keys/trusted`: `[name=]ed25519:<hex>[,…]`."""
+ACCEPT_UNSIGNED: Final = "FTRAIN_ACCEPT_UNSIGNED"
+"""`1`: act on runs none of whose events is signed (logs written before signing)."""
+ANCHOR_MIRROR: Final = "FTRAIN_ANCHOR_MIRROR"
+"""A directory (another file system) that receives a copy of every anchor note."""
 LOG_LEVEL: Final = "FTRAIN_LOG_LEVEL"
 KILL_AT: Final = "FTRAIN_KILL_AT"
 KILL_ONCE: Final = "FTRAIN_KILL_ONCE"
@@ -86,7 +93,39 @@ def nats(env: Env = os.environ) -> NatsSettings:
         tls_cert=_get(env, NATS_TLS_CERT),
         tls_key=_get(env, NATS_TLS_KEY),
         replicas=_replicas(env),
+        trusted_keys=trusted_keys(env),
+        accept_unsigned=_flag(env, ACCEPT_UNSIGNED),
+        anchor_mirror=_absolute(env, ANCHOR_MIRROR),
     )
+
+
+def trusted_keys(env: Env = os.environ) -> tuple[tuple[str, str], ...]:
+    """(key hex, name) pairs from `FTRAIN_TRUSTED_KEYS`; a key without a name is named by its prefix."""
+    entries = []
+    for item in (_get(env, TRUSTED_KEYS) or "").split(","):
+        if not item.strip():
+            continue
+        name, _, key = item.strip().rpartition("=")
+        try:
+            hex_key = parse_public_key(key)
+        except InvalidKey as exc:
+            raise InvalidSetting(f"{TRUSTED_KEYS}: {exc}") from None
+        entries.append((hex_key, name.strip() or f"{KEY_PREFIX}{hex_key[:16]}"))
+    return tuple(entries)
+
+
+def _flag(env: Env, name: str) -> bool:
+    text = _get(env, name) or "0"
+    if text not in ("0", "1"):
+        raise InvalidSetting(f"{name}={text[:40]!r}: use 1 or 0")
+    return text == "1"
+
+
+def _absolute(env: Env, name: str) -> Path | None:
+    value = _get(env, name)
+    if value is not None and not Path(value).is_absolute():
+        raise InvalidSetting(f"{name}={value[:200]!r}: use an absolute path")
+    return Path(value) if value else None
 
 
 def _check_urls(text: str) -> None:

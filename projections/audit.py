@@ -5,7 +5,9 @@ import msgspec
 from events.chain import Broken, ChainHead, check_link
 from events.record import StoredRecord
 from events.schema import AnyEvent
+from events.signing import Signature, TrustList
 from projections.lifecycle import IllegalTransition, RunState, apply
+from projections.vouching import Unvouched, Vouched, Vouching
 
 
 class Finding(msgspec.Struct, frozen=True):
@@ -29,6 +31,7 @@ class Folded(msgspec.Struct, frozen=True):
     event: AnyEvent
     hash: str
     state: RunState
+    signature: Signature | None = None
 
 
 def fold_record(state: RunState | None, record: StoredRecord) -> Folded | Finding:
@@ -44,21 +47,34 @@ def fold_record(state: RunState | None, record: StoredRecord) -> Folded | Findin
     except IllegalTransition as exc:
         reason = f"illegal transition: {exc}"
         return Finding(record.run_id, record.stream_seq, link.event.seq, record.event_type, reason)
-    return Folded(link.event, link.hash, new_state)
+    return Folded(link.event, link.hash, new_state, link.signature)
 
 
 class ChainWalk:
     """Folds records of many runs in stream order, keeping each run's state and its first break.
 
     After a run's first break every later record of that run is refused too: its chain cannot be trusted.
+    Given a trust list, it also follows whose signatures cover each run (`vouching`): one check per run.
     """
 
     def __init__(
-        self, states: dict[str, RunState | None] | None = None, broken: set[str] | None = None
+        self,
+        states: dict[str, RunState | None] | None = None,
+        broken: set[str] | None = None,
+        trust: TrustList | None = None,
     ) -> None:
         self.states: dict[str, RunState | None] = states if states is not None else {}
         self.broken: set[str] = broken if broken is not None else set()
         self.findings: dict[str, Finding] = {}
+        self.vouching = Vouching(trust) if trust is not None else None
+
+    def vouched(self, run_id: str) -> Vouched | Finding | None:
+        """Who vouches for the run, or its first event no trusted signature covers as a finding (None: no
+        event of it folded, or no trust list was given)."""
+        verdict = self.vouching.verdict(run_id) if self.vouching else None
+        if isinstance(verdict, Unvouched):
+            return Finding(run_id, verdict.stream_seq, verdict.seq, verdict.event_type, verdict.reason)
+        return verdict
 
     def feed(self, record: StoredRecord) -> Folded | Finding:
         """Check and fold one record."""
@@ -71,4 +87,9 @@ class ChainWalk:
             self.findings[run_id] = outcome
         else:
             self.states[run_id] = outcome.state
+            if self.vouching is not None:
+                event = outcome.event
+                self.vouching.see(
+                    run_id, event.seq, record.stream_seq, record.event_type, outcome.hash, outcome.signature
+                )
         return outcome

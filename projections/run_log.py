@@ -20,7 +20,8 @@ Decide = Callable[[RunState | None], AnyEvent | None]
 
 
 class BrokenRun(Exception):
-    """The run's chain or state machine is broken: its state cannot be trusted and nothing is appended."""
+    """The run's chain or state machine is broken, or no trusted writer's signature covers its newest
+    events: its state cannot be trusted, nothing is appended and nothing acted on."""
 
     def __init__(self, finding: Finding) -> None:
         super().__init__(f"run {finding.run_id}'s log is broken: {finding.describe()}")
@@ -37,7 +38,7 @@ class RunLog:
     def __init__(self, store: EventStore, run_id: str) -> None:
         self.store = store
         self.run_id = run_id
-        self._walk = ChainWalk()
+        self._walk = ChainWalk(trust=store.trust)
         self._read_to = 0  # stream sequence folded so far
 
     async def state(self) -> RunState | None:
@@ -48,6 +49,8 @@ class RunLog:
             self._read_to = records[-1].stream_seq
         if finding := self._walk.findings.get(self.run_id):
             raise BrokenRun(finding)
+        if isinstance(vouched := self._walk.vouched(self.run_id), Finding):
+            raise BrokenRun(vouched)
         return self._walk.states.get(self.run_id)
 
     async def append(self, decide: Decide) -> Appended | None:

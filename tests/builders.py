@@ -6,11 +6,14 @@ from pathlib import Path
 import msgspec
 
 from events.chain import ChainHead
+from events.jetstream.store import process_actor
 from events.schema import AnyEvent, Checkpointed, Launched
 from projections.lifecycle import RunState, apply
 from workers.checkpoint_dir import write_checkpoint
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
+SIGNER = "{0.user}@{0.host}".format(process_actor())
+"""The name a test's own signing key is trusted under (made on first use, as for a user)."""
 
 
 def launched(run_id: str, project: str = "p") -> Launched:

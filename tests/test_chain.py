@@ -19,7 +19,7 @@ def test_hash_is_sha256_of_prev_hash_and_the_stored_body() -> None:
     payload, digest = sealed(1, GENESIS)
     parts = unseal(payload)
     assert parts is not None
-    body, claimed = parts
+    body, claimed, _ = parts
     assert claimed == digest == hashlib.sha256(GENESIS.encode() + body).hexdigest()
     assert msgspec.json.decode(payload)["hash"] == digest  # consumers see it as a plain member
     assert decode_event(payload) == decode_event(body)  # decoders ignore it
@@ -29,7 +29,7 @@ def test_hash_is_sha256_of_prev_hash_and_the_stored_body() -> None:
 def test_seal_unseal_round_trip_for_any_reason_text(reason: str) -> None:
     body = encode_event(Failed(run_id="r", seq=1, prev_hash=GENESIS, reason=reason))
     payload, digest = seal(body, GENESIS)
-    assert unseal(payload) == (body, digest)
+    assert unseal(payload) == (body, digest, None)
     assert link_hash(GENESIS, body) == digest
 
 

@@ -10,6 +10,7 @@ import msgspec
 import pytest
 
 from ftrain.cli.main import main
+from tests.builders import SIGNER
 from tests.conftest import stream_last_seq
 
 RUN = "dist-JPCP-2x4-fsdp"
@@ -103,7 +104,9 @@ def test_the_seed_scenario_line_by_line(cli: Cli) -> None:
         f"{RUN}  JPCP     completed  1000  1        1         12.50",
     ]
     assert cli.ok("cost")[-1] == "total 12.50 GPU-hours over 1 run(s)"
-    assert cli.ok("audit", "verify") == ["Verified 8 event(s) in 1 run(s): every chain intact"]
+    assert cli.ok("audit", "verify") == [
+        f"Verified 8 event(s) in 1 run(s): every chain intact and anchored; signed by {SIGNER} (1 run(s))"
+    ]
     timeline = cli.ok("replay", RUN)
     kinds = [line.split()[6] for line in timeline]
     assert kinds == ["launched", "checkpointed", "checkpointed", "failed", "corrupt_skipped", "resumed",

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.builders import SIGNER
 from tests.conftest import free_port, ftrain_process, start_configured_server
 from tests.nats_operator import operator_setup
 
@@ -33,7 +34,10 @@ def scenario(env: dict[str, str]) -> None:
         result = ftrain_process(args, env)
         assert result.returncode == 0, f"{args}: {result.stderr}"
     audit = ftrain_process(["audit", "verify"], env)
-    assert audit.stdout == "Verified 5 event(s) in 1 run(s): every chain intact\n"
+    assert (
+        audit.stdout
+        == f"Verified 5 event(s) in 1 run(s): every chain intact and anchored; signed by {SIGNER} (1 run(s))\n"
+    )
 
 
 def base_env(tmp_path: Path, url: str) -> dict[str, str]:

@@ -5,6 +5,7 @@ import subprocess
 from pathlib import Path
 
 from events.jetstream.server import ServerProcess
+from tests.builders import SIGNER
 from tests.conftest import ftrain_process, modules_imported_by
 
 
@@ -15,7 +16,10 @@ def log_demo_checks(result: subprocess.CompletedProcess[str]) -> None:
     assert "checkpoint step 1000 file state.json hash mismatch → skipped" in out
     assert "from step 500 epoch 2 " in out and "— optimizer state preserved." in out
     assert "state       completed" in out
-    assert "Verified 8 event(s) in 1 run(s): every chain intact" in out
+    assert (
+        f"Verified 8 event(s) in 1 run(s): every chain intact and anchored; signed by {SIGNER} (1 run(s))"
+        in out
+    )
 
 
 def test_demo_trains_is_killed_resumes_and_ends_bit_identical_on_the_embedded_default(tmp_path: Path) -> None:
@@ -29,7 +33,10 @@ def test_demo_trains_is_killed_resumes_and_ends_bit_identical_on_the_embedded_de
         assert "RESUMED from step=30 (epoch=0)" in out
         assert "Attempt 2 of 3 succeeded" in out
         assert "state       completed" in out and "resumes     1" in out
-        assert "Verified 10 event(s) in 1 run(s): every chain intact" in out
+        assert (
+            f"Verified 10 event(s) in 1 run(s): every chain intact and anchored; signed by {SIGNER} (1 run(s))"
+            in out
+        )
         digests = re.findall(r"params_sha256=([0-9a-f]{64})", out)
         assert len(digests) == 4 and len(set(digests)) == 1
         assert "identical: the SIGKILL cost recomputed steps, nothing else" in out
@@ -54,7 +61,10 @@ def test_log_demo_on_the_embedded_default_then_reuse_restart_and_stop(tmp_path: 
         assert stopped.returncode == 3 and stopped.stdout.startswith("nats-server not running")
         # the next command starts it again on the same store: every event survived
         audit = ftrain_process(["audit", "verify"], env)
-        assert audit.stdout == "Verified 8 event(s) in 1 run(s): every chain intact\n"
+        assert (
+            audit.stdout
+            == f"Verified 8 event(s) in 1 run(s): every chain intact and anchored; signed by {SIGNER} (1 run(s))\n"
+        )
     finally:
         ftrain_process(["server", "stop"], env)
 

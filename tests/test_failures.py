@@ -44,6 +44,7 @@ from ftrain.errors import Refused
 from ftrain.service import ResumeOutcome, RunService, checkpoint_storage, readmodel_path
 from projections.projector import Projector
 from projections.readmodel import ReadModel
+from tests.builders import SIGNER
 from tests.conftest import ftrain_process, stream_last_seq
 from tests.servers import kill_server, restart_server
 
@@ -257,20 +258,36 @@ async def test_a_forged_event_is_named_by_audit_never_applied_and_blocks_further
     assert everything.returncode == 1, everything.stderr
     assert everything.stdout.splitlines() == [
         f"BROKEN {described}",
-        f"Verified {total} event(s) in 2 run(s): 1 broken chain(s)",
+        f"Verified {total} event(s) in 2 run(s): 1 finding(s)",
     ]
     one_run = await cli(env, "audit", "verify", victim)
     assert one_run.returncode == 1, one_run.stderr
     assert one_run.stdout.splitlines() == [
         f"BROKEN {described}",
-        f"Verified {4 + len(forgery.payloads)} event(s) in 1 run(s): 1 broken chain(s)",
+        f"Verified {4 + len(forgery.payloads)} event(s) in 1 run(s): 1 finding(s)",
     ]
     as_json = await cli(env, "audit", "verify", "--json")
     assert as_json.returncode == 1, as_json.stderr
-    assert json.loads(as_json.stdout) == {"ok": False, "events": total, "runs": 2, "findings": [finding]}
+    assert json.loads(as_json.stdout) == {
+        "ok": False,
+        "events": total,
+        "runs": 2,
+        "findings": [finding],
+        "signers": {bystander: SIGNER},
+        "stream_findings": [],
+        "accepted": [],
+    }
     clean = await cli(env, "audit", "verify", bystander, "--json")
     assert clean.returncode == 0, clean.stderr
-    assert json.loads(clean.stdout) == {"ok": True, "events": 3, "runs": 1, "findings": []}
+    assert json.loads(clean.stdout) == {
+        "ok": True,
+        "events": 3,
+        "runs": 1,
+        "findings": [],
+        "signers": {bystander: SIGNER},
+        "stream_findings": [],
+        "accepted": [],
+    }
 
     # the read model did not apply the forgery: the victim's state is exactly what it was, shown as broken
     after = await cli(env, "status", victim, "--json")
@@ -370,7 +387,7 @@ async def test_acknowledged_events_survive_kill_9_of_the_broker_mid_stream(
     audit = await cli(env, "audit", "verify")
     assert audit.returncode == 0, audit.stdout
     assert audit.stdout.splitlines() == [
-        f"Verified {len(acked) + 1} event(s) in 1 run(s): every chain intact"
+        f"Verified {len(acked) + 1} event(s) in 1 run(s): every chain intact and anchored; signed by {SIGNER} (1 run(s))"
     ]
 
 
@@ -524,7 +541,9 @@ async def test_two_cli_resumes_race_one_skip_one_resume_and_a_one_line_refusal(
     _assert_one_skip_then_one_resume(await stored(app, run), storage, run)
     audit = await cli(env, "audit", "verify", run)
     assert audit.returncode == 0, audit.stdout
-    assert audit.stdout.splitlines() == ["Verified 6 event(s) in 1 run(s): every chain intact"]
+    assert audit.stdout.splitlines() == [
+        f"Verified 6 event(s) in 1 run(s): every chain intact and anchored; signed by {SIGNER} (1 run(s))"
+    ]
 
 
 LOST_RACE_SCRIPT = """
@@ -604,7 +623,9 @@ async def test_two_cli_launches_race_to_distinct_run_ids(env: dict[str, str], se
     assert await stream_last_seq(server.url) == 2
     audit = await cli(env, "audit", "verify")
     assert audit.returncode == 0, audit.stdout
-    assert audit.stdout.splitlines() == ["Verified 2 event(s) in 2 run(s): every chain intact"]
+    assert audit.stdout.splitlines() == [
+        f"Verified 2 event(s) in 2 run(s): every chain intact and anchored; signed by {SIGNER} (2 run(s))"
+    ]
 
 
 async def test_three_services_racing_launch_take_three_run_ids(app: RunService, env: dict[str, str]) -> None:

@@ -99,7 +99,7 @@ def test_each_stored_payload_hashes_to_its_vector_byte_for_byte(vectors: list[di
         assert vector["prev_hash"] == prev and payload.endswith(suffix)
         body = payload[: -len(suffix)] + b"}"
         assert hashlib.sha256(prev.encode("ascii") + body).hexdigest() == vector["hash"]
-        assert unseal(payload) == (body, vector["hash"])
+        assert unseal(payload) == (body, vector["hash"], None)
         prev = vector["hash"]
 
 
@@ -145,7 +145,7 @@ def test_a_payload_is_sealed_only_when_a_full_hash_member_closes_an_event(payloa
 
 
 def test_the_smallest_sealed_payload_unseals() -> None:
-    assert unseal(b'{,"hash":"' + b"a" * 64 + b'"}') == (b"{}", "a" * 64)
+    assert unseal(b'{,"hash":"' + b"a" * 64 + b'"}') == (b"{}", "a" * 64, None)
 
 
 def failed_link(seq: int, prev: str, run_id: str = "r1") -> bytes:
@@ -175,7 +175,7 @@ def test_each_broken_link_names_what_broke_its_seq_and_its_type() -> None:
 def test_a_hash_member_that_is_not_ascii_is_a_mismatch_not_a_crash() -> None:
     body = encode_event(Failed(run_id="r1", seq=1, prev_hash=GENESIS, reason="preempted"))
     forged = body[:-1] + b',"hash":"' + "é".encode() + b"a" * 62 + b'"}'
-    assert unseal(forged) == (body, "\ufffd\ufffd" + "a" * 62)
+    assert unseal(forged) == (body, "\ufffd\ufffd" + "a" * 62, None)
     assert check_link(ChainHead(), "r1", "failed", forged) == Broken(
         "hash mismatch: the payload was altered", 1, "failed"
     )

@@ -24,6 +24,7 @@ from ftrain.supervise.opening import NotOpened
 from ftrain.supervise.procs import attempt_processes, end_attempt
 from ftrain.supervise.supervisor import Relaunches, Supervisor, backoff_delay
 from projections.lifecycle import CompleteIntent, FailIntent
+from tests.builders import SIGNER
 from tests.conftest import free_port
 from tests.test_cli import Cli
 from tests.training import alive
@@ -166,7 +167,9 @@ def test_fails_twice_then_completes(cli: Cli, trainer: tuple[Path, Path]) -> Non
     ckpt_dir = str(cli.storage() / RUN)
     assert {(s["FTRAIN_RUN_ID"], s["FTRAIN_CKPT_DIR"]) for s in starts(state)} == {(RUN, ckpt_dir)}
     assert [s["FTRAIN_ATTEMPT"] for s in starts(state)] == ["1", "2", "3"]
-    assert cli.ok("audit", "verify") == ["Verified 9 event(s) in 1 run(s): every chain intact"]
+    assert cli.ok("audit", "verify") == [
+        f"Verified 9 event(s) in 1 run(s): every chain intact and anchored; signed by {SIGNER} (1 run(s))"
+    ]
 
 
 def test_gives_up_after_max_retries(cli: Cli, trainer: tuple[Path, Path]) -> None:

@@ -1,6 +1,7 @@
 """Where the log lives: the embedded nats-server by default, or the server or cluster the settings name."""
 
 import asyncio
+import hashlib
 import ssl
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
@@ -11,8 +12,10 @@ import msgspec
 import nats.errors
 import structlog
 
+from events.anchor_file import AnchorFiles
 from events.jetstream.client import Nats
 from events.jetstream.store import EventStore, LogUnavailable, process_actor
+from events.keyring import load_signer, load_trust
 
 log = structlog.get_logger(__name__)
 
@@ -31,6 +34,26 @@ class NatsSettings(msgspec.Struct, frozen=True, kw_only=True):
     tls_cert: str | None = None
     tls_key: str | None = None
     replicas: int = 1
+    trusted_keys: tuple[tuple[str, str], ...] = ()
+    """(public key hex, name) pairs trusted beyond `<home>/keys/trusted`."""
+    accept_unsigned: bool = False
+    """Act on runs whose events carry no signature (logs from before signing); never the default."""
+    anchor_mirror: Path | None = None
+    """A second directory that receives every anchor note (another file system than `home`'s)."""
+
+
+def endpoint_name(settings: NatsSettings, stem: str, suffix: str) -> str:
+    """A per-log file name under home (`<stem><suffix>` for the embedded server, `<stem>-<12 hex of the
+    URL><suffix>` for one set by URL): one home can talk to several logs without mixing their state."""
+    if settings.url is None:
+        return f"{stem}{suffix}"
+    return f"{stem}-{hashlib.sha256(settings.url.encode()).hexdigest()[:12]}{suffix}"
+
+
+def anchor_files(settings: NatsSettings) -> list[Path]:
+    """Where this log's anchors go: under home, and in the mirror directory when one is set."""
+    name = endpoint_name(settings, "anchors", ".log")
+    return [settings.home / name, *([settings.anchor_mirror / name] if settings.anchor_mirror else [])]
 
 
 def server_urls(settings: NatsSettings) -> list[str]:
@@ -116,8 +139,18 @@ async def open_store(
             or (str(errors[-1]) if errors else f"no answer within {connect_deadline:g} s")
         )
         raise LogUnavailable(f"event log unreachable at {','.join(urls)}: {reason}") from failure
+    actor = process_actor(rank)
+    signer = load_signer(settings.home, f"{actor.user}@{actor.host}")
     try:
-        yield EventStore(nc, replicas=settings.replicas, deadline=deadline, actor=process_actor(rank))
+        yield EventStore(
+            nc,
+            replicas=settings.replicas,
+            deadline=deadline,
+            actor=actor,
+            signer=signer,
+            anchors=AnchorFiles(anchor_files(settings), signer),
+            trust=load_trust(settings.home, settings.trusted_keys, accept_unsigned=settings.accept_unsigned),
+        )
     finally:
         try:
             await nc.close()

@@ -21,13 +21,23 @@ from nats.js import JetStreamContext
 from nats.js.api import StorageType, StreamConfig
 from nats.js.errors import BadRequestError, NotFoundError, ServiceUnavailableError
 
+from events.anchor_file import AnchorFiles
+from events.anchors import Anchor, StreamFacts, stream_change
 from events.chain import ChainHead, seal, unseal
 from events.jetstream.client import Nats, header_value, is_status
 from events.record import SUBJECT_ROOT, StoredRecord, parse_subject, run_subject
 from events.run_id import validate_run_id
 from events.schema import Actor, AnyEvent, decode_event, encode_event, event_type, now
+from events.signing import Signer, TrustList
 
 STREAM = "FTRAIN_EVENTS"
+ANCHORED_TYPES = frozenset({"checkpointed", "resumed", "failed", "completed"})
+"""Event types whose writer anchors the run's new head outside the stream."""
+RETENTION_FIELDS = (
+    "subjects", "retention", "discard", "storage", "max_msgs", "max_bytes", "max_age",
+    "max_msgs_per_subject", "max_msg_size", "deny_delete", "deny_purge", "allow_rollup_hdrs", "sealed",
+)  # fmt: skip
+"""The stream settings that decide what it keeps: anchored, and checked on every open."""
 WRONG_LAST_SEQUENCE = 10071
 DUPLICATE_WINDOW_S = 120.0
 _RETRYABLE = (
@@ -93,6 +103,21 @@ class LogUnavailable(RuntimeError):
     """The event log could not be reached within the deadline."""
 
 
+class LogTampered(RuntimeError):
+    """The stream is not the one anchored (gone, re-created, reconfigured, or shorter): nothing is appended
+    until `ftrain server repair` records that the operator accepts it."""
+
+
+def _facts(info: Any) -> StreamFacts:
+    config = info.config
+    values = {name: getattr(config, name, None) for name in RETENTION_FIELDS}
+    shown = {
+        name: ",".join(v) if isinstance(v, list) else str(getattr(v, "value", v))
+        for name, v in values.items()
+    }
+    return StreamFacts(str(config.name), str(info.created), shown, int(info.state.last_seq))
+
+
 class EventStore:
     """The FTRAIN_EVENTS stream seen through one NATS connection."""
 
@@ -105,6 +130,9 @@ class EventStore:
         actor: Actor | None = None,
         timeout: float = 2.0,
         deadline: float = 30.0,
+        signer: Signer | None = None,
+        anchors: AnchorFiles | None = None,
+        trust: TrustList | None = None,
     ) -> None:
         self._nc = nc
         self._js: JetStreamContext = nc.jetstream(timeout=timeout)
@@ -113,6 +141,11 @@ class EventStore:
         self.actor = actor or process_actor()
         self._timeout = timeout
         self._deadline = deadline
+        self._sign = signer.sign_hash if signer else None
+        self.anchors = anchors
+        self.trust = trust or TrustList()
+        """Whose signatures the readers of this store act on."""
+        self._facts: StreamFacts | None = None  # as ensure_stream found it: what appends anchor
 
     async def _retrying(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
         """`call()`, retried on timeouts and unavailability (a leader election, a reconnect) until the deadline."""
@@ -123,27 +156,84 @@ class EventStore:
             except _RETRYABLE as exc:
                 await backoff.wait(what, exc)
 
-    async def ensure_stream(self) -> str:
-        """Create the stream if absent; returns its creation time, which identifies it to read models."""
+    async def facts(self) -> StreamFacts | None:
+        """The stream's identity, retention settings and last sequence, from the leader (None: no stream)."""
         try:
-            info = await self._retrying("stream info", lambda: self._js.stream_info(self.stream))
+            return _facts(await self._retrying("stream info", lambda: self._js.stream_info(self.stream)))
         except NotFoundError:
-            config = StreamConfig(
-                name=self.stream,
-                subjects=[f"{SUBJECT_ROOT}.>"],
-                storage=StorageType.FILE,
-                num_replicas=self.replicas,
-                duplicate_window=DUPLICATE_WINDOW_S,
-                deny_delete=True,
-                deny_purge=True,
-                allow_direct=True,
+            return None
+
+    def _config(self) -> StreamConfig:
+        return StreamConfig(
+            name=self.stream,
+            subjects=[f"{SUBJECT_ROOT}.>"],
+            storage=StorageType.FILE,
+            num_replicas=self.replicas,
+            duplicate_window=DUPLICATE_WINDOW_S,
+            deny_delete=True,
+            deny_purge=True,
+            allow_direct=True,
+        )
+
+    async def ensure_stream(self) -> str:
+        """Check the stream against the newest anchor (raises LogTampered when it differs), create it when
+        there is neither; returns its creation time, which identifies it to read models."""
+        facts = await self.facts()
+        newest = self.anchors.newest() if self.anchors else None
+        if newest is not None and (change := stream_change(newest, facts)) is not None:
+            raise LogTampered(
+                f"{change}; nothing was appended (`ftrain server repair` accepts it, on record)"
             )
-            try:
-                info = await self._js.add_stream(config)
-                log.info("stream_created", stream=self.stream, replicas=self.replicas)
-            except BadRequestError:  # created concurrently by another process
-                info = await self._js.stream_info(self.stream)
-        return str(info.created)
+        if facts is None:
+            facts = await self._create()
+        self._facts = facts
+        if newest is None:
+            self._anchor(Anchor(**self._identity(facts), note="first seen"))
+        return facts.created
+
+    async def _create(self) -> StreamFacts:
+        try:
+            info = await self._js.add_stream(self._config())
+            log.info("stream_created", stream=self.stream, replicas=self.replicas)
+        except BadRequestError:  # created concurrently by another process
+            info = await self._js.stream_info(self.stream)
+        return _facts(info)
+
+    async def repair(self) -> tuple[str | None, StreamFacts]:
+        """Accept the stream as it is now, on record: re-create it if gone and restore ftrain's retention
+        settings if changed, then anchor the result with what was found. Returns (what differed, facts)."""
+        facts = await self.facts()
+        newest = self.anchors.newest() if self.anchors else None
+        change = stream_change(newest, facts) if newest is not None else None
+        if facts is None:
+            facts = await self._create()
+        elif newest is not None and facts.config != newest.config:
+            await self._js.update_stream(self._config())
+            facts = await self.facts() or facts
+        self._facts = facts
+        self._anchor(Anchor(**self._identity(facts), note=f"repair: {change or 'nothing differed'}"))
+        return change, facts
+
+    def _identity(self, facts: StreamFacts) -> dict[str, Any]:
+        return {
+            "stream": facts.stream,
+            "created": facts.created,
+            "config": facts.config,
+            "stream_seq": facts.last_seq,
+            "time": now(),
+        }
+
+    def _anchor(self, anchor: Anchor) -> None:
+        if self.anchors is not None:
+            self.anchors.append([anchor])
+
+    def anchor_heads(self, heads: dict[str, ChainHead], last_seq: int, root: str | None = None) -> None:
+        """Anchor run heads (and, from an audit, the root of the first `last_seq` records)."""
+        if self.anchors is None or self._facts is None:
+            return
+        identity = {**self._identity(self._facts), "stream_seq": last_seq}
+        notes = [Anchor(**identity, run_id=r, seq=h.seq, hash=h.hash) for r, h in sorted(heads.items())]
+        self.anchors.append([*notes, Anchor(**identity, root=root, note="audit")] if root else notes)
 
     async def last_seq(self) -> int:
         """The stream's last sequence, from the leader."""
@@ -177,7 +267,7 @@ class EventStore:
             time=event.time if event.id else now(),  # a retried event keeps its stamps, so its bytes
             actor=event.actor or self.actor,
         )
-        payload, digest = seal(encode_event(stamped), head.hash)
+        payload, digest = seal(encode_event(stamped), head.hash, self._sign)
         headers = {
             "Nats-Msg-Id": stamped.id,
             "Nats-Expected-Last-Subject-Sequence": str(head.stream_seq),
@@ -191,16 +281,23 @@ class EventStore:
                     self._js.publish(subject, payload, timeout=self._timeout, headers=headers),
                     self._timeout + 1.0,
                 )
-                return Appended(stamped, digest, int(ack.seq))
+                return self._landed(stamped, digest, int(ack.seq))
             except BadRequestError as exc:
                 if exc.err_code != WRONG_LAST_SEQUENCE:
                     raise
                 found = await self.head(stamped.run_id)
                 if found is not None and found[1] == stamped.id:  # an earlier try of ours landed
-                    return Appended(stamped, found[0].hash, found[0].stream_seq)
+                    return self._landed(stamped, found[0].hash, found[0].stream_seq)
                 raise AppendConflict(stamped.run_id, head) from exc
             except _RETRYABLE as exc:
                 await backoff.wait(f"append to {stamped.run_id}", exc)
+
+    def _landed(self, event: AnyEvent, digest: str, stream_seq: int) -> Appended:
+        """The acknowledged event; its run's new head is anchored when its type is one that is."""
+        appended = Appended(event, digest, stream_seq)
+        if event_type(event) in ANCHORED_TYPES:
+            self.anchor_heads({event.run_id: appended.head}, stream_seq)
+        return appended
 
     async def read(
         self, from_seq: int = 1, *, run_id: str | None = None, batch: int = 2000

@@ -18,7 +18,8 @@ import msgspec
 import nats.errors
 
 from events.jetstream.server import NatsServerError
-from events.jetstream.store import LogUnavailable
+from events.jetstream.store import LogTampered, LogUnavailable
+from events.keyring import KeyringError
 from events.run_id import InvalidRunId, validate_run_id
 from events.schema import (
     FAILURE_REASONS,
@@ -31,6 +32,7 @@ from events.schema import (
     InvalidEvent,
     json_schema,
 )
+from ftrain.cli.keys_cmd import add_keys_parser
 from ftrain.errors import Refused, UsageError
 from ftrain.settings import InvalidSetting
 from ftrain.supervise.launch_spec import STRATEGIES
@@ -175,8 +177,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("events", help="the event schema for stream consumers")
     p.add_subparsers(dest="events_command", required=True, parser_class=_Parser).add_parser("schema")
 
-    p = sub.add_parser("server", help="the embedded nats-server")
-    p.add_argument("action", choices=("start", "stop", "status"))
+    p = sub.add_parser("server", help="the embedded nats-server; repair: accept a changed stream, on record")
+    p.add_argument("action", choices=("start", "stop", "status", "repair"))
+
+    add_keys_parser(sub, _Parser)
 
     p = sub.add_parser(
         "demo", help="a 2-process CPU training run, SIGKILLed and resumed, checked bit for bit"
@@ -214,7 +218,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _dispatch(args)
     except (UsageError, InvalidSetting, InvalidEvent) as exc:
         _fail(2, f"ftrain {args.command}: error: {exc}")
-    except (Refused, LogUnavailable, NatsServerError) as exc:
+    except (Refused, LogUnavailable, LogTampered, KeyringError, NatsServerError) as exc:
         _fail(1, f"ftrain {args.command}: {exc}")
     except sqlite3.Error as exc:
         _fail(1, f"ftrain {args.command}: read model error: {exc}")
@@ -237,6 +241,10 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "events":
         sys.stdout.write(msgspec.json.format(msgspec.json.encode(json_schema())).decode() + "\n")
         return 0
+    if args.command == "keys":
+        from ftrain.cli.keys_cmd import keys_command
+
+        return keys_command(args, os.environ)
     if args.command == "server":
         from ftrain.cli.server_cmd import server_command
 
@@ -264,5 +272,5 @@ async def _async_dispatch(args: argparse.Namespace) -> int:
 
     command = COMMANDS[args.command]
     prepared = command.prepare(args)
-    async with RunService.open() as app:
+    async with RunService.open(auditing=args.command == "audit") as app:
         return await command.run(app, args, prepared)

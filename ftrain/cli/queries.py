@@ -3,8 +3,11 @@
 import argparse
 from typing import Any
 
+import msgspec
+
 from events.schema import now
 from ftrain.cli import render
+from ftrain.errors import UsageError
 from ftrain.service import RunService, RunView
 from projections.lifecycle import CheckpointRef, RunState
 
@@ -112,19 +115,27 @@ async def run_cost(app: RunService, args: argparse.Namespace, _: None) -> int:
 
 
 async def run_audit(app: RunService, args: argparse.Namespace, _: None) -> int:
-    """Verify chains from the stream; exit 1 naming the first bad event of each broken run."""
-    if args.run_id is not None:
-        await app.state_of(args.run_id)
+    """Verify chains, signatures and anchors from the stream; exit 1 naming the first bad event of each
+    broken or unvouched run and whatever the anchors say was lost."""
     report = await app.verify(args.run_id)
+    if args.run_id is not None and report.runs == 0 and not report.findings and not report.stream_findings:
+        raise UsageError(f"unknown run {args.run_id!r}")
     if args.json:
-        render.emit_json(
-            {"ok": report.ok, "events": report.events, "runs": report.runs, "findings": report.findings}
-        )
-    else:
-        for item in report.findings:
-            render.emit(render.finding(item))
-        verdict = "every chain intact" if report.ok else f"{len(report.findings)} broken chain(s)"
-        render.emit(f"Verified {report.events} event(s) in {report.runs} run(s): {verdict}")
+        render.emit_json({"ok": report.ok, **msgspec.structs.asdict(report)})
+        return 0 if report.ok else 1
+    for line in report.accepted:
+        render.emit(f"accepted by `ftrain server repair`: {line}")
+    for line in report.stream_findings:
+        render.emit(f"STREAM: {line}")
+    for item in report.findings:
+        render.emit(render.finding(item))
+    broken = len(report.findings) + len(report.stream_findings)
+    verdict = (
+        f"every chain intact and anchored{render.signers(report.signers)}"
+        if report.ok
+        else f"{broken} finding(s)"
+    )
+    render.emit(f"Verified {report.events} event(s) in {report.runs} run(s): {verdict}")
     return 0 if report.ok else 1
 
 

@@ -1,6 +1,7 @@
 """Human-readable lines for the CLI; the wording follows the product's reference documents."""
 
 import sys
+from collections import Counter
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
@@ -95,6 +96,13 @@ def table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> list[str]
 def finding(item: Finding) -> str:
     """One broken chain."""
     return f"BROKEN {item.describe()}"
+
+
+def signers(by_run: dict[str, str | None]) -> str:
+    """Who vouches for the runs: `; signed by alice@a (3 run(s)), unsigned, accepted (1 run(s))`."""
+    counts = Counter(by_run.values())
+    named = [f"{name or 'unsigned, accepted'} ({n} run(s))" for name, n in sorted(counts.items(), key=str)]
+    return f"; signed by {', '.join(named)}" if named else ""
 
 
 def summary(event: AnyEvent) -> str:

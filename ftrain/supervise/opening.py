@@ -11,7 +11,8 @@ from nats.errors import Error as NatsError
 
 from events.jetstream.connection import NatsSettings, open_store
 from events.jetstream.server import NatsServerError
-from events.jetstream.store import EventStore, LogUnavailable
+from events.jetstream.store import EventStore, LogTampered, LogUnavailable
+from events.keyring import KeyringError
 from events.schema import Resumed
 from projections.lifecycle import IllegalTransition, RunState, relaunch
 from projections.run_log import BrokenRun, ContendedRun, RunLog
@@ -50,5 +51,7 @@ def open_attempt(run_id: str, nats: NatsSettings, timeout: float = OPEN_TIMEOUT)
 
     try:
         return asyncio.run(asyncio.wait_for(go(), timeout)).attempt
+    except (LogTampered, KeyringError) as exc:
+        raise NotOpened(str(exc)) from exc
     except (LogUnavailable, NatsServerError, NatsError, OSError) as exc:  # OSError covers TimeoutError
         raise NotOpened(f"the event log is out of reach ({type(exc).__name__}: {exc})") from exc

@@ -12,7 +12,8 @@ from nats.errors import Error as NatsError
 
 from events.jetstream.connection import NatsSettings, open_store
 from events.jetstream.server import NatsServerError
-from events.jetstream.store import LogUnavailable
+from events.jetstream.store import LogTampered, LogUnavailable
+from events.keyring import KeyringError
 from projections.lifecycle import RunState
 from projections.run_log import BrokenRun, RunLog
 
@@ -38,7 +39,7 @@ def read_run(run_id: str, settings: NatsSettings, timeout: float) -> RunState | 
 
     try:
         state = asyncio.run(asyncio.wait_for(query(), timeout))
-    except BrokenRun as exc:
+    except (BrokenRun, LogTampered, KeyringError) as exc:
         raise RunBroken(f"{exc}; refusing to resume") from exc
     except (LogUnavailable, NatsServerError, NatsError, OSError, TimeoutError) as exc:
         log.warning("log_unreachable", run_id=run_id, error=f"{type(exc).__name__}: {exc}")
