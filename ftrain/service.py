@@ -337,7 +337,7 @@ class RunService:
     async def _resume(
         self, run_id: str, force: bool, on_skip: Callable[[CorruptSkipped], Awaitable[None]] | None
     ) -> ResumeOutcome:
-        state = await self.state_of(run_id)
+        state = await self._vouched_state(run_id)
         plan = self._plan(state, force)
         for unrecorded in plan.unrecorded:
             _set_aside(uri_path(unrecorded.uri), "unrecorded", str(int(time.time())))
@@ -357,9 +357,25 @@ class RunService:
                     _set_aside(uri_path(candidate.uri), "corrupt", str(appended.seq))
                     if on_skip is not None:
                         await on_skip(appended)
-            state = await self.state_of(run_id)
+            state = await self._vouched_state(run_id)
             plan = self._plan(state, force)
         return ResumeOutcome(skipped, None, state)
+
+    async def _vouched_state(self, run_id: str) -> RunState:
+        """The run's state from its own log, only when its chain holds and a trusted writer vouches for it:
+        what a resume reads checkpoints by (the read model is a view, never a warrant)."""
+        try:
+            validate_run_id(run_id)
+            state = await RunLog(self.store, run_id).state()
+        except InvalidRunId as exc:
+            raise UsageError(str(exc)) from exc
+        except BrokenRun as exc:
+            raise Refused(
+                f"run {run_id}'s log is broken, refusing to act on it: {exc.finding.describe()}"
+            ) from exc
+        if state is None:
+            raise UsageError(f"unknown run {run_id!r}")
+        return state
 
     def _plan(self, state: RunState, force: bool) -> ResumePlan:
         try:

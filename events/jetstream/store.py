@@ -163,7 +163,8 @@ class EventStore:
         except NotFoundError:
             return None
 
-    def _config(self) -> StreamConfig:
+    def config(self) -> StreamConfig:
+        """The configuration ftrain creates the stream with (and `repair` restores)."""
         return StreamConfig(
             name=self.stream,
             subjects=[f"{SUBJECT_ROOT}.>"],
@@ -193,7 +194,7 @@ class EventStore:
 
     async def _create(self) -> StreamFacts:
         try:
-            info = await self._js.add_stream(self._config())
+            info = await self._js.add_stream(self.config())
             log.info("stream_created", stream=self.stream, replicas=self.replicas)
         except BadRequestError:  # created concurrently by another process
             info = await self._js.stream_info(self.stream)
@@ -208,7 +209,7 @@ class EventStore:
         if facts is None:
             facts = await self._create()
         elif newest is not None and facts.config != newest.config:
-            await self._js.update_stream(self._config())
+            await self._js.update_stream(self.config())
             facts = await self.facts() or facts
         self._facts = facts
         self._anchor(Anchor(**self._identity(facts), note=f"repair: {change or 'nothing differed'}"))

@@ -1,0 +1,272 @@
+"""Signatures and anchors, pure: the signed vectors a third party reproduces, who vouches for a run, and
+how an anchor file chains and names what changed. No server."""
+
+import hashlib
+import json
+from datetime import timedelta
+from pathlib import Path
+
+import msgspec
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from events.anchor_file import AnchorFiles, read_lines
+from events.anchors import Anchor, StreamFacts, chain_of, read_line, signed_by, stream_change
+from events.chain import GENESIS, ChainHead, seal, unseal
+from events.keyring import KeyringError, load_signer, load_trust, revoke, trust
+from events.record import StoredRecord, parse_subject
+from events.schema import encode_event
+from events.signing import EVENT_DOMAIN, Signature, Signer, TrustList, parse_public_key, signature_valid
+from projections.audit import ChainWalk, Finding
+from projections.vouching import Vouched
+from tests.builders import T0, checkpointed, launched
+from tests.test_formats import vector_events
+
+VECTORS = json.loads((Path(__file__).parent / "vectors" / "signed-events.json").read_text("utf-8"))
+RUN = "vector-run"
+
+
+def key() -> Signer:
+    return Signer(Ed25519PrivateKey.generate())
+
+
+# -- the signed vectors ----------------------------------------------------------------------------------
+
+
+def test_each_signed_vector_verifies_with_nothing_but_hashlib_and_ed25519() -> None:
+    """What the README tells a verifier: strip the trailing members, hash, check the signature over
+    `ftrain-event-v1:` ‖ hash with the writer's public key."""
+    public = Ed25519PublicKey.from_public_bytes(bytes.fromhex(VECTORS["public_key"]))
+    prev = GENESIS
+    for vector in VECTORS["events"]:
+        payload = vector["payload"].encode()
+        trailer = (
+            f',"hash":"{vector["hash"]}","signer":"{vector["signer"]}","sig":"{vector["sig"]}"}}'.encode()
+        )
+        assert payload.endswith(trailer) and vector["prev_hash"] == prev
+        body = payload[: -len(trailer)] + b"}"
+        assert hashlib.sha256(prev.encode() + body).hexdigest() == vector["hash"]
+        public.verify(bytes.fromhex(vector["sig"]), b"ftrain-event-v1:" + vector["hash"].encode())
+        assert unseal(payload) == (body, vector["hash"], Signature(vector["signer"], vector["sig"]))
+        prev = vector["hash"]
+
+
+def test_sealing_the_vector_events_with_the_vector_key_reproduces_them_byte_for_byte() -> None:
+    signer = Signer(Ed25519PrivateKey.from_private_bytes(bytes.fromhex(VECTORS["private_key_seed"])))
+    assert signer.public_key == VECTORS["public_key"]
+    for event, vector in zip(vector_events(), VECTORS["events"], strict=True):
+        body = encode_event(msgspec.structs.replace(event, prev_hash=vector["prev_hash"]))
+        assert seal(body, vector["prev_hash"], signer.sign_hash) == (
+            vector["payload"].encode(),
+            vector["hash"],
+        )
+
+
+def test_the_signed_vector_chain_is_vouched_for_by_its_key_when_trusted_and_by_nobody_otherwise() -> None:
+    trusted = TrustList({VECTORS["public_key"]: "vector-writer"})
+    for trust_list, expected in ((trusted, Vouched("vector-writer")), (TrustList(), None)):
+        walk = ChainWalk(trust=trust_list)
+        for n, vector in enumerate(VECTORS["events"], 1):
+            run_id, event_type = parse_subject(vector["subject"])
+            walk.feed(record(n, run_id, event_type, vector["payload"].encode()))
+        verdict = walk.vouched(RUN)
+        if expected is not None:
+            assert verdict == expected
+        else:
+            assert isinstance(verdict, Finding) and verdict.seq == 1 and "untrusted key" in verdict.reason
+
+
+# -- who vouches for a run -------------------------------------------------------------------------------
+
+
+def record(stream_seq: int, run_id: str, event_type: str, payload: bytes) -> StoredRecord:
+    return StoredRecord(stream_seq, run_id, event_type, payload)
+
+
+def chain(signers: list[Signer | None], run_id: str = "r") -> list[StoredRecord]:
+    """A run launched, then checkpointed, each event sealed by the given signer (None: unsigned)."""
+    head, out = ChainHead(), []
+    for n, signer in enumerate(signers, 1):
+        event = launched(run_id) if n == 1 else checkpointed(run_id, 10 * n)
+        event = msgspec.structs.replace(event, seq=n, prev_hash=head.hash, time=T0)
+        payload, digest = seal(encode_event(event), head.hash, signer.sign_hash if signer else None)
+        out.append(StoredRecord(n, run_id, "launched" if n == 1 else "checkpointed", payload))
+        head = ChainHead(n, digest, n)
+    return out
+
+
+def verdict(records: list[StoredRecord], trust: TrustList) -> Vouched | Finding | None:
+    walk = ChainWalk(trust=trust)
+    for r in records:
+        walk.feed(r)
+    return walk.vouched(records[0].run_id)
+
+
+def test_a_trusted_signature_on_the_newest_event_vouches_for_the_whole_run() -> None:
+    alice = key()
+    trust = TrustList({alice.public_key: "alice"})
+    assert verdict(chain([alice, alice, alice]), trust) == Vouched("alice")
+    # an unsigned prefix (a log from before signing) is vouched for once a trusted writer appends on it
+    assert verdict(chain([None, None, alice]), trust) == Vouched("alice")
+
+
+@pytest.mark.parametrize(
+    ("tail", "reason"),
+    [
+        ("unsigned", "unsigned"),
+        ("mallory", "signed by untrusted key ed25519:"),
+        ("revoked", "signed by revoked key ed25519:"),
+    ],
+)
+def test_the_first_event_after_the_last_trusted_signature_is_named(tail: str, reason: str) -> None:
+    alice, mallory, old = key(), key(), key()
+    trust = TrustList({alice.public_key: "alice"}, {old.public_key: "old laptop"})
+    signer = {"unsigned": None, "mallory": mallory, "revoked": old}[tail]
+    found = verdict(chain([alice, alice, signer, signer]), trust)
+    assert isinstance(found, Finding)
+    assert (found.seq, found.stream_seq, found.event_type) == (3, 3, "checkpointed")
+    assert found.reason.startswith(reason)
+
+
+def test_a_signature_claiming_a_trusted_key_that_does_not_verify_is_named() -> None:
+    alice = key()
+    records = chain([alice, alice])
+    forged = records[1].payload[:-130] + b"0" * 128 + b'"}'  # alice's key, someone else's signature
+    found = verdict(
+        [records[0], StoredRecord(2, "r", "checkpointed", forged)], TrustList({alice.public_key: "alice"})
+    )
+    assert isinstance(found, Finding) and found.seq == 2 and "does not verify" in found.reason
+
+
+def test_a_signature_copied_from_another_event_does_not_verify() -> None:
+    alice = key()
+    records = chain([alice, alice, None])
+    copied = unseal(records[1].payload)
+    assert copied is not None and copied.signature is not None
+    third = unseal(records[2].payload)
+    assert third is not None
+    payload, _ = seal(third.body, copied.hash, lambda _h: copied.signature)  # type: ignore[arg-type,return-value]
+    found = verdict(
+        [*records[:2], StoredRecord(3, "r", "checkpointed", payload)], TrustList({alice.public_key: "a"})
+    )
+    assert isinstance(found, Finding) and "does not verify" in found.reason
+
+
+def test_an_unsigned_run_is_acted_on_only_when_the_trust_list_says_so() -> None:
+    records = chain([None, None])
+    refused = verdict(records, TrustList())
+    assert isinstance(refused, Finding) and refused.seq == 1 and refused.reason == "unsigned"
+    assert verdict(records, TrustList(accept_unsigned=True)) == Vouched(None)
+    # but a forgery signed by an unknown key is never "unsigned", accepted or not
+    assert isinstance(verdict(chain([None, key()]), TrustList(accept_unsigned=True)), Finding)
+
+
+def test_signatures_are_domain_separated_between_events_and_anchors() -> None:
+    alice = key()
+    as_anchor = alice.sign(b"ftrain-anchor-v1:", b"a" * 64)
+    assert not signature_valid(as_anchor, EVENT_DOMAIN, b"a" * 64)
+    assert signature_valid(alice.sign_hash("a" * 64), EVENT_DOMAIN, b"a" * 64)
+    assert not signature_valid(Signature("zz", "00"), EVENT_DOMAIN, b"a" * 64)
+
+
+# -- keys on disk ----------------------------------------------------------------------------------------
+
+
+def test_the_key_is_made_once_private_and_trusted_under_its_name(tmp_path: Path) -> None:
+    first = load_signer(tmp_path, "alice@login1")
+    assert load_signer(tmp_path, "ignored").public_key == first.public_key
+    keys = tmp_path / "keys"
+    assert keys.stat().st_mode & 0o777 == 0o700
+    assert {p.name: p.stat().st_mode & 0o777 for p in keys.iterdir() if not p.name.startswith(".")} == {
+        "signing.key": 0o600,
+        "trusted": 0o600,
+    }
+    assert load_trust(tmp_path).trusted == {first.public_key: "alice@login1"}
+
+
+def test_trust_revoke_and_retrust(tmp_path: Path) -> None:
+    bob = key().public_key
+    trust(tmp_path, f"ed25519:{bob}", "bob")
+    assert load_trust(tmp_path).name(bob) == "bob"
+    assert revoke(tmp_path, "bob") == [(bob, "bob")]
+    listed = load_trust(tmp_path)
+    assert listed.name(bob) is None and listed.revoked == {bob: "bob"}
+    assert "revoked key" in listed.describe(bob)
+    trust(tmp_path, bob, "bob")
+    assert load_trust(tmp_path).name(bob) == "bob" and load_trust(tmp_path).revoked == {}
+    assert revoke(tmp_path, "nobody") == []
+
+
+def test_a_key_file_others_can_read_or_a_malformed_trust_list_is_refused(tmp_path: Path) -> None:
+    load_signer(tmp_path, "a")
+    (tmp_path / "keys" / "signing.key").chmod(0o644)
+    with pytest.raises(KeyringError, match="readable by other users"):
+        load_signer(tmp_path, "a")
+    (tmp_path / "keys" / "trusted").write_text("ed25519:nothex bob\n")
+    with pytest.raises(KeyringError, match=r"trusted:1: .* is not an Ed25519 public key"):
+        load_trust(tmp_path)
+    with pytest.raises(ValueError, match="not an Ed25519 public key"):
+        parse_public_key("ed25519:" + "g" * 64)
+
+
+# -- anchors ---------------------------------------------------------------------------------------------
+
+FACTS = StreamFacts("FTRAIN_EVENTS", "2026-01-01 00:00:00", {"max_age": "0.0", "deny_delete": "True"}, 10)
+
+
+def note(**fields: object) -> Anchor:
+    base: dict[str, object] = {"stream": FACTS.stream, "created": FACTS.created, "config": FACTS.config}
+    return Anchor(**{**base, "stream_seq": 10, "time": T0, **fields})  # type: ignore[arg-type]
+
+
+def test_anchor_notes_chain_per_file_and_one_signature_vouches_for_the_file(tmp_path: Path) -> None:
+    alice = key()
+    files = AnchorFiles([tmp_path / "a.log", tmp_path / "mirror" / "a.log"], alice)
+    files.append([note(run_id="r", seq=1, hash="a" * 64), note(run_id="r", seq=2, hash="b" * 64)])
+    files.append([note(stream_seq=12, time=T0 + timedelta(seconds=1))])
+    for path in files.paths:
+        assert path.stat().st_mode & 0o777 == 0o600
+        notes, problems = chain_of(read_lines(path))
+        assert problems == [] and [n.anchor.seq for n in notes] == [1, 2, None]
+        assert signed_by(notes[-1], TrustList({alice.public_key: "alice"})) is None
+        assert signed_by(notes[-1], TrustList()) is not None
+    assert files.newest() == msgspec.structs.replace(
+        note(stream_seq=12, time=T0 + timedelta(seconds=1)), prev_hash=notes[-2].hash
+    )
+
+
+def test_a_removed_anchor_line_is_named_and_a_torn_one_skipped(tmp_path: Path) -> None:
+    files = AnchorFiles([tmp_path / "a.log"], key())
+    files.append([note(run_id="r", seq=n, hash="a" * 64) for n in (1, 2, 3)])
+    lines = read_lines(files.paths[0])
+    assert chain_of([lines[0], lines[2]])[1] == [
+        "line 2 does not follow the note before it (a line was removed or altered)"
+    ]
+    torn = lines[2][:40]
+    (tmp_path / "a.log").write_bytes(b"".join(lines) + torn)
+    files.append([note(run_id="r", seq=4, hash="a" * 64)])  # starts on a fresh line, chained to seq 3
+    notes, problems = chain_of(read_lines(files.paths[0]))
+    assert problems == [] and [n.anchor.seq for n in notes] == [1, 2, 3, 4]
+    assert read_line(b"junk") is None
+
+
+@pytest.mark.parametrize(
+    ("found", "says"),
+    [
+        (None, "stream FTRAIN_EVENTS is gone (anchored: created 2026-01-01 00:00:00, last seq 10)"),
+        (
+            msgspec.structs.replace(FACTS, created="2026-02-02"),
+            "was re-created (anchored: created 2026-01-01 00:00:00; now 2026-02-02)",
+        ),
+        (
+            msgspec.structs.replace(FACTS, config={**FACTS.config, "max_age": "60.0"}),
+            "configuration changed: max_age 0.0 → 60.0",
+        ),
+        (msgspec.structs.replace(FACTS, last_seq=7), "went back from seq 10 to 7"),
+        (msgspec.structs.replace(FACTS, last_seq=11), None),
+    ],
+    ids=["gone", "re-created", "reconfigured", "rolled-back", "grown"],
+)
+def test_the_stream_is_compared_with_the_newest_anchor(found: StreamFacts | None, says: str | None) -> None:
+    change = stream_change(note(), found)
+    assert change is None if says is None else (change is not None and says in change)
