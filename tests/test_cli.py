@@ -10,7 +10,7 @@ import msgspec
 import pytest
 
 from ftrain.cli.main import main
-from tests.conftest import stream_last_seq
+from tests.conftest import last_seq_at
 
 RUN = "dist-JPCP-2x4-fsdp"
 HUGE = "9" * 23
@@ -41,7 +41,7 @@ class Cli:
         return out.splitlines()
 
     def last_seq(self) -> int:
-        return asyncio.run(stream_last_seq(self.env["FTRAIN_NATS_URL"]))
+        return asyncio.run(last_seq_at(self.env["FTRAIN_NATS_URL"], self.env["FTRAIN_NATS_NKEY"]))
 
     def storage(self) -> Path:
         return Path(self.env["FTRAIN_STORAGE"])
