@@ -65,6 +65,10 @@ class WrittenCheckpoint(msgspec.Struct, frozen=True):
 def storage_root(text: str) -> Path:
     """The directory behind a storage location: a path or a `file://` URI."""
     parsed = urlparse(text)
+    if parsed.scheme == "file" and parsed.netloc not in ("", "localhost"):  # never drop a host silently
+        raise StorageError(
+            f"storage {text!r}: file:// on host {parsed.netloc!r} is not supported (use file:///path)"
+        )
     if parsed.scheme in ("", "file"):
         path = Path(unquote(parsed.path) if parsed.scheme else text).expanduser()
         if not path.is_absolute():
