@@ -4,8 +4,8 @@ Two users: the embedded default (no ``FTRAIN_NATS_URL``): the first ftrain comma
 event log starts a JetStream-enabled nats-server on 127.0.0.1 with its store under ``<home>/nats``,
 and later commands (separate processes) reuse it; and tests, which start a throwaway server in a
 temp dir. Either way only clients holding the user nkey seed (``<home>/nats/user.nk``) get in. Deliberately
-does not import nats-py: readiness is checked on the raw ``INFO`` line. What lives
-under ``<home>/nats`` is in ``server_files``; telling our live server from a reused pid, in ``server_procs``.
+does not import nats-py: readiness is checked on the raw ``INFO`` line. What lives under ``<home>/nats`` is
+in ``server_files``; telling our live server from a reused pid, in ``server_procs``.
 """
 
 from __future__ import annotations
@@ -106,9 +106,8 @@ def _wait_ready(child: subprocess.Popen[bytes], port: int, deadline: float) -> s
     while True:
         if child.poll() is not None:
             return "exited"
-        if js_ready(
-            port, timeout=0.25, auth=True
-        ):  # short: a squatter that never says INFO must not stall us
+        # short: a squatter that never says INFO must not stall us
+        if js_ready(port, timeout=0.25, auth=True):
             return None if child.poll() is None else "exited"
         if time.monotonic() >= deadline:
             return "timeout"
