@@ -12,7 +12,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Final
 
+import nkeys
+
 from events.jetstream.connection import NatsSettings
+from events.redact import redact_urls
 from events.run_id import InvalidRunId, validate_run_id
 from events.signing import KEY_PREFIX, InvalidKey, parse_public_key
 
@@ -23,6 +26,8 @@ NATS_USER: Final = "FTRAIN_NATS_USER"
 NATS_PASSWORD: Final = "FTRAIN_NATS_PASSWORD"
 NATS_TOKEN: Final = "FTRAIN_NATS_TOKEN"
 NATS_CREDS: Final = "FTRAIN_NATS_CREDS"
+NATS_NKEY: Final = "FTRAIN_NATS_NKEY"
+"""The path of an nkey seed file (`SU…`) to sign in to the FTRAIN_NATS_URL server with."""
 NATS_TLS_CA: Final = "FTRAIN_NATS_TLS_CA"
 NATS_TLS_CERT: Final = "FTRAIN_NATS_TLS_CERT"
 NATS_TLS_KEY: Final = "FTRAIN_NATS_TLS_KEY"
@@ -82,6 +87,11 @@ def nats(env: Env = os.environ) -> NatsSettings:
         raise InvalidSetting(f"{NATS_PASSWORD} is set but {NATS_USER} is not")
     if _get(env, NATS_TLS_KEY) and not _get(env, NATS_TLS_CERT):
         raise InvalidSetting(f"{NATS_TLS_KEY} is set without {NATS_TLS_CERT}, the certificate it goes with")
+    nkey = _get(env, NATS_NKEY)
+    if nkey is not None:
+        if _get(env, NATS_CREDS):
+            raise InvalidSetting(f"{NATS_NKEY} and {NATS_CREDS} are both set: sign in with one of them")
+        _check_nkey(nkey)
     return NatsSettings(
         home=home(env),
         url=url,
@@ -89,6 +99,7 @@ def nats(env: Env = os.environ) -> NatsSettings:
         password=_get(env, NATS_PASSWORD),
         token=_get(env, NATS_TOKEN),
         creds=_get(env, NATS_CREDS),
+        nkey=nkey,
         tls_ca=_get(env, NATS_TLS_CA),
         tls_cert=_get(env, NATS_TLS_CERT),
         tls_key=_get(env, NATS_TLS_KEY),
@@ -137,8 +148,25 @@ def _check_urls(text: str) -> None:
         scheme, separator, _ = url.partition("://")
         if separator and scheme.lower() not in NATS_SCHEMES:
             raise InvalidSetting(
-                f"{NATS_URL}={text!r}: {scheme}:// is not a NATS scheme (use one of {', '.join(NATS_SCHEMES)})"
+                f"{NATS_URL}={redact_urls(urls)!r}: {scheme}:// is not a NATS scheme "
+                f"(use one of {', '.join(NATS_SCHEMES)})"
             )
+
+
+def _check_nkey(path: str) -> None:
+    """A readable user nkey seed file; the message never quotes its contents."""
+    try:
+        seed = Path(path).read_bytes().strip()
+    except OSError as exc:
+        raise InvalidSetting(f"{NATS_NKEY}={path!r}: cannot read it ({exc.strerror or exc})") from None
+    try:
+        pair = nkeys.from_seed(bytearray(seed))
+        user = pair.public_key.startswith(b"U")
+        pair.wipe()
+    except (nkeys.NkeysError, ValueError):
+        user = False
+    if not user:
+        raise InvalidSetting(f"{NATS_NKEY}={path!r}: not a user nkey seed file (one line, SU…)")
 
 
 def _replicas(env: Env) -> int:

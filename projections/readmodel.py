@@ -21,6 +21,7 @@ import aiosqlite
 import msgspec
 import structlog
 
+from events.private import private_dir, private_file
 from events.schema import Checkpointed
 from projections.audit import Finding
 from projections.lifecycle import CheckpointRef, RunState
@@ -140,8 +141,11 @@ class ReadModel:
         The read model is derived data: a file that is not a database any more is set aside and rebuilt
         from the log. Two processes creating it at once can briefly see it locked; that is retried.
         """
-        path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(
+            path.parent
+        )  # the ftrain home: 0700; the file 0600 before SQLite opens it (-wal, -shm copy it)
         for attempt in range(OPEN_ATTEMPTS):
+            private_file(path)
             db = await aiosqlite.connect(path, timeout=30.0, isolation_level=None)
             try:
                 await db.execute("PRAGMA journal_mode=WAL")

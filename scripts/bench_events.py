@@ -728,10 +728,11 @@ async def bench(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         env = {
             "FTRAIN_HOME": str(tmp / "home"),
             "FTRAIN_NATS_URL": server.url,
+            "FTRAIN_NATS_NKEY": server.nkey_file,
             "FTRAIN_STORAGE": str(tmp / "ckpt"),
         }
         nc = Nats()
-        await nc.connect(server.url)
+        await nc.connect(server.url, nkeys_seed=server.nkey_file)
         try:
             store = EventStore(nc, actor=process_actor())
             await store.ensure_stream()
@@ -744,7 +745,7 @@ async def bench(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             )
             result["concurrent"] = await bench_concurrent(js, store, args.events, rng)
             probe = await probe_run(store, rng)
-            settings = NatsSettings(home=tmp / "home", url=server.url)
+            settings = NatsSettings(home=tmp / "home", url=server.url, nkey=server.nkey_file)
             result["trainer_query"] = {"alone_s": await time_trainer_query(settings, probe)}
             print(f"      populating {args.mixed_events:,} mixed-lifecycle events", flush=True)
             result["population"] = await populate(js, store, args.mixed_events, rng)

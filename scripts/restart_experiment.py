@@ -34,6 +34,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
+from events.redact import redact_url
 from ftrain import settings
 from ftrain.errors import UsageError
 from ftrain.experiments.config import (
@@ -315,7 +316,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         url = settings.nats(env).url
         if url is None:
             env.update({settings.HOME: str(out / "home"), settings.NATS_URL: ""})
-        config = build_config(args, stamp, url or "embedded")
+        config = build_config(args, stamp, redact_url(url) if url else "embedded")
     except ValueError as exc:
         print(f"restart_experiment: {exc}", file=sys.stderr)
         return 2

@@ -27,7 +27,7 @@ def env(tmp_path: Path, server: ServerProcess, monkeypatch: pytest.MonkeyPatch) 
     """The environment a user would set to point ftrain at `server`; also applied to this process."""
     values = {
         "FTRAIN_HOME": str(tmp_path / "home"),
-        "FTRAIN_NATS_URL": server.url,
+        **login(server),
         "FTRAIN_STORAGE": str(tmp_path / "ckpt"),
     }
     for key, value in values.items():
@@ -45,9 +45,24 @@ async def app(env: dict[str, str]) -> AsyncIterator[RunService]:
         yield service
 
 
-async def stream_last_seq(url: str) -> int:
+def login(server: ServerProcess) -> dict[str, str]:
+    """The settings a user sets to reach `server`: its URL and the nkey seed file it admits."""
+    return {"FTRAIN_NATS_URL": server.url, "FTRAIN_NATS_NKEY": server.nkey_file}
+
+
+async def plain_connect(url: str, nkey: str) -> nats.NATS:
+    """A plain nats-py client (no ftrain code) signed in with the nkey seed file `nkey`."""
+    return await nats.connect(url, nkeys_seed=nkey)
+
+
+async def stream_last_seq(server: ServerProcess) -> int:
     """The stream's last sequence, read with a plain client (0 when the stream does not exist yet)."""
-    nc = await nats.connect(url)
+    return await last_seq_at(server.url, server.nkey_file)
+
+
+async def last_seq_at(url: str, nkey: str) -> int:
+    """`stream_last_seq` of the server at `url`, signed in with the seed file `nkey`."""
+    nc = await plain_connect(url, nkey)
     try:
         info = await nc.jetstream().stream_info(STREAM)
         return int(info.state.last_seq)

@@ -23,8 +23,8 @@ async def test_status_and_list_show_broken_runs_and_status_exits_1(
         ["launch", "proj", "--run-id", "r1", "--nodes", "1", "--gpus-per-node", "1"], env
     )
     assert launched.returncode == 0, launched.stderr
-    bad = await raw_publish(server.url, run_subject("r1", "failed"), b"not an event")
-    ghost = await raw_publish(server.url, run_subject("ghost", "launched"), b"not an event either")
+    bad = await raw_publish(server, run_subject("r1", "failed"), b"not an event")
+    ghost = await raw_publish(server, run_subject("ghost", "launched"), b"not an event either")
 
     for run, seq in (("r1", bad), ("ghost", ghost)):
         status = await asyncio.to_thread(ftrain_process, ["status", run], env)
@@ -58,14 +58,14 @@ async def test_trainer_on_a_broken_chain_exits_1_and_sets_nothing_aside(
             ["checkpoint", run, "--step", step, "--epoch", "0", "--shards", "1", "--state", "{}"], env
         )
         assert saved.returncode == 0, saved.stderr
-    await raw_publish(server.url, run_subject(run, "checkpointed"), b"forged")
+    await raw_publish(server, run_subject(run, "checkpointed"), b"forged")
     ckpt = Path(env["FTRAIN_STORAGE"]) / run
-    before, files = await stream_last_seq(server.url), files_under(ckpt)
+    before, files = await stream_last_seq(server), files_under(ckpt)
 
     job_env = {**env, "FTRAIN_RUN_ID": run, "FTRAIN_CKPT_DIR": str(ckpt)}
     job = await asyncio.to_thread(torchrun, ckpt, "--train-iters", "20", "--save-interval", "10", env=job_env)
     assert job.returncode != 0, job.stdout
     assert f"run {run}'s log is broken" in job.stdout + job.stderr
     assert RESUMED.search(job.stdout) is None and "FINAL" not in job.stdout
-    assert await stream_last_seq(server.url) == before
+    assert await stream_last_seq(server) == before
     assert files_under(ckpt) == files

@@ -11,7 +11,7 @@ import pytest
 
 from ftrain.cli.main import main
 from tests.builders import SIGNER
-from tests.conftest import stream_last_seq
+from tests.conftest import last_seq_at
 
 RUN = "dist-JPCP-2x4-fsdp"
 HUGE = "9" * 23
@@ -42,7 +42,7 @@ class Cli:
         return out.splitlines()
 
     def last_seq(self) -> int:
-        return asyncio.run(stream_last_seq(self.env["FTRAIN_NATS_URL"]))
+        return asyncio.run(last_seq_at(self.env["FTRAIN_NATS_URL"], self.env["FTRAIN_NATS_NKEY"]))
 
     def storage(self) -> Path:
         return Path(self.env["FTRAIN_STORAGE"])
@@ -280,6 +280,22 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(
     assert err.count("\n") == 1 and "Traceback" not in err
     assert cli.last_seq() == before
     assert (sorted(cli.storage().rglob("*")) if cli.storage().exists() else []) == files_before
+
+
+@pytest.mark.parametrize("storage", ["file://nfs-server/ckpt", "file://otherhost:22/ckpt"])
+def test_a_file_uri_naming_another_host_is_refused_not_read_as_local(
+    cli: Cli, monkeypatch: pytest.MonkeyPatch, storage: str
+) -> None:
+    monkeypatch.setenv("FTRAIN_STORAGE", storage)
+    code, out, err = cli("launch", "P", "--nodes", "1", "--gpus-per-node", "1")
+    assert (code, out) == (2, "")
+    assert (
+        err == f"ftrain launch: error: storage {storage!r}: file:// on host {storage[7:].split('/')[0]!r} "
+        "is not supported (use file:///path)\n"
+    )
+    assert cli.last_seq() == 0
+    monkeypatch.setenv("FTRAIN_STORAGE", f"file://localhost{cli.storage()}")
+    assert cli.ok("launch", "P", "--nodes", "1", "--gpus-per-node", "1")
 
 
 def test_refusals_on_the_merits_exit_1_and_append_nothing(cli: Cli) -> None:

@@ -1,10 +1,12 @@
 """Pointing ftrain at a real server that requires credentials or TLS, and at a three-node JetStream cluster."""
 
+import os
 import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import nkeys
 import pytest
 
 from tests.builders import SIGNER
@@ -156,3 +158,45 @@ def test_three_node_cluster_with_replicated_stream(
     assert "state       completed" in after.stdout
     launch = ftrain_process(["launch", "P", "--nodes", "1", "--gpus-per-node", "2"], env)
     assert launch.stdout.startswith("Launched dist-P-1x2-fsdp-2 ")
+
+
+def test_an_nkey_seed_file_signs_in_to_a_server_of_ones_own(
+    tmp_path: Path, servers: list[subprocess.Popen[bytes]]
+) -> None:
+    seed = nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER)
+    public = nkeys.from_seed(bytearray(seed)).public_key.decode()
+    (tmp_path / "user.nk").write_bytes(seed)
+    port = free_port()
+    config = f'listen: 127.0.0.1:{port}\njetstream {{ store_dir: "{tmp_path / "js"}" }}\n'
+    config += f'authorization {{ users = [ {{ nkey: "{public}" }} ] }}\n'
+    servers.append(start_configured_server(tmp_path / "srv", config, port))
+    env = base_env(tmp_path, f"nats://127.0.0.1:{port}")
+    scenario({**env, "FTRAIN_NATS_NKEY": str(tmp_path / "user.nk")})
+    anonymous = ftrain_process(["list"], env)
+    assert anonymous.returncode == 1 and "Authorization Violation" in anonymous.stderr
+    unreadable = ftrain_process(["list"], {**env, "FTRAIN_NATS_NKEY": str(tmp_path / "nope.nk")})
+    assert (unreadable.returncode, unreadable.stderr.count("\n")) == (2, 1)
+    assert unreadable.stderr.startswith("ftrain list: error: FTRAIN_NATS_NKEY=")
+
+
+@pytest.mark.parametrize("level", ["warning", "debug"])
+def test_a_password_or_token_in_the_url_is_never_shown(
+    tmp_path: Path, servers: list[subprocess.Popen[bytes]], level: str
+) -> None:
+    port = free_port()
+    config = f'listen: 127.0.0.1:{port}\njetstream {{ store_dir: "{tmp_path / "js"}" }}\n'
+    config += 'authorization { users = [ { user: "trainer", password: "s3cret" } ] }\n'
+    servers.append(start_configured_server(tmp_path / "srv", config, port))
+    env = {**base_env(tmp_path, f"nats://trainer:s3cret@127.0.0.1:{port}"), "FTRAIN_LOG_LEVEL": level}
+    assert ftrain_process(["list"], env).returncode == 0  # credentials in the URL do sign in
+    cases = {
+        f"nats://trainer:wr0ngpass@127.0.0.1:{port}": "nats://trainer:***@127.0.0.1:",  # refused by the server
+        f"nats://trainer:s3cret@127.0.0.1:{free_port()}": "nats://trainer:***@127.0.0.1:",  # nobody listening
+        f"nats://t0kenvalue@127.0.0.1:{free_port()}": "nats://***@127.0.0.1:",
+    }
+    for url, shown in cases.items():
+        status = ftrain_process(["status", "dist-P-1x2-fsdp"], {**env, "FTRAIN_NATS_URL": url})
+        assert status.returncode == 1
+        assert status.stderr.splitlines()[-1].startswith(f"ftrain status: event log unreachable at {shown}")
+        for secret in ("s3cret", "wr0ngpass", "t0kenvalue"):
+            assert secret not in status.stderr + status.stdout

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from events.jetstream.server import ServerProcess
 from tests.builders import SIGNER
-from tests.conftest import ftrain_process, modules_imported_by
+from tests.conftest import ftrain_process, login, modules_imported_by
 
 
 def log_demo_checks(result: subprocess.CompletedProcess[str]) -> None:
@@ -72,7 +72,7 @@ def test_log_demo_on_the_embedded_default_then_reuse_restart_and_stop(tmp_path: 
 def test_demo_against_an_external_server(tmp_path: Path, server: ServerProcess) -> None:
     env = {
         "FTRAIN_HOME": str(tmp_path / "home"),
-        "FTRAIN_NATS_URL": server.url,
+        **login(server),
         "FTRAIN_STORAGE": str(tmp_path / "s"),
     }
     log_demo_checks(ftrain_process(["demo", "--log-only"], env))

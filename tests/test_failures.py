@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-import nats
 import pytest
 from nats.js.errors import BadRequestError
 
@@ -45,7 +44,7 @@ from ftrain.service import ResumeOutcome, RunService, checkpoint_storage, readmo
 from projections.projector import Projector
 from projections.readmodel import ReadModel
 from tests.builders import SIGNER
-from tests.conftest import ftrain_process, stream_last_seq
+from tests.conftest import ftrain_process, plain_connect, stream_last_seq
 from tests.servers import kill_server, restart_server
 
 MALLORY = Actor(user="mallory", host="elsewhere", pid=666)
@@ -116,9 +115,9 @@ async def stored(app: RunService, run_id: str | None = None) -> list[tuple[int, 
     return out
 
 
-async def raw_publish(url: str, subject: str, payload: bytes) -> int:
+async def raw_publish(server: ServerProcess, subject: str, payload: bytes) -> int:
     """A plain nats-py JetStream publish: no ftrain code, no expected-sequence or Msg-Id headers."""
-    nc = await nats.connect(url)
+    nc = await plain_connect(server.url, server.nkey_file)
     try:
         ack = await nc.jetstream().publish(subject, payload)
         return int(ack.seq)
@@ -233,15 +232,13 @@ async def test_a_forged_event_is_named_by_audit_never_applied_and_blocks_further
     assert before.returncode == 0, before.stderr
 
     forgery = forge(history, raw)
-    forged_at = [
-        await raw_publish(server.url, run_subject(victim, "checkpointed"), p) for p in forgery.payloads
-    ]
+    forged_at = [await raw_publish(server, run_subject(victim, "checkpointed"), p) for p in forgery.payloads]
     first_bad = forged_at[0]
     ok = await cli(
         env, "checkpoint", bystander, "--step", "6", "--epoch", "0", "--shards", "1", "--state", "{}"
     )
     assert ok.returncode == 0, ok.stderr  # other runs carry on, interleaved after the forgery
-    total = await stream_last_seq(server.url)
+    total = await stream_last_seq(server)
     assert total == 6 + len(forgery.payloads) + 1
 
     finding = {
@@ -320,7 +317,7 @@ async def test_a_forged_event_is_named_by_audit_never_applied_and_blocks_further
     assert not (Path(env["FTRAIN_STORAGE"]) / victim / "step-50").exists()
     with pytest.raises(Refused, match="refusing to append"):
         await app.complete(victim, cost_gpu_hours=1.0)
-    assert await stream_last_seq(server.url) == total
+    assert await stream_last_seq(server) == total
     assert (await app.state_of(victim)).head.seq == 4
 
 
@@ -370,7 +367,7 @@ async def test_acknowledged_events_survive_kill_9_of_the_broker_mid_stream(
     ]
     assert [h for _, _, h in records] == [a.hash for a in acked]
     assert [e.seq for _, e, _ in records] == list(range(1, len(acked) + 1))  # no duplicate, no gap
-    assert await stream_last_seq(current.url) == len(acked)
+    assert await stream_last_seq(current) == len(acked)
     report = await app.verify()
     assert (report.ok, report.events, report.runs) == (True, len(acked), 1)
 
@@ -620,7 +617,7 @@ async def test_two_cli_launches_race_to_distinct_run_ids(env: dict[str, str], se
     assert [r.returncode for r in results] == [0, 0], [r.stderr for r in results]
     ids = sorted(r.stdout.split()[1] for r in results)
     assert ids == ["dist-P-1x1-fsdp", "dist-P-1x1-fsdp-2"]
-    assert await stream_last_seq(server.url) == 2
+    assert await stream_last_seq(server) == 2
     audit = await cli(env, "audit", "verify")
     assert audit.returncode == 0, audit.stdout
     assert audit.stdout.splitlines() == [
@@ -682,13 +679,13 @@ async def test_a_retried_append_whose_first_try_landed_is_stored_once(
         launched.head,
     )
     failed = await app.store.append(Failed(run_id=run, reason="oom"), saved.head)
-    assert await stream_last_seq(server.url) == 3
+    assert await stream_last_seq(server) == 3
 
     # the retry the store would send for the same stamped event: byte-identical, same Msg-Id, and an
     # expected subject sequence that is now stale; the server answers 10071 and stores no copy
     payload, digest = seal(encode_event(failed.event), saved.head.hash)
     assert digest == failed.hash
-    nc = await nats.connect(server.url)
+    nc = await plain_connect(server.url, server.nkey_file)
     try:
         with pytest.raises(BadRequestError) as refused:
             await nc.jetstream().publish(
@@ -703,12 +700,12 @@ async def test_a_retried_append_whose_first_try_landed_is_stored_once(
         assert refused.value.err_code == WRONG_LAST_SEQUENCE
     finally:
         await nc.close()
-    assert await stream_last_seq(server.url) == 3
+    assert await stream_last_seq(server) == 3
 
     # through the store: recognised as our own event at the head, success, the original returned
     again = await app.store.append(failed.event, saved.head)
     assert again == failed
-    assert await stream_last_seq(server.url) == 3
+    assert await stream_last_seq(server) == 3
     records = await stored(app, run)
     assert [(s, e.id, h) for s, e, h in records] == [
         (1, launched.event.id, launched.hash),
@@ -719,7 +716,7 @@ async def test_a_retried_append_whose_first_try_landed_is_stored_once(
     # someone else's event on the same stale head is a conflict, and nothing is stored
     with pytest.raises(AppendConflict):
         await app.store.append(Failed(run_id=run, reason="signal"), saved.head)
-    assert await stream_last_seq(server.url) == 3
+    assert await stream_last_seq(server) == 3
 
     # the chain carries on from the head the retry returned
     resumed = await app.store.append(
@@ -738,7 +735,7 @@ async def test_a_retried_append_whose_first_try_landed_is_stored_once(
     # our event is no longer the head: a late retry of it is a conflict, not a second copy
     with pytest.raises(AppendConflict):
         await app.store.append(failed.event, saved.head)
-    assert await stream_last_seq(server.url) == 4
+    assert await stream_last_seq(server) == 4
     assert [e.seq for _, e, _ in await stored(app, run)] == [1, 2, 3, 4]
     report = await app.verify(run)
     assert (report.ok, report.events, report.runs) == (True, 4, 1)
@@ -753,7 +750,7 @@ async def test_an_event_filed_under_a_subject_ftrain_never_writes_is_reported(
     history = await stored(app, "good")
     payload = encode_event(msgspec.structs.replace(history[0][1], seq=2, prev_hash=history[0][2]))
     forged, _ = seal(payload, history[0][2])
-    await raw_publish(server.url, "ftrain.run.good.extra.failed", forged)
+    await raw_publish(server, "ftrain.run.good.extra.failed", forged)
     audit = await cli(env, "audit", "verify")
     assert audit.returncode == 1
     assert (

@@ -14,7 +14,6 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-import nats
 import pytest
 from nats.js.api import StorageType
 
@@ -28,7 +27,8 @@ from events.jetstream.server import (
     stop_server,
     throwaway_server,
 )
-from events.jetstream.server_files import SERVER_NAME
+from events.jetstream.server_files import SERVER_NAME, user_key
+from tests.conftest import plain_connect
 from tests.servers import kill_server, restart_server
 
 
@@ -92,6 +92,7 @@ def test_the_running_server_is_local_unmonitored_and_fsynced(home: Path) -> None
     # encoding of the parsed map, nats-server 2.15), which must be exactly this one: every write synced
     nats_dir = home / "nats"
     running = {
+        "authorization": {"users": [{"nkey": user_key(nats_dir)}]},  # only the public key: no secret in it
         "jetstream": {"store_dir": server.store_dir, "sync_interval": "always"},
         "listen": f"127.0.0.1:{server.port}",
         "max_payload": 1048576,
@@ -168,7 +169,7 @@ def test_record_pointing_at_a_non_nats_process_is_stale(home: Path) -> None:
 
 async def test_kill_9_then_ensure_keeps_every_acked_message(home: Path) -> None:
     first = ensure_server(home)
-    nc = await nats.connect(first.url)
+    nc = await plain_connect(first.url, first.nkey_file)
     js = nc.jetstream()
     await js.add_stream(name="CRASH", subjects=["crash.>"], storage=StorageType.FILE)
     for i in range(200):
@@ -182,7 +183,7 @@ async def test_kill_9_then_ensure_keeps_every_acked_message(home: Path) -> None:
     assert second.pid != first.pid
     assert (second.store_dir, second.port) == (first.store_dir, first.port)
 
-    nc = await nats.connect(second.url)
+    nc = await plain_connect(second.url, second.nkey_file)
     try:
         info = await nc.jetstream().stream_info("CRASH")
         assert info.state.messages == 200

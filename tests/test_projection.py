@@ -20,6 +20,7 @@ from ftrain.service import RunService
 from projections.projector import Projector
 from projections.readmodel import Batch, Position, ReadModel
 from tests.builders import checkpointed, launched, written_checkpoint
+from tests.conftest import login
 from tests.projecting import keep_catching_up
 
 # The stress test: enough rounds that the check-then-reset race of issue 15 shows up on a loaded 2-core machine.
@@ -115,7 +116,7 @@ async def test_a_model_bound_to_another_stream_is_reset(
     await scenario(app, runs=1, checkpoints=2)
     await app.projector.catch_up()
     with throwaway_server(tmp_path / "other") as other:
-        async with RunService.open({**env, "FTRAIN_NATS_URL": other.url}) as app2:
+        async with RunService.open({**env, **login(other)}) as app2:
             await app2.store.append(launched("elsewhere"), ChainHead())
             # the same read-model file, another stream: none of the old rows may leak into its views
             projector = Projector(app2.store, app.model, app2.projector.stream_id)

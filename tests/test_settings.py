@@ -1,9 +1,11 @@
 """`ftrain.settings`: every FTRAIN_* variable, its default, and the one-line refusal of a malformed value."""
 
 import logging
+import os
 import re
 from pathlib import Path
 
+import nkeys
 import pytest
 
 from events.jetstream.connection import NatsSettings
@@ -30,7 +32,7 @@ def test_an_empty_value_reads_as_unset() -> None:
         value for value in vars(settings).values() if isinstance(value, str) and value.startswith("FTRAIN_")
     ]
     empty = dict.fromkeys(names, "")
-    assert len(empty) == 17
+    assert len(empty) == 18
     read = (
         settings.home(empty),
         settings.storage(empty),
@@ -161,3 +163,37 @@ def test_the_cli_refuses_a_malformed_setting_in_one_line_with_exit_2(
     assert done.stderr.startswith(f"ftrain list: error: {variable}")
     assert done.stderr.count("\n") == 1
     assert not (tmp_path / "home").exists()  # refused before anything started or was written
+
+
+def test_an_nkey_seed_file_reaches_the_connection_settings(tmp_path: Path) -> None:
+    seed = tmp_path / "user.nk"
+    seed.write_bytes(nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER) + b"\n")
+    env = {"FTRAIN_HOME": str(tmp_path), "FTRAIN_NATS_URL": "nats://a:4222", "FTRAIN_NATS_NKEY": str(seed)}
+    assert settings.nats(env).nkey == str(seed)
+
+
+def test_an_unusable_nkey_setting_is_refused_without_quoting_the_file(tmp_path: Path) -> None:
+    account = tmp_path / "account.nk"
+    account.write_bytes(nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_ACCOUNT))
+    garbage = tmp_path / "garbage.nk"
+    garbage.write_text("SUnot-a-seed-at-all")
+    cases = {
+        str(tmp_path / "missing.nk"): "cannot read it (No such file or directory)",
+        str(tmp_path): "cannot read it (Is a directory)",
+        str(account): "not a user nkey seed file (one line, SU…)",
+        str(garbage): "not a user nkey seed file (one line, SU…)",
+    }
+    for path, why in cases.items():
+        with pytest.raises(InvalidSetting) as caught:
+            settings.nats({"FTRAIN_NATS_URL": "nats://a:4222", "FTRAIN_NATS_NKEY": path})
+        assert str(caught.value) == f"FTRAIN_NATS_NKEY={path!r}: {why}"
+        assert "not-a-seed" not in str(caught.value)
+    with pytest.raises(InvalidSetting, match=r"^FTRAIN_NATS_NKEY and FTRAIN_NATS_CREDS are both set"):
+        settings.nats({"FTRAIN_NATS_NKEY": str(account), "FTRAIN_NATS_CREDS": "/c"})
+
+
+def test_a_refused_url_is_quoted_without_its_password() -> None:
+    with pytest.raises(InvalidSetting) as caught:
+        settings.nats({"FTRAIN_NATS_URL": "nats://trainer:s3cret@a:4222,http://t0ken@b"})
+    assert str(caught.value).startswith("FTRAIN_NATS_URL='nats://trainer:***@a:4222,http://***@b': http://")
+    assert "s3cret" not in str(caught.value) and "t0ken" not in str(caught.value)

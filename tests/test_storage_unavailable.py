@@ -55,13 +55,13 @@ async def test_resume_with_the_storage_root_gone_exits_1_appends_nothing_and_wor
     )
     assert saved.returncode == 0, saved.stderr
     assert ftrain_process(["fail", "r1"], env).returncode == 0
-    before, files = await stream_last_seq(server.url), files_under(storage)
+    before, files = await stream_last_seq(server), files_under(storage)
     os.rename(storage, storage.with_name("unmounted"))
 
     refused = ftrain_process(["resume", "r1"], env)
     assert refused.returncode == 1
     assert refused.stderr.count("\n") == 1 and "storage unavailable" in refused.stderr, refused.stderr
-    assert await stream_last_seq(server.url) == before
+    assert await stream_last_seq(server) == before
 
     os.rename(storage.with_name("unmounted"), storage)
     assert files_under(storage) == files
@@ -91,14 +91,14 @@ async def test_trainer_with_the_storage_root_gone_exits_1_and_resumes_once_it_is
     assert first.returncode != 0 and (ckpt / "step-40").is_dir(), first.stderr[-2000:]
     with Recorder(run, settings.nats(env)) as recorder:  # what the killed job left in its outbox
         assert await asyncio.to_thread(recorder.flush, 60)
-    before = await stream_last_seq(server.url)
+    before = await stream_last_seq(server)
     os.rename(storage, storage.with_name("unmounted"))
 
     stopped = await asyncio.to_thread(torchrun, ckpt, *flags, env=job_env)
     assert stopped.returncode != 0, stopped.stdout
     assert "storage unavailable" in stopped.stdout + stopped.stderr
     assert "skipped" not in stopped.stdout and RESUMED.search(stopped.stdout) is None
-    assert await stream_last_seq(server.url) == before
+    assert await stream_last_seq(server) == before
 
     offline = {**job_env, "FTRAIN_NATS_URL": f"nats://127.0.0.1:{free_port()}"}  # and the log out of reach
     blind = await asyncio.to_thread(torchrun, ckpt, *flags, env=offline)

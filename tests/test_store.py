@@ -20,7 +20,7 @@ from tests.conftest import free_port, start_configured_server
 @pytest.fixture
 async def store(server: ServerProcess) -> EventStore:
     nc = Nats()
-    await nc.connect(server.url)
+    await nc.connect(server.url, nkeys_seed=server.nkey_file)
     event_store = EventStore(nc)
     await event_store.ensure_stream()
     yield event_store

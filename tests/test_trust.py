@@ -27,7 +27,7 @@ from ftrain.train.run_log import RunBroken, read_run
 from projections.audit import Folded, fold_record
 from projections.lifecycle import RunState, completed_event
 from tests.builders import SIGNER
-from tests.conftest import ftrain_process
+from tests.conftest import ftrain_process, plain_connect
 from tests.servers import kill_server, restart_server
 from tests.test_failures import MALLORY, checkpoint, launch
 
@@ -37,7 +37,7 @@ MARKER = "pwned"
 @asynccontextmanager
 async def intruder(server: ServerProcess) -> AsyncIterator[Client]:
     """A plain nats-py client with the broker's credentials: another user of a shared cluster."""
-    nc = await nats.connect(server.url)
+    nc = await plain_connect(server.url, server.nkey_file)
     try:
         yield nc
     finally:

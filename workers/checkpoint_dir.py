@@ -19,6 +19,7 @@ from urllib.parse import unquote, urlparse
 import msgspec
 
 from events.atomic_file import fsync_dir, write_atomic
+from events.private import DIR_MODE, private_dir
 from projections.lifecycle import OnDisk
 from workers.files import copy_hashing, write_file
 from workers.integrity import Hashed, digest_of, from_hex, hash_files, to_hex
@@ -65,6 +66,10 @@ class WrittenCheckpoint(msgspec.Struct, frozen=True):
 def storage_root(text: str) -> Path:
     """The directory behind a storage location: a path or a `file://` URI."""
     parsed = urlparse(text)
+    if parsed.scheme == "file" and parsed.netloc not in ("", "localhost"):  # never drop a host silently
+        raise StorageError(
+            f"storage {text!r}: file:// on host {parsed.netloc!r} is not supported (use file:///path)"
+        )
     if parsed.scheme in ("", "file"):
         path = Path(unquote(parsed.path) if parsed.scheme else text).expanduser()
         if not path.is_absolute():
@@ -103,7 +108,8 @@ def write_checkpoint(
     tmp = assembly_dir(
         final.parent, step, process_writer(socket.gethostname(), os.getpid(), uuid.uuid4().hex[:8])
     )
-    tmp.mkdir(parents=True)
+    private_dir(tmp.parent, tighten=False)
+    tmp.mkdir(mode=DIR_MODE)
     try:
         entries = [_write_source(tmp / name, src, name) for name, src in sources]
         manifest = Manifest(
@@ -163,7 +169,7 @@ def seal_checkpoint(tmp: Path, final: Path, manifest: Manifest, attempt: int = 0
 def _write_source(dst: Path, src: bytes | Path, name: str) -> FileEntry:
     if Path(name).is_absolute() or ".." in Path(name).parts or name in RESERVED:
         raise StorageError(f"checkpoint file name {name!r} is not allowed")
-    dst.parent.mkdir(parents=True, exist_ok=True)
+    private_dir(dst.parent, tighten=False)
     hashed = write_file(dst, src) if isinstance(src, bytes) else copy_hashing(src, dst)
     return FileEntry(name, hashed.size, hashed.digest)
 

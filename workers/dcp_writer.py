@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 
 from torch.distributed.checkpoint.filesystem import FileSystem, FileSystemWriter
 
+from events.private import open_private, private_dir
 from workers.integrity import Hashed, Hasher, hash_file
 from workers.manifest import FileEntry
 
@@ -76,13 +77,17 @@ class HashingFileSystem(FileSystem):
                 yield stream
             return
         path = Path(path)
-        with path.open(mode) as raw:
+        with os.fdopen(open_private(path, os.O_WRONLY | os.O_TRUNC), mode) as raw:
             stream = _HashingStream(cast(IO[bytes], raw))
             yield stream
             raw.flush()
         hashed = stream.hasher.result() if stream.sequential else hash_file(path)
         with self._lock:
             self.written[path] = hashed
+
+    def mkdir(self, path: str | os.PathLike[str]) -> None:
+        """Directories DCP makes are private (0700), as every directory ftrain makes is."""
+        private_dir(Path(path), tighten=False)
 
     def rename(self, path: str | os.PathLike[str], new_path: str | os.PathLike[str]) -> None:
         super().rename(path, new_path)

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from events.atomic_file import fsync_dir
+from events.private import private_dir
 from workers.files import copy_hashing
 from workers.integrity import Hashed
 from workers.layout import partial_path
@@ -22,7 +23,7 @@ class FanOutError(OSError):
 
 def fan_out(src_dir: Path, dst_dir: Path, entries: Sequence[FileEntry]) -> None:
     """Copy `entries` from `src_dir` into `dst_dir` (verified, then renamed), then drop the staged copies."""
-    dst_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(dst_dir, tighten=False)
     for entry in entries:
         src, dst = src_dir / entry.name, dst_dir / entry.name
         partial = partial_path(dst)

@@ -7,9 +7,10 @@ the claim before it seals or prunes: a higher number means it has been supersede
 """
 
 import contextlib
-import os
 from pathlib import Path
 
+from events.atomic_file import write_atomic
+from events.private import private_dir
 from workers.layout import attempt_file
 
 
@@ -28,10 +29,8 @@ def claim(run: Path, attempt: int) -> None:
     """Claim `run` for `attempt` (atomically; never lowers a newer claim). Raises Fenced when a newer
     attempt holds it."""
     check(run, attempt)
-    run.mkdir(parents=True, exist_ok=True)
-    tmp = attempt_file(run).with_name(f"{attempt_file(run).name}.{os.getpid()}")
-    tmp.write_text(str(attempt))
-    os.replace(tmp, attempt_file(run))
+    private_dir(run, tighten=False)
+    write_atomic(attempt_file(run), str(attempt).encode())
 
 
 def check(run: Path, attempt: int) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 import msgspec
 import structlog
 
+from events.private import private_dir, private_file
 from events.schema import now
 from projections.lifecycle import Intent
 
@@ -72,7 +73,10 @@ class Outbox:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(
+            path.parent
+        )  # the ftrain home: 0700; the file 0600 before SQLite opens it (-wal, -shm copy it)
+        private_file(path)
         self._lock = threading.Lock()
         self._db = sqlite3.connect(
             path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False

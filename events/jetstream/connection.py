@@ -16,13 +16,15 @@ from events.anchor_file import AnchorFiles
 from events.jetstream.client import Nats
 from events.jetstream.store import EventStore, LogUnavailable, process_actor
 from events.keyring import load_signer, load_trust
+from events.redact import redact_text, redact_urls
 
 log = structlog.get_logger(__name__)
 
 
 class NatsSettings(msgspec.Struct, frozen=True, kw_only=True):
     """How to reach the log; the application builds it from its environment (`ftrain.settings`). No `url`: the
-    embedded server under `home`."""
+    embedded server under `home`, signed in to with its own nkey. `nkey`: the path of an nkey seed file for a
+    server of the user's own."""
 
     home: Path
     url: str | None = None
@@ -30,6 +32,7 @@ class NatsSettings(msgspec.Struct, frozen=True, kw_only=True):
     password: str | None = None
     token: str | None = None
     creds: str | None = None
+    nkey: str | None = None
     tls_ca: str | None = None
     tls_cert: str | None = None
     tls_key: str | None = None
@@ -56,17 +59,21 @@ def anchor_files(settings: NatsSettings) -> list[Path]:
     return [settings.home / name, *([settings.anchor_mirror / name] if settings.anchor_mirror else [])]
 
 
-def server_urls(settings: NatsSettings) -> list[str]:
-    """The servers to connect to; starts (or reuses) the embedded server when no URL is configured."""
+def server_endpoint(settings: NatsSettings) -> tuple[list[str], dict[str, Any]]:
+    """The servers to connect to and the client's sign-in options; starts (or reuses) the embedded server,
+    and signs in with its key, when no URL is configured."""
     if settings.url is not None:
-        return [u.strip() for u in settings.url.split(",") if u.strip()]
+        return [u.strip() for u in settings.url.split(",") if u.strip()], _connect_options(settings)
     from events.jetstream.server import ensure_server
 
-    return [ensure_server(settings.home).url]
+    embedded = ensure_server(settings.home)
+    return [embedded.url], {"nkeys_seed": embedded.nkey_file}
 
 
 def _connect_options(settings: NatsSettings) -> dict[str, Any]:
     options: dict[str, Any] = {}
+    if settings.nkey:
+        options["nkeys_seed"] = settings.nkey
     if settings.user:
         options["user"], options["password"] = settings.user, settings.password or ""
     if settings.token:
@@ -100,7 +107,8 @@ async def open_store(
 ) -> AsyncIterator[EventStore]:
     """A connected EventStore whose stream exists; raises LogUnavailable when no server answers. Its events
     name this process as their actor, with `rank` when a trainer's rank appends them."""
-    urls = server_urls(settings)
+    urls, options = server_endpoint(settings)
+    secrets = (settings.password, settings.token)
     errors: list[Exception] = []
     refused = asyncio.Event()
 
@@ -108,7 +116,7 @@ async def open_store(
         """Keep the client's errors for the message (without an error callback nats-py prints a traceback
         per reconnect attempt); a refusal (bad credentials) ends the attempt at once."""
         errors.append(exc)
-        log.debug("nats_error", error=f"{type(exc).__name__}: {exc}")
+        log.debug("nats_error", error=redact_text(f"{type(exc).__name__}: {exc}", secrets))
         if _refusal([exc]):
             refused.set()
 
@@ -121,7 +129,7 @@ async def open_store(
             reconnect_time_wait=1,
             allow_reconnect=True,
             error_cb=remember,
-            **_connect_options(settings),
+            **options,
         )
     )
     watching = asyncio.ensure_future(refused.wait())
@@ -138,7 +146,8 @@ async def open_store(
             or (str(failure) if failure else "")
             or (str(errors[-1]) if errors else f"no answer within {connect_deadline:g} s")
         )
-        raise LogUnavailable(f"event log unreachable at {','.join(urls)}: {reason}") from failure
+        shown = redact_text(reason, secrets)
+        raise LogUnavailable(f"event log unreachable at {redact_urls(urls)}: {shown}") from failure
     actor = process_actor(rank)
     signer = load_signer(settings.home, f"{actor.user}@{actor.host}")
     try:

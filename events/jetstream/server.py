@@ -3,8 +3,9 @@
 Two users: the embedded default (no ``FTRAIN_NATS_URL``): the first ftrain command that needs the
 event log starts a JetStream-enabled nats-server on 127.0.0.1 with its store under ``<home>/nats``,
 and later commands (separate processes) reuse it; and tests, which start a throwaway server in a
-temp dir. Deliberately does not import nats-py: readiness is checked on the raw ``INFO`` line. What lives
-under ``<home>/nats`` is in ``server_files``; telling our live server from a reused pid, in ``server_procs``.
+temp dir. Either way only clients holding the user nkey seed (``<home>/nats/user.nk``) get in. Deliberately
+does not import nats-py: readiness is checked on the raw ``INFO`` line. What lives under ``<home>/nats`` is
+in ``server_files``; telling our live server from a reused pid, in ``server_procs``.
 """
 
 from __future__ import annotations
@@ -30,7 +31,9 @@ from events.jetstream.server_files import (
     pick_port,
     read_record,
     remove_record,
+    seed_path,
     store_path,
+    user_key,
     write_config,
     write_record,
 )
@@ -45,6 +48,7 @@ from events.jetstream.server_procs import (
     terminate,
     wait_gone,
 )
+from events.private import open_private, private_dir
 
 __all__ = [
     "NatsServerError",
@@ -102,7 +106,8 @@ def _wait_ready(child: subprocess.Popen[bytes], port: int, deadline: float) -> s
     while True:
         if child.poll() is not None:
             return "exited"
-        if js_ready(port, timeout=0.25):  # short: a squatter that never says INFO must not stall us
+        # short: a squatter that never says INFO must not stall us
+        if js_ready(port, timeout=0.25, auth=True):
             return None if child.poll() is None else "exited"
         if time.monotonic() >= deadline:
             return "timeout"
@@ -113,10 +118,14 @@ def _launch(directory: Path, port: int, ready_timeout: float) -> ServerProcess:
     """Write the config, spawn detached, wait for JetStream, record it in server.json."""
     binary = nats_server_binary()
     conf, store = conf_path(directory), store_path(directory)
-    store.mkdir(parents=True, exist_ok=True)
-    write_config(conf, port=port, store_dir=store)
+    private_dir(store)
+    try:
+        user = user_key(directory)
+    except ValueError as exc:
+        raise NatsServerError(str(exc)) from exc
+    write_config(conf, port=port, store_dir=store, user=user)
     log_path = directory / "server.log"
-    with open(log_path, "ab") as out:
+    with os.fdopen(open_private(log_path, os.O_WRONLY | os.O_APPEND), "ab") as out:
         since = out.tell()
         child = subprocess.Popen(
             [str(binary), "-c", str(conf)],
@@ -140,8 +149,15 @@ def _launch(directory: Path, port: int, ready_timeout: float) -> ServerProcess:
             f"{'exited' if why == 'exited' else f'not ready within {ready_timeout}s'}; "
             f"tail of {log_path}:\n{tail}"
         )
+    with contextlib.suppress(FileNotFoundError):  # nats-server writes its pid file 0660 less the umask
+        os.chmod(conf.with_suffix(".pid"), 0o600)
     proc = ServerProcess(
-        pid=child.pid, port=port, url=f"nats://{HOST}:{port}", store_dir=str(store), started_at=time.time()
+        pid=child.pid,
+        port=port,
+        url=f"nats://{HOST}:{port}",
+        store_dir=str(store),
+        started_at=time.time(),
+        nkey_file=str(seed_path(directory)),
     )
     write_record(directory, proc)
     log.info("nats_server.started", pid=proc.pid, port=proc.port, store=proc.store_dir)
@@ -192,21 +208,24 @@ def start_server(home: Path, *, port: int | None = None, ready_timeout: float = 
 
 
 def _running_record(directory: Path) -> ServerProcess | None:
+    """The recorded server if it is alive, answers, and admits only key holders: one an older ftrain started
+    without authentication is not ours to reuse (``ensure_server`` restarts it)."""
     rec = read_record(directory)
-    if rec is None or not server_alive(rec.pid, conf_path(directory)) or not js_ready(rec.port):
+    if rec is None or not rec.nkey_file or not server_alive(rec.pid, conf_path(directory)):
         return None
-    return rec
+    return rec if js_ready(rec.port, auth=True) else None
 
 
 def ensure_server(home: Path) -> ServerProcess:
-    """Reuse the recorded server if alive and answering, else start one (exactly one, across processes)."""
+    """Reuse the recorded server if alive, answering and authenticated, else start one (exactly one, across
+    processes); an unauthenticated one left by an older version is stopped and replaced."""
     directory = nats_dir(home)
     with locked(directory):
         rec = _running_record(directory)
         if rec is not None:
             log.debug("nats_server.reused", pid=rec.pid, port=rec.port, store=rec.store_dir)
             return rec
-        for pid in _stray_pids(directory):  # alive but unrecorded or not answering: never run two
+        for pid in _stray_pids(directory):  # unrecorded, not answering or open to all: never run two
             log.warning("nats_server.stopping_unresponsive", pid=pid, store=str(store_path(directory)))
             terminate(pid, 10.0)
         return _start(directory, None, 10.0)

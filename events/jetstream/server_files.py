@@ -1,8 +1,10 @@
-"""What the embedded server keeps under ``<home>/nats``: its config, its record, the lock, its store.
+"""What the embedded server keeps under ``<home>/nats``: its config, its record, its key, the lock, its store.
 
 ``server.conf``, ``server.json`` (the :class:`ServerProcess` record), ``server.log`` (appended to by every
-start), ``server.pid`` (nats-server's own pid file), ``lock`` (flock serialising check-and-start/stop) and
-``store/`` (JetStream ``store_dir``). The port is kept across restarts when it is still free, so the URL is too.
+start), ``server.pid`` (nats-server's own pid file), ``user.nk`` (the nkey seed every ftrain client signs in
+with: other users on the machine can reach 127.0.0.1 too), ``lock`` (flock serialising check-and-start/stop) and
+``store/`` (JetStream ``store_dir``). All of it is private (0700 directories, 0600 files). The port is kept
+across restarts when it is still free, so the URL is too.
 """
 
 import contextlib
@@ -16,9 +18,11 @@ from pathlib import Path
 from typing import Final
 
 import msgspec
+import nkeys
 
 from events.atomic_file import write_atomic
 from events.jetstream.server_procs import HOST
+from events.private import open_private, private_dir
 
 SERVER_NAME: Final = "ftrain-embedded"
 
@@ -31,13 +35,17 @@ class ServerProcess(msgspec.Struct, frozen=True):
     url: str
     store_dir: str
     started_at: float
+    nkey_file: str = ""
+    """The nkey seed file clients sign in with; empty in records of older, unauthenticated servers."""
 
 
 def nats_dir(home: Path, *, create: bool = True) -> Path:
-    """Absolute, so the config path in the server's cmdline is stable whatever the caller's cwd."""
+    """Absolute, so the config path in the server's cmdline is stable whatever the caller's cwd. Creating it
+    also makes (or tightens) the home and this directory 0700."""
     d = (Path(home) / "nats").absolute()
     if create:
-        d.mkdir(parents=True, exist_ok=True)
+        private_dir(d.parent)
+        private_dir(d)
     return d
 
 
@@ -55,12 +63,38 @@ def _record_path(directory: Path) -> Path:
     return directory / "server.json"
 
 
-def write_config(path: Path, *, port: int, store_dir: Path, host: str = HOST) -> None:
-    """Write a local, no-auth, JetStream config whose every write is fsynced before the ack.
+def seed_path(directory: Path) -> Path:
+    """The user nkey seed: whoever can read it can use the log, so it is 0600 like everything here."""
+    return directory / "user.nk"
 
-    ``sync_interval: always`` is what backs the promise that no acknowledged event is lost even on
-    power loss (measured ~0.2-0.4 ms extra per publish). No ``http`` monitoring port: nothing else listens.
-    The pid file sits next to the config (``<stem>.pid``).
+
+def user_key(directory: Path) -> str:
+    """The public key of the user nkey, made (seed written 0600, atomically) on first use and kept after,
+    so clients that hold the seed file keep working across restarts."""
+    path = seed_path(directory)
+    try:
+        seed = path.read_bytes().strip()
+    except FileNotFoundError:
+        seed = nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER)
+        write_atomic(path, seed + b"\n")
+    os.chmod(path, 0o600)  # a seed file of ours found looser is tightened
+    try:
+        pair = nkeys.from_seed(bytearray(seed))
+        public: bytes = pair.public_key
+        pair.wipe()
+    except (nkeys.NkeysError, ValueError) as exc:
+        raise ValueError(f"{path} is not an nkey seed; remove it to have a new one made") from exc
+    if not public.startswith(b"U"):
+        raise ValueError(f"{path} is not a user nkey seed; remove it to have a new one made")
+    return public.decode()
+
+
+def write_config(path: Path, *, port: int, store_dir: Path, user: str, host: str = HOST) -> None:
+    """Write a local JetStream config that admits only the nkey `user` and fsyncs every write before the ack.
+
+    Only the public key is in it. ``sync_interval: always`` is what backs the promise that no acknowledged
+    event is lost even on power loss (measured ~0.2-0.4 ms extra per publish). No ``http`` monitoring port:
+    nothing else listens. The pid file sits next to the config (``<stem>.pid``).
     """
     q = json.dumps  # nats conf accepts JSON-style double-quoted strings
     text = "\n".join(
@@ -70,6 +104,7 @@ def write_config(path: Path, *, port: int, store_dir: Path, host: str = HOST) ->
             f"listen: {q(f'{host}:{port}')}",
             f"pid_file: {q(str(path.with_suffix('.pid')))}",
             "max_payload: 1048576  # the nats default (1 MiB), pinned",
+            f"authorization {{ users = [ {{ nkey: {q(user)} }} ] }}",
             "jetstream {",
             f"  store_dir: {q(str(store_dir))}",
             "  sync_interval: always",
@@ -101,7 +136,7 @@ def remove_record(directory: Path) -> None:
 @contextlib.contextmanager
 def locked(directory: Path) -> Iterator[None]:
     """Exclusive flock on ``<directory>/lock``: one check-and-start (or stop) at a time, across processes."""
-    fd = os.open(directory / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+    fd = open_private(directory / "lock", os.O_RDWR)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield

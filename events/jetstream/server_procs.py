@@ -32,6 +32,7 @@ class _Info(msgspec.Struct):
 
     jetstream: bool = False
     server_name: str = ""
+    auth_required: bool = False
 
 
 def adopt(child: subprocess.Popen[bytes]) -> None:
@@ -135,7 +136,8 @@ def _probe_info(port: int, host: str, timeout: float) -> _Info | None:
         return None
 
 
-def js_ready(port: int, timeout: float = PROBE_TIMEOUT) -> bool:
-    """A NATS server with JetStream answers on ``port`` (read from its greeting: no nats-py needed)."""
+def js_ready(port: int, timeout: float = PROBE_TIMEOUT, *, auth: bool = False) -> bool:
+    """A NATS server with JetStream answers on ``port`` (read from its greeting: no nats-py needed); with
+    `auth`, one that also requires clients to sign in (an older ftrain's open server does not)."""
     info = _probe_info(port, HOST, timeout)
-    return info is not None and info.jetstream
+    return info is not None and info.jetstream and (info.auth_required or not auth)

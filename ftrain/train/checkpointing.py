@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
+from events.private import private_dir
 from events.schema import Checkpointed
 from ftrain import settings
 from ftrain.train.config import CheckpointConfig
@@ -154,7 +155,7 @@ class CheckpointManager:
         """The background half: rank-local write to the stage dir, fan-out to durable storage, finalize."""
         local = step_dir(self.stage_root, step)
         shutil.rmtree(local, ignore_errors=True)
-        local.mkdir(parents=True)
+        private_dir(local, tighten=False)
         writer = HashingWriter(local, sync_files=False)
         dcp_save({"app": staged}, storage_writer=writer, process_group=self.group)
         entries = writer.entries()
