@@ -11,7 +11,6 @@ NoValidCheckpoint (never a silent fresh start).
 
 import os
 import re
-import shutil
 import time
 from pathlib import Path
 from typing import TypeVar, cast
@@ -38,7 +37,10 @@ from projections.lifecycle import (
     skipped_line,
 )
 from workers.checkpoint_dir import (
+    OUTSIDE_RUN,
+    StorageError,
     StorageUnavailable,
+    confined,
     marker_hash,
     on_disk,
     read_manifest,
@@ -48,8 +50,9 @@ from workers.checkpoint_dir import (
     verify_files,
 )
 from workers.fence import Fenced, claim, owner
-from workers.layout import assemblies
+from workers.layout import assemblies, run_dir
 from workers.manifest import FileEntry, Manifest
+from workers.nofollow import remove_dir
 from workers.recorder import Recorder
 
 FLUSH_TIMEOUT = 15.0
@@ -92,17 +95,22 @@ class StartDecision(msgspec.Struct, frozen=True):
     attempt: int = 0
     refused: str | None = None
     stopped: str | None = None
+    run_dir: str = ""
+    """The run's own directory: a candidate is tried only when its URI names a directory directly in it."""
 
 
 def cleanup_stale(ckpt_dir: Path, stage_root: Path | None, rank: int) -> None:
     """Remove what an interrupted save left: `.step-N.tmp` directories (with their `.partial` files) of the
-    run, by rank 0, and each rank's node-local staging directory."""
-    if rank == 0 and ckpt_dir.is_dir():
-        for stale in assemblies(ckpt_dir):
-            log.info("stale_staging_removed", path=str(stale))
-            shutil.rmtree(stale, ignore_errors=True)
+    run, by rank 0, and each rank's node-local staging directory. Links are left alone, never followed."""
+    stale = assemblies(ckpt_dir) if rank == 0 and ckpt_dir.is_dir() else []
     if stage_root is not None:
-        shutil.rmtree(stage_root, ignore_errors=True)
+        stale.append(stage_root)
+    for path in stale:
+        try:
+            if remove_dir(path.parent, path.name):
+                log.info("stale_staging_removed", path=str(path))
+        except OSError as exc:
+            log.warning("stale_staging_not_removed", path=str(path), error=str(exc))
 
 
 def resume(
@@ -116,21 +124,21 @@ def resume(
         raise ResumeRefused(decision.refused)
     if decision.stopped:
         raise ResumeStopped(decision.stopped)
-    plan, attempt = decision.plan, decision.attempt
+    plan, attempt, run = decision.plan, decision.attempt, Path(decision.run_dir)
     for candidate in plan.candidates:
-        path = uri_path(candidate.uri)
         header = cast(
             Manifest | str | StorageUnavailable,
-            _broadcast(_header(path, candidate) if rank == 0 else None, group),
+            _broadcast(_header(run, candidate, _run_id(config)) if rank == 0 else None, group),
         )
         if isinstance(header, StorageUnavailable):
             raise _stopped(header)
+        path = run / uri_path(candidate.uri).name  # rank 0 found the URI names this directory
         reason = header if isinstance(header, str) else _load(path, header, state, group)
         if reason is None:
             assert isinstance(header, Manifest)
             return _resumed(path, candidate, state, recorder, attempt), attempt
         if rank == 0:
-            _skip(candidate, reason, recorder)
+            _skip(candidate, reason, recorder, None if reason == OUTSIDE_RUN else path)
     if plan.had_checkpoints:
         raise NoValidCheckpoint(
             f"no valid checkpoint among {len(plan.candidates)} candidate(s) in {config.ckpt_dir}; "
@@ -178,12 +186,21 @@ def _load(path: Path, manifest: Manifest, state: TrainState, group: dist.Process
     return None
 
 
-def _header(path: Path, candidate: Candidate) -> Manifest | str | StorageUnavailable:
-    """Rank 0's reading of the candidate's marker and manifest; storage out of reach is sent, not raised."""
+def _header(run: Path, candidate: Candidate, run_id: str) -> Manifest | str | StorageUnavailable:
+    """Rank 0's reading of the candidate's marker and manifest, once its URI is found to name a directory
+    of the run's own (else nothing is read); storage out of reach is sent, not raised."""
     try:
-        return read_manifest(path, candidate.digest)
+        path = confined(candidate.uri, run)
+        if path is None:
+            return OUTSIDE_RUN
+        return read_manifest(path, candidate.digest, run_id=run_id, step=candidate.step)
     except StorageUnavailable as exc:
         return exc
+
+
+def _run_id(config: CheckpointConfig) -> str:
+    """The run id the trainer's manifests carry (without a log, the directory's name)."""
+    return config.run_id or config.ckpt_dir.name
 
 
 def _files_verdict(path: Path, files: list[FileEntry]) -> str | StorageUnavailable | None:
@@ -217,15 +234,17 @@ def _resumed(
     return point
 
 
-def _skip(candidate: Candidate, reason: str, recorder: Recorder | None) -> None:
-    path = uri_path(candidate.uri)
-    digest = candidate.digest or marker_hash(path) or ""
+def _skip(candidate: Candidate, reason: str, recorder: Recorder | None, path: Path | None) -> None:
+    """Record the refusal and set the checkpoint aside; one outside the run's directory (`path` None) is
+    neither read nor moved."""
+    digest = candidate.digest or (marker_hash(path) if path else None) or ""
     if recorder is not None:
         recorder.record(SkipIntent(checkpoint_hash=digest, step=candidate.step, reason=reason))
-    try:
-        set_aside(path, "corrupt", f"{int(time.time())}")
-    except OSError as exc:
-        log.warning("set_aside_failed", path=str(path), error=str(exc))
+    if path is not None:
+        try:
+            set_aside(path, "corrupt", f"{int(time.time())}")
+        except OSError as exc:
+            log.warning("set_aside_failed", path=str(path), error=str(exc))
     print(skipped_line(candidate.step, reason), flush=True)
 
 
@@ -237,7 +256,7 @@ def _safe_plan(config: CheckpointConfig, recorder: Recorder | None) -> StartDeci
         return StartDecision(stopped=str(exc))
     except StorageUnavailable as exc:
         return StartDecision(stopped=str(_stopped(exc)))
-    except (IllegalTransition, RunUnknown, Fenced) as exc:
+    except (IllegalTransition, RunUnknown, Fenced, StorageError) as exc:
         return StartDecision(refused=str(exc))
 
 
@@ -246,6 +265,12 @@ def _plan(config: CheckpointConfig, recorder: Recorder | None) -> StartDecision:
     directories it sets aside are moved here (kept, never deleted), and the directory is claimed for the
     attempt (an older attempt that wakes up then writes nothing more)."""
     state = _run_state(config, recorder)
+    run = config.ckpt_dir if state is None else run_dir(uri_path(state.launch.storage), state.run_id)
+    if run.resolve() != config.ckpt_dir.resolve():  # its checkpoints would all be outside the run's
+        return StartDecision(
+            refused=f"checkpoint directory {config.ckpt_dir} is not run {config.run_id}'s directory {run} "
+            "(under the storage root it was launched with)"
+        )
     restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
     in_place = state is not None and state.status == "running" and restarts > 0 and config.resume
     plan = plan_resume(
@@ -271,7 +296,7 @@ def _plan(config: CheckpointConfig, recorder: Recorder | None) -> StartDecision:
             require_listable(config.ckpt_dir)
         claim(config.ckpt_dir, attempt)
     set_aside_planned(plan)
-    return StartDecision(plan, attempt)
+    return StartDecision(plan, attempt, run_dir=str(run))
 
 
 def _attempt(state: RunState | None, plan: ResumePlan, ckpt_dir: Path) -> int:
