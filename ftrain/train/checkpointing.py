@@ -38,8 +38,9 @@ from workers.manifest import FileEntry, Manifest
 from workers.recorder import Recorder
 from workers.retention import prune
 from workers.staging import StagingBuffers
+from workers.unpickle import allow_pickled
 
-__all__ = ["CheckpointConfig", "CheckpointManager", "SaveTimes", "TrainState"]
+__all__ = ["CheckpointConfig", "CheckpointManager", "SaveTimes", "TrainState", "allow_pickled"]
 log = structlog.get_logger(__name__)
 
 

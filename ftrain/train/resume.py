@@ -19,6 +19,7 @@ import msgspec
 import structlog
 import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
 from ftrain import settings
@@ -49,11 +50,13 @@ from workers.checkpoint_dir import (
     uri_path,
     verify_files,
 )
+from workers.dcp_reader import RestrictedLoadPlanner, VerifiedReader, load_metadata
 from workers.fence import Fenced, claim, owner
 from workers.layout import assemblies, run_dir
 from workers.manifest import FileEntry, Manifest
 from workers.nofollow import remove_dir
 from workers.recorder import Recorder
+from workers.unpickle import ForbiddenPickle
 
 FLUSH_TIMEOUT = 15.0
 LOG_TIMEOUT = 15.0
@@ -162,28 +165,59 @@ def owned(files: tuple[FileEntry, ...], rank: int, world: int) -> list[FileEntry
 
 def _load(path: Path, manifest: Manifest, state: TrainState, group: dist.ProcessGroup) -> str | None:
     """Every rank hashes the files it owns (threads, all ranks at once: each byte is read and hashed once in
-    the job); only when every verdict is clean does DCP load, so it never parses an unverified byte (it
-    unpickles non-tensor items with `weights_only=False`). Returns the combined verdict, the same on every
-    rank (None: loaded)."""
+    the job) and parses `.metadata` from bytes it checked; only when every verdict is clean does DCP load,
+    so it never parses an unverified byte, and what it unpickles goes through the allowlist. Returns the
+    combined verdict, the same on every rank (None: loaded)."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    verdicts: list[str | StorageUnavailable | None] = [None] * world
-    dist.all_gather_object(verdicts, _files_verdict(path, owned(manifest.files, rank, world)), group=group)
-    if unavailable := next((v for v in verdicts if isinstance(v, StorageUnavailable)), None):
-        raise _stopped(unavailable)
-    if reason := next((r for r in verdicts if isinstance(r, str)), None):
+    metadata = _local_verdict(path, manifest, rank, world)
+    verdict = metadata if isinstance(metadata, str | StorageUnavailable) else None
+    if reason := _combined(verdict, group):
         return reason
+    assert isinstance(metadata, Metadata)
     if manifest.world_size != world:
         log.warning("world_size_changed", saved=manifest.world_size, now=world)
     state.restore_rng = (
         manifest.world_size == world
     )  # per-rank RNG streams exist for the ranks that saved them
+    refused = None
     try:
-        dcp_load({"app": state}, checkpoint_id=path, process_group=group)
-    except CheckpointException as exc:  # raised on every rank: a verified checkpoint failed to load
-        raise ResumeFailed(f"loading {path} failed, not a corrupt checkpoint: {_first(exc)}") from exc
+        dcp_load(
+            {"app": state},
+            storage_reader=VerifiedReader(path, metadata),
+            planner=RestrictedLoadPlanner(),
+            process_group=group,
+        )
+    except CheckpointException as exc:  # raised on every rank, with every rank's failure
+        forbidden = next((f[0] for f in exc.failures.values() if isinstance(f[0], ForbiddenPickle)), None)
+        if forbidden is None:  # a verified checkpoint failed to load
+            raise ResumeFailed(f"loading {path} failed, not a corrupt checkpoint: {_first(exc)}") from exc
+        return str(forbidden)
+    except ForbiddenPickle as exc:  # this rank's own state (an old RNG pickle): the others must hear of it
+        refused = str(exc)
     finally:
         state.restore_rng = True
-    return None
+    return _combined(refused, group)
+
+
+def _local_verdict(
+    path: Path, manifest: Manifest, rank: int, world: int
+) -> Metadata | str | StorageUnavailable:
+    """This rank's verdict on its files, then its own verified parse of `.metadata`; storage out of reach
+    is returned, not raised, so all ranks stop together."""
+    try:
+        return verify_files(path, owned(manifest.files, rank, world)) or load_metadata(path, manifest.files)
+    except StorageUnavailable as exc:
+        return exc
+
+
+def _combined(verdict: str | StorageUnavailable | None, group: dist.ProcessGroup) -> str | None:
+    """Every rank's verdict, combined the same way on each: storage out of reach stops the job, else the
+    first rank's reason (None: all clean)."""
+    verdicts: list[str | StorageUnavailable | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(verdicts, verdict, group=group)
+    if unavailable := next((v for v in verdicts if isinstance(v, StorageUnavailable)), None):
+        raise _stopped(unavailable)
+    return next((r for r in verdicts if isinstance(r, str)), None)
 
 
 def _header(run: Path, candidate: Candidate, run_id: str) -> Manifest | str | StorageUnavailable:
@@ -201,14 +235,6 @@ def _header(run: Path, candidate: Candidate, run_id: str) -> Manifest | str | St
 def _run_id(config: CheckpointConfig) -> str:
     """The run id the trainer's manifests carry (without a log, the directory's name)."""
     return config.run_id or config.ckpt_dir.name
-
-
-def _files_verdict(path: Path, files: list[FileEntry]) -> str | StorageUnavailable | None:
-    """This rank's verdict on its files; storage out of reach is gathered, not raised, so all ranks stop."""
-    try:
-        return verify_files(path, files)
-    except StorageUnavailable as exc:
-        return exc
 
 
 def _stopped(exc: StorageUnavailable) -> ResumeStopped:
