@@ -7,6 +7,7 @@ its name. The allowlist is what real checkpoints reference (DCP's metadata class
 dtypes, containers, numpy arrays); a training script adds its own types with `allow_pickled`.
 """
 
+import _compat_pickle
 import io
 import pickle
 from types import SimpleNamespace
@@ -66,6 +67,9 @@ class RestrictedUnpickler(pickle.Unpickler):
     what = "a pickle"
 
     def find_class(self, module: str, name: str) -> Any:
+        # protocol 2 (torch.save's) writes Python 2 names, which pickle maps back: judge what it will load
+        module, name = _compat_pickle.NAME_MAPPING.get((module, name), (module, name))
+        module = _compat_pickle.IMPORT_MAPPING.get(module, module)
         if not allowed(module, name):
             raise ForbiddenPickle(f"{self.what} names {module}.{name}, which is not allowed")
         return super().find_class(module, name)
