@@ -179,3 +179,19 @@ def forge_metadata(path: Path, data: bytes) -> None:
     (path / MANIFEST).write_bytes(raw)
     digest = Digest(f"sha256:{hashlib.sha256(raw).hexdigest()}")
     (path / MARKER).write_bytes(msgspec.json.encode(Marker(digest, manifest.step)))
+
+
+def test_a_planted_staging_link_is_refused_before_anything_is_written_or_deleted(tmp_path: Path) -> None:
+    """Another user pre-creates the node-local staging name as a link to a directory of the victim's: the
+    job refuses to start instead of clearing `rank-<R>` there at start-up or staging into it."""
+    victim, stage = tmp_path / "victim", tmp_path / "stage"
+    (victim / "rank-0").mkdir(parents=True)
+    (victim / "rank-0" / "thesis.tex").write_bytes(b"years of work")
+    stage.symlink_to(victim)
+
+    job = torchrun(tmp_path / "ckpt", *ITERS, "--async-ckpt", "--ckpt-stage-dir", str(stage))
+
+    assert job.returncode != 0 and "FINAL" not in job.stdout
+    assert f"staging directory {stage} is a symbolic link" in job.stdout + job.stderr
+    assert (victim / "rank-0" / "thesis.tex").read_bytes() == b"years of work"
+    assert [p.name for p in victim.iterdir()] == ["rank-0"]
