@@ -9,6 +9,7 @@ import pytest
 
 from events.schema import Checkpointed
 from ftrain.service import RunService
+from ftrain.train.resume import cleanup_stale
 from projections.run_log import RunLog
 from tests.test_failures import checkpoint, launch
 from workers.checkpoint_dir import (
@@ -128,13 +129,17 @@ def test_prune_set_aside_and_cleanup_never_follow_a_planted_link(tmp_path: Path)
     (run / "step-5").symlink_to(target)  # older than every real one: first in line to be pruned
     dead = assembly_dir(run, 50, process_writer(os.uname().nodename, 2**22 + 1, "dead0000"))
     dead.symlink_to(target)  # a dead writer's leftovers, as far as its name says
+    stale = assembly_dir(run, 60)
+    stale.symlink_to(target)  # where the trainer's next save of step 60 would write
 
     assert complete_steps(run) == [40, 30, 20, 10], "a link is no checkpoint of the run"
     assert [d.step for d in on_disk(run)] == [40, 30, 20, 10]
     assert prune(run, 2) == [20, 10]
-    assert remove_dead_assemblies(run) == []
+    assert remove_dead_assemblies(run) == [dead]
+    cleanup_stale(run, None, rank=0)
     moved = set_aside(run / "step-5", "corrupt", "1")  # only the link moves
 
     assert moved is not None and moved.is_symlink() and not (run / "step-5").exists()
     assert snapshot(target) == before and (target / MARKER).is_file()
-    assert dead.is_symlink() and complete_steps(run) == [40, 30]
+    assert not os.path.lexists(dead) and not os.path.lexists(stale), "the links went, not their target"
+    assert complete_steps(run) == [40, 30]

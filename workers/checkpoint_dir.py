@@ -152,7 +152,7 @@ def remove_dead_assemblies(run: Path) -> list[Path]:
         writer = assembly_writer(path)
         if writer is not None and writer[0] == host and not _process_exists(writer[1]):
             try:
-                if remove_dir(run, path.name):
+                if remove_dir(run, path.name, unlink_link=True):
                     removed.append(path)
             except OSError as exc:
                 log.warning("assembly_not_removed", path=str(path), error=str(exc))

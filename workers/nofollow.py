@@ -27,11 +27,12 @@ def _opened(path: Path | str, dir_fd: int | None = None) -> Iterator[int]:
         os.close(fd)
 
 
-def remove_dir(parent: Path, name: str, *, first: str | None = None) -> bool:
+def remove_dir(parent: Path, name: str, *, first: str | None = None, unlink_link: bool = False) -> bool:
     """Remove the directory `name` under `parent` and all it holds, never following a link: a link (or
-    anything but a directory) there is left alone and False returned. `first` names a file removed before
-    the rest (a completion marker: a half-removed checkpoint must not look complete). What cannot be
-    removed is logged and stays; `parent` out of reach raises OSError."""
+    anything but a directory) there is left alone and False returned, unless `unlink_link` (a name ftrain
+    is about to write through: the link itself is removed, never what it points at). `first` names a file
+    removed before the rest (a completion marker: a half-removed checkpoint must not look complete). What
+    cannot be removed is logged and stays; `parent` out of reach raises OSError."""
     try:
         with _opened(parent) as parent_fd:
             try:
@@ -41,6 +42,10 @@ def remove_dir(parent: Path, name: str, *, first: str | None = None) -> bool:
                             os.unlink(first, dir_fd=fd)
             except OSError as exc:
                 if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    if unlink_link and os.path.islink(parent / name):
+                        os.unlink(name, dir_fd=parent_fd)
+                        log.warning("link_removed", path=str(parent / name))
+                        return True
                     log.warning("not_a_directory_left_alone", path=str(parent / name))
                     return False
                 if exc.errno == errno.ENOENT:

@@ -104,13 +104,14 @@ class StartDecision(msgspec.Struct, frozen=True):
 
 def cleanup_stale(ckpt_dir: Path, stage_root: Path | None, rank: int) -> None:
     """Remove what an interrupted save left: `.step-N.tmp` directories (with their `.partial` files) of the
-    run, by rank 0, and each rank's node-local staging directory. Links are left alone, never followed."""
+    run, by rank 0, and each rank's node-local staging directory. A link there is removed, never followed:
+    the next save would write through it."""
     stale = assemblies(ckpt_dir) if rank == 0 and ckpt_dir.is_dir() else []
     if stage_root is not None:
         stale.append(stage_root)
     for path in stale:
         try:
-            if remove_dir(path.parent, path.name):
+            if remove_dir(path.parent, path.name, unlink_link=True):
                 log.info("stale_staging_removed", path=str(path))
         except OSError as exc:
             log.warning("stale_staging_not_removed", path=str(path), error=str(exc))
