@@ -51,10 +51,12 @@ from projections.projector import Projector
 from projections.readmodel import ReadModel, damaged
 from projections.run_log import BrokenRun, ContendedRun, RunLog
 from workers.checkpoint_dir import (
+    OUTSIDE_RUN,
     CheckpointExists,
     StorageError,
     StorageUnavailable,
     WrittenCheckpoint,
+    confined,
     on_disk,
     remove_checkpoint,
     set_aside,
@@ -63,7 +65,7 @@ from workers.checkpoint_dir import (
     verify_checkpoint,
     write_checkpoint,
 )
-from workers.layout import SetAsideKind
+from workers.layout import SetAsideKind, run_dir
 
 CONFLICT_RETRIES = 20
 T = TypeVar("T")
@@ -338,6 +340,7 @@ class RunService:
         self, run_id: str, force: bool, on_skip: Callable[[CorruptSkipped], Awaitable[None]] | None
     ) -> ResumeOutcome:
         state = await self._vouched_state(run_id)
+        run = _run_dir(state)
         plan = self._plan(state, force)
         for unrecorded in plan.unrecorded:
             _set_aside(uri_path(unrecorded.uri), "unrecorded", str(int(time.time())))
@@ -345,7 +348,12 @@ class RunService:
         while plan.candidates:
             candidate = plan.candidates[0]
             assert candidate.ref is not None and candidate.digest is not None
-            reason = verify_checkpoint(uri_path(candidate.uri), candidate.digest)
+            path = confined(candidate.uri, run)  # a URI elsewhere is refused unread and never moved
+            reason = (
+                verify_checkpoint(path, candidate.digest, run_id=run_id, step=candidate.step)
+                if path
+                else OUTSIDE_RUN
+            )
             if reason is None:
                 appended = await self._record(run_id, partial(resume_from, ref=candidate.ref, forced=force))
                 if isinstance(appended, Resumed):
@@ -354,7 +362,8 @@ class RunService:
                 appended = await self._record(run_id, partial(skip, ref=candidate.ref, reason=reason))
                 if isinstance(appended, CorruptSkipped):
                     skipped.append(appended)
-                    _set_aside(uri_path(candidate.uri), "corrupt", str(appended.seq))
+                    if path:
+                        _set_aside(path, "corrupt", str(appended.seq))
                     if on_skip is not None:
                         await on_skip(appended)
             state = await self._vouched_state(run_id)
@@ -379,9 +388,14 @@ class RunService:
 
     def _plan(self, state: RunState, force: bool) -> ResumePlan:
         try:
-            return plan_resume(state, on_disk(uri_path(state.launch.storage) / state.run_id), forced=force)
+            return plan_resume(state, on_disk(_run_dir(state)), forced=force)
         except IllegalTransition as exc:
             raise Refused(str(exc)) from exc
+
+
+def _run_dir(state: RunState) -> Path:
+    """The run's own directory under the storage root its `launched` event configured."""
+    return run_dir(uri_path(state.launch.storage), state.run_id)
 
 
 def _set_aside(path: Path, kind: SetAsideKind, tag: str) -> None:

@@ -88,7 +88,7 @@ def launch_maker(project: str = "P") -> Callable[[str], Launched]:
             allocation_source="localhost",
             rdzv_endpoint="localhost:29500",
             command=("torchrun", "-m", "train"),
-            storage="file:///unused",
+            storage=Path(os.environ["FTRAIN_STORAGE"]).as_uri(),  # where `checkpoint` writes
         )
 
     return make

@@ -3,15 +3,21 @@
 One uninterrupted 30-step run gives the reference digest; every interrupted history must end bit-identical.
 """
 
+import hashlib
+import os
+import pickle
 import signal
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from tests.training import final_digest, metrics, resumed_step, torchrun
 from workers.checkpoint_dir import marker_hash, read_manifest, verify_checkpoint
-from workers.layout import MARKER, complete_steps
+from workers.integrity import Digest
+from workers.layout import MANIFEST, MARKER, complete_steps
+from workers.manifest import FileEntry, Marker, decode_manifest, encode_manifest
 
 pytestmark = pytest.mark.timeout(600)
 ITERS = ("--train-iters", "30", "--save-interval", "5")
@@ -133,3 +139,59 @@ def flip(path: Path) -> None:
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0xFF
     path.write_bytes(bytes(data))
+
+
+def test_a_malicious_metadata_sealed_with_a_matching_manifest_is_refused_and_never_runs(
+    tmp_path: Path,
+) -> None:
+    """An attacker who can rewrite a checkpoint and its manifest and marker (no log vouches here) plants a
+    `.metadata` whose unpickling would create a file: refused as corrupt with the global named, the ranks
+    fall back together, and the file is never created."""
+    ckpt, marker = tmp_path / "ckpt", tmp_path / "MARKER"
+    flags = ("--train-iters", "10", "--save-interval", "5")
+    final_digest(torchrun(ckpt, *flags))
+    forge_metadata(ckpt / "step-10", pickle.dumps(Touch(marker)))
+
+    second = torchrun(ckpt, *flags)
+    line = "checkpoint step 10 `.metadata` names posix.system, which is not allowed → skipped"
+    assert line in second.stdout, second.stdout + second.stderr[-2000:]
+    assert resumed_step(second) == 5
+    assert not marker.exists()
+
+
+class Touch:
+    """A pickle whose loading would create a file."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return os.system, (f"touch {self.marker}",)
+
+
+def forge_metadata(path: Path, data: bytes) -> None:
+    """Replace `.metadata`, and reseal manifest and marker so they vouch for it."""
+    (path / ".metadata").write_bytes(data)
+    manifest = decode_manifest((path / MANIFEST).read_bytes())
+    entry = FileEntry(".metadata", len(data), Digest(f"sha256:{hashlib.sha256(data).hexdigest()}"))
+    files = tuple(entry if f.name == ".metadata" else f for f in manifest.files)
+    raw = encode_manifest(msgspec.structs.replace(manifest, files=files))
+    (path / MANIFEST).write_bytes(raw)
+    digest = Digest(f"sha256:{hashlib.sha256(raw).hexdigest()}")
+    (path / MARKER).write_bytes(msgspec.json.encode(Marker(digest, manifest.step)))
+
+
+def test_a_planted_staging_link_is_refused_before_anything_is_written_or_deleted(tmp_path: Path) -> None:
+    """Another user pre-creates the node-local staging name as a link to a directory of the victim's: the
+    job refuses to start instead of clearing `rank-<R>` there at start-up or staging into it."""
+    victim, stage = tmp_path / "victim", tmp_path / "stage"
+    (victim / "rank-0").mkdir(parents=True)
+    (victim / "rank-0" / "thesis.tex").write_bytes(b"years of work")
+    stage.symlink_to(victim)
+
+    job = torchrun(tmp_path / "ckpt", *ITERS, "--async-ckpt", "--ckpt-stage-dir", str(stage))
+
+    assert job.returncode != 0 and "FINAL" not in job.stdout
+    assert f"staging directory {stage} is a symbolic link" in job.stdout + job.stderr
+    assert (victim / "rank-0" / "thesis.tex").read_bytes() == b"years of work"
+    assert [p.name for p in victim.iterdir()] == ["rank-0"]

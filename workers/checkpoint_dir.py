@@ -13,10 +13,11 @@ import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 from urllib.parse import unquote, urlparse
 
 import msgspec
+import structlog
 
 from events.atomic_file import fsync_dir, write_atomic
 from events.private import DIR_MODE, private_dir
@@ -38,6 +39,11 @@ from workers.layout import (
     step_dir,
 )
 from workers.manifest import FileEntry, Manifest, Marker, decode_manifest, decode_marker, encode_manifest
+from workers.nofollow import remove_dir, rename_entry
+
+OUTSIDE_RUN: Final = "outside the run's storage root"
+"""Why a checkpoint URI is refused unread: it does not name a directory of the run's own."""
+log = structlog.get_logger(__name__)
 
 
 class StorageError(ValueError):
@@ -88,6 +94,21 @@ def uri_path(uri: str) -> Path:
     return storage_root(uri)
 
 
+def confined(uri: str, run: Path) -> Path | None:
+    """The checkpoint directory `uri` names, when it resolves (symlinks resolved) to a directory directly
+    under the run's directory `run`, under its own name; None otherwise. The one test a URI from the log or
+    from a listing must pass before any of its bytes is read or it is moved: a forged event may point
+    anywhere. Raises StorageUnavailable when `run` cannot be listed (out of reach is never "outside")."""
+    try:
+        path = uri_path(uri)
+    except StorageError:
+        return None
+    if path.name and path.resolve() == run.resolve() / path.name:
+        return run / path.name
+    require_listable(run)
+    return None
+
+
 def write_checkpoint(
     root: Path,
     *,
@@ -136,8 +157,11 @@ def remove_dead_assemblies(run: Path) -> list[Path]:
     for path in assemblies(run):
         writer = assembly_writer(path)
         if writer is not None and writer[0] == host and not _process_exists(writer[1]):
-            shutil.rmtree(path, ignore_errors=True)
-            removed.append(path)
+            try:
+                if remove_dir(run, path.name, unlink_link=True):
+                    removed.append(path)
+            except OSError as exc:
+                log.warning("assembly_not_removed", path=str(path), error=str(exc))
     return removed
 
 
@@ -215,10 +239,12 @@ def _absent(path: Path, anchor: Path, exc: OSError, verdict: str) -> str:
     raise _unavailable(path, exc) from exc
 
 
-def verify_checkpoint(path: Path, expected_hash: str) -> str | None:
-    """None when the checkpoint at `path` is valid for the log's `expected_hash`, else why it is not.
-    Raises StorageUnavailable."""
-    manifest = read_manifest(path, expected_hash)
+def verify_checkpoint(
+    path: Path, expected_hash: str, *, run_id: str | None = None, step: int | None = None
+) -> str | None:
+    """None when the checkpoint at `path` is valid for the log's `expected_hash` (and, when given, is the
+    checkpoint of `run_id` at `step`), else why it is not. Raises StorageUnavailable."""
+    manifest = read_manifest(path, expected_hash, run_id=run_id, step=step)
     if isinstance(manifest, str):
         return manifest
     return verify_files(path, manifest.files)
@@ -234,10 +260,14 @@ def marker_hash(path: Path) -> str | None:
     return None if isinstance(marker, str) else to_hex(marker.manifest_digest)
 
 
-def read_manifest(path: Path, expected_hash: str | None) -> Manifest | str:
+def read_manifest(
+    path: Path, expected_hash: str | None, *, run_id: str | None = None, step: int | None = None
+) -> Manifest | str:
     """The checkpoint's manifest if its marker and digest check out (against the log's `expected_hash`, or
-    the marker's own when None: the log is out of reach), else why not. Files are not read. Raises
-    StorageUnavailable: a missing run directory or an I/O error says nothing about the checkpoint."""
+    the marker's own when None: the log is out of reach) and it names `run_id` and `step` (when given: a
+    checkpoint copied from another run or step is not the one the event recorded), else why not. Files are
+    not read. Raises StorageUnavailable: a missing run directory or an I/O error says nothing about the
+    checkpoint."""
     try:
         os.scandir(path).close()
     except OSError as exc:
@@ -257,6 +287,8 @@ def read_manifest(path: Path, expected_hash: str | None) -> Manifest | str:
         return "hash mismatch"
     if marker.manifest_digest != actual:
         return "completion marker does not match the manifest"
+    if (run_id is not None and manifest.run_id != run_id) or (step is not None and manifest.step != step):
+        return f"manifest is run {manifest.run_id} step {manifest.step}, expected run {run_id} step {step}"
     return manifest
 
 
@@ -291,15 +323,14 @@ def file_verdict(path: Path, entry: FileEntry, found: Hashed | OSError) -> str |
 
 def set_aside(path: Path, kind: SetAsideKind, tag: str) -> Path | None:
     """Move a checkpoint out of the way under its set-aside name, freeing its step's name and keeping it as
-    evidence; None if it is gone."""
-    if not path.exists():
-        return None
+    evidence; None if it is gone. The entry itself moves: a link is renamed, what it points at is not."""
     target = set_aside_path(path, kind, tag)
-    os.rename(path, target)
-    fsync_dir(path.parent)
-    return target
+    return target if rename_entry(path.parent, path.name, target.name) else None
 
 
 def remove_checkpoint(path: Path) -> None:
     """Delete a checkpoint directory this process wrote and could not record."""
-    shutil.rmtree(path, ignore_errors=True)
+    try:
+        remove_dir(path.parent, path.name)
+    except OSError as exc:
+        log.warning("checkpoint_not_removed", path=str(path), error=str(exc))

@@ -11,6 +11,7 @@ set-aside name written by one is the name the others look for.
 
 import os
 import re
+import stat
 from pathlib import Path
 from typing import Final, Literal, cast, get_args
 
@@ -98,13 +99,23 @@ def parse_set_aside(name: str) -> tuple[int, SetAsideKind] | None:
 
 
 def complete_steps(run: Path) -> list[int]:
-    """Steps of the checkpoints under `run` that carry a completion marker, newest first (unverified)."""
+    """Steps of the checkpoints under `run` that carry a completion marker, newest first (unverified). Only
+    directories of the run's own count: a `step-N` that is a link (to anywhere) is no checkpoint of it."""
     steps = [
         step
         for name in _names(run)
-        if (step := parse_step(name)) is not None and os.path.exists(os.path.join(run, name, MARKER))
+        if (step := parse_step(name)) is not None
+        and _real_dir(os.path.join(run, name))
+        and os.path.exists(os.path.join(run, name, MARKER))
     ]
     return sorted(steps, reverse=True)
+
+
+def _real_dir(path: str) -> bool:
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        return False
 
 
 def set_asides(run: Path) -> list[SetAside]:

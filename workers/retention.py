@@ -2,15 +2,16 @@
 
 Called only right after a checkpoint was sealed, so a deletion always follows a newer valid checkpoint; with
 K ≥ 2 the checkpoint a job resumed from stays until K newer ones exist. Set-aside directories (corrupt,
-unrecorded, superseded) are evidence and are never touched.
+unrecorded, superseded) are evidence and are never touched, nor is a `step-N` that is a link (its target is
+not the run's to delete).
 """
 
-import shutil
 from pathlib import Path
 
 import structlog
 
 from workers.layout import MARKER, complete_steps, step_dir
+from workers.nofollow import remove_dir
 
 MIN_KEEP = 2
 log = structlog.get_logger(__name__)
@@ -22,8 +23,10 @@ def prune(run_dir: Path, keep: int) -> list[int]:
         raise ValueError(f"keep must be at least {MIN_KEEP}, not {keep}")
     removed = complete_steps(run_dir)[keep:]
     for step in removed:
-        path = step_dir(run_dir, step)
-        (path / MARKER).unlink(missing_ok=True)  # first: a half-deleted directory must not look complete
-        shutil.rmtree(path, ignore_errors=True)
+        try:  # the marker first: a half-deleted directory must not look complete
+            remove_dir(run_dir, step_dir(run_dir, step).name, first=MARKER)
+        except OSError as exc:  # the next prune tries again; training goes on
+            log.warning("prune_failed", step=step, run_dir=str(run_dir), error=str(exc))
+            continue
         log.info("checkpoint_pruned", step=step, run_dir=str(run_dir))
     return removed

@@ -35,6 +35,7 @@ from ftrain.train.lifeline import die_with_launcher
 from ftrain.train.metrics import MetricsWriter, process_start_time, reached_step
 from ftrain.train.resume import NoValidCheckpoint, ResumeFailed, ResumeRefused, ResumeStopped
 from workers.fence import Fenced
+from workers.private_dir import UnsafeDirectory, default_stage_dir
 
 META_INIT_AUTO_PARAMS = 6_000_000_000  # the seed's threshold: dense init stays exact for smaller models
 PROCESS_START = process_start_time()
@@ -104,7 +105,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         job = (
             os.environ.get("SLURM_JOB_ID") or os.environ.get("PBS_JOBID") or args.run_id or args.ckpt_dir.name
         )
-        args.ckpt_stage_dir = Path("/tmp") / f"ftrain-ckpt-{job}"
+        args.ckpt_stage_dir = default_stage_dir(job)
     args.metrics_dir = (args.metrics_dir or args.ckpt_dir / "metrics").expanduser().absolute()
     return args
 
@@ -195,7 +196,7 @@ def train(args: argparse.Namespace) -> int:
     )
     try:
         return _loop(args, manager, state, device)
-    except (NoValidCheckpoint, ResumeFailed, ResumeStopped) as exc:
+    except (NoValidCheckpoint, ResumeFailed, ResumeStopped, UnsafeDirectory) as exc:
         _say(rank, f"train: {exc}")
         return 1
     except ResumeRefused as exc:

@@ -36,11 +36,13 @@ from workers.fanout import fan_out
 from workers.fence import check as check_fence
 from workers.layout import assembly_dir, rank_stage_dir, step_dir
 from workers.manifest import FileEntry, Manifest
+from workers.private_dir import private_dir
 from workers.recorder import Recorder
 from workers.retention import prune
 from workers.staging import StagingBuffers
+from workers.unpickle import allow_pickled
 
-__all__ = ["CheckpointConfig", "CheckpointManager", "SaveTimes", "TrainState"]
+__all__ = ["CheckpointConfig", "CheckpointManager", "SaveTimes", "TrainState", "allow_pickled"]
 log = structlog.get_logger(__name__)
 
 
@@ -86,7 +88,10 @@ class CheckpointManager:
 
     def load(self) -> ResumePoint | None:
         """Clean stale staging, then resume from the newest valid checkpoint (None: a fresh start).
-        Raises NoValidCheckpoint on every rank when checkpoints exist and none is valid."""
+        Raises NoValidCheckpoint on every rank when checkpoints exist and none is valid, UnsafeDirectory
+        when the staging directory is not private to this user."""
+        if self.config.stage_dir is not None and self.config.async_save:
+            private_dir(self.config.stage_dir)
         cleanup_stale(self.config.ckpt_dir, self.stage_root if self.config.async_save else None, self.rank)
         dist.barrier(group=self.group)
         point, self.attempt = resume(self.config, self.state, self.recorder, self.group)

@@ -11,7 +11,6 @@ NoValidCheckpoint (never a silent fresh start).
 
 import os
 import re
-import shutil
 import time
 from pathlib import Path
 from typing import TypeVar, cast
@@ -20,6 +19,7 @@ import msgspec
 import structlog
 import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
 from ftrain import settings
@@ -38,7 +38,10 @@ from projections.lifecycle import (
     skipped_line,
 )
 from workers.checkpoint_dir import (
+    OUTSIDE_RUN,
+    StorageError,
     StorageUnavailable,
+    confined,
     marker_hash,
     on_disk,
     read_manifest,
@@ -47,10 +50,13 @@ from workers.checkpoint_dir import (
     uri_path,
     verify_files,
 )
+from workers.dcp_reader import RestrictedLoadPlanner, VerifiedReader, load_metadata
 from workers.fence import Fenced, claim, owner
-from workers.layout import assemblies
+from workers.layout import assemblies, run_dir
 from workers.manifest import FileEntry, Manifest
+from workers.nofollow import remove_dir
 from workers.recorder import Recorder
+from workers.unpickle import ForbiddenPickle
 
 FLUSH_TIMEOUT = 15.0
 LOG_TIMEOUT = 15.0
@@ -92,17 +98,23 @@ class StartDecision(msgspec.Struct, frozen=True):
     attempt: int = 0
     refused: str | None = None
     stopped: str | None = None
+    run_dir: str = ""
+    """The run's own directory: a candidate is tried only when its URI names a directory directly in it."""
 
 
 def cleanup_stale(ckpt_dir: Path, stage_root: Path | None, rank: int) -> None:
     """Remove what an interrupted save left: `.step-N.tmp` directories (with their `.partial` files) of the
-    run, by rank 0, and each rank's node-local staging directory."""
-    if rank == 0 and ckpt_dir.is_dir():
-        for stale in assemblies(ckpt_dir):
-            log.info("stale_staging_removed", path=str(stale))
-            shutil.rmtree(stale, ignore_errors=True)
+    run, by rank 0, and each rank's node-local staging directory. A link there is removed, never followed:
+    the next save would write through it."""
+    stale = assemblies(ckpt_dir) if rank == 0 and ckpt_dir.is_dir() else []
     if stage_root is not None:
-        shutil.rmtree(stage_root, ignore_errors=True)
+        stale.append(stage_root)
+    for path in stale:
+        try:
+            if remove_dir(path.parent, path.name, unlink_link=True):
+                log.info("stale_staging_removed", path=str(path))
+        except OSError as exc:
+            log.warning("stale_staging_not_removed", path=str(path), error=str(exc))
 
 
 def resume(
@@ -116,21 +128,21 @@ def resume(
         raise ResumeRefused(decision.refused)
     if decision.stopped:
         raise ResumeStopped(decision.stopped)
-    plan, attempt = decision.plan, decision.attempt
+    plan, attempt, run = decision.plan, decision.attempt, Path(decision.run_dir)
     for candidate in plan.candidates:
-        path = uri_path(candidate.uri)
         header = cast(
             Manifest | str | StorageUnavailable,
-            _broadcast(_header(path, candidate) if rank == 0 else None, group),
+            _broadcast(_header(run, candidate, _run_id(config)) if rank == 0 else None, group),
         )
         if isinstance(header, StorageUnavailable):
             raise _stopped(header)
+        path = run / uri_path(candidate.uri).name  # rank 0 found the URI names this directory
         reason = header if isinstance(header, str) else _load(path, header, state, group)
         if reason is None:
             assert isinstance(header, Manifest)
             return _resumed(path, candidate, state, recorder, attempt), attempt
         if rank == 0:
-            _skip(candidate, reason, recorder)
+            _skip(candidate, reason, recorder, None if reason == OUTSIDE_RUN else path)
     if plan.had_checkpoints:
         raise NoValidCheckpoint(
             f"no valid checkpoint among {len(plan.candidates)} candidate(s) in {config.ckpt_dir}; "
@@ -154,44 +166,76 @@ def owned(files: tuple[FileEntry, ...], rank: int, world: int) -> list[FileEntry
 
 def _load(path: Path, manifest: Manifest, state: TrainState, group: dist.ProcessGroup) -> str | None:
     """Every rank hashes the files it owns (threads, all ranks at once: each byte is read and hashed once in
-    the job); only when every verdict is clean does DCP load, so it never parses an unverified byte (it
-    unpickles non-tensor items with `weights_only=False`). Returns the combined verdict, the same on every
-    rank (None: loaded)."""
+    the job) and parses `.metadata` from bytes it checked; only when every verdict is clean does DCP load,
+    so it never parses an unverified byte, and what it unpickles goes through the allowlist. Returns the
+    combined verdict, the same on every rank (None: loaded)."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    verdicts: list[str | StorageUnavailable | None] = [None] * world
-    dist.all_gather_object(verdicts, _files_verdict(path, owned(manifest.files, rank, world)), group=group)
-    if unavailable := next((v for v in verdicts if isinstance(v, StorageUnavailable)), None):
-        raise _stopped(unavailable)
-    if reason := next((r for r in verdicts if isinstance(r, str)), None):
+    metadata = _local_verdict(path, manifest, rank, world)
+    verdict = metadata if isinstance(metadata, str | StorageUnavailable) else None
+    if reason := _combined(verdict, group):
         return reason
+    assert isinstance(metadata, Metadata)
     if manifest.world_size != world:
         log.warning("world_size_changed", saved=manifest.world_size, now=world)
     state.restore_rng = (
         manifest.world_size == world
     )  # per-rank RNG streams exist for the ranks that saved them
+    refused = None
     try:
-        dcp_load({"app": state}, checkpoint_id=path, process_group=group)
-    except CheckpointException as exc:  # raised on every rank: a verified checkpoint failed to load
-        raise ResumeFailed(f"loading {path} failed, not a corrupt checkpoint: {_first(exc)}") from exc
+        dcp_load(
+            {"app": state},
+            storage_reader=VerifiedReader(path, metadata),
+            planner=RestrictedLoadPlanner(),
+            process_group=group,
+        )
+    except CheckpointException as exc:  # raised on every rank, with every rank's failure
+        forbidden = next((f[0] for f in exc.failures.values() if isinstance(f[0], ForbiddenPickle)), None)
+        if forbidden is None:  # a verified checkpoint failed to load
+            raise ResumeFailed(f"loading {path} failed, not a corrupt checkpoint: {_first(exc)}") from exc
+        return str(forbidden)
+    except ForbiddenPickle as exc:  # this rank's own state (an old RNG pickle): the others must hear of it
+        refused = str(exc)
     finally:
         state.restore_rng = True
-    return None
+    return _combined(refused, group)
 
 
-def _header(path: Path, candidate: Candidate) -> Manifest | str | StorageUnavailable:
-    """Rank 0's reading of the candidate's marker and manifest; storage out of reach is sent, not raised."""
+def _local_verdict(
+    path: Path, manifest: Manifest, rank: int, world: int
+) -> Metadata | str | StorageUnavailable:
+    """This rank's verdict on its files, then its own verified parse of `.metadata`; storage out of reach
+    is returned, not raised, so all ranks stop together."""
     try:
-        return read_manifest(path, candidate.digest)
+        return verify_files(path, owned(manifest.files, rank, world)) or load_metadata(path, manifest.files)
     except StorageUnavailable as exc:
         return exc
 
 
-def _files_verdict(path: Path, files: list[FileEntry]) -> str | StorageUnavailable | None:
-    """This rank's verdict on its files; storage out of reach is gathered, not raised, so all ranks stop."""
+def _combined(verdict: str | StorageUnavailable | None, group: dist.ProcessGroup) -> str | None:
+    """Every rank's verdict, combined the same way on each: storage out of reach stops the job, else the
+    first rank's reason (None: all clean)."""
+    verdicts: list[str | StorageUnavailable | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(verdicts, verdict, group=group)
+    if unavailable := next((v for v in verdicts if isinstance(v, StorageUnavailable)), None):
+        raise _stopped(unavailable)
+    return next((r for r in verdicts if isinstance(r, str)), None)
+
+
+def _header(run: Path, candidate: Candidate, run_id: str) -> Manifest | str | StorageUnavailable:
+    """Rank 0's reading of the candidate's marker and manifest, once its URI is found to name a directory
+    of the run's own (else nothing is read); storage out of reach is sent, not raised."""
     try:
-        return verify_files(path, files)
+        path = confined(candidate.uri, run)
+        if path is None:
+            return OUTSIDE_RUN
+        return read_manifest(path, candidate.digest, run_id=run_id, step=candidate.step)
     except StorageUnavailable as exc:
         return exc
+
+
+def _run_id(config: CheckpointConfig) -> str:
+    """The run id the trainer's manifests carry (without a log, the directory's name)."""
+    return config.run_id or config.ckpt_dir.name
 
 
 def _stopped(exc: StorageUnavailable) -> ResumeStopped:
@@ -217,15 +261,17 @@ def _resumed(
     return point
 
 
-def _skip(candidate: Candidate, reason: str, recorder: Recorder | None) -> None:
-    path = uri_path(candidate.uri)
-    digest = candidate.digest or marker_hash(path) or ""
+def _skip(candidate: Candidate, reason: str, recorder: Recorder | None, path: Path | None) -> None:
+    """Record the refusal and set the checkpoint aside; one outside the run's directory (`path` None) is
+    neither read nor moved."""
+    digest = candidate.digest or (marker_hash(path) if path else None) or ""
     if recorder is not None:
         recorder.record(SkipIntent(checkpoint_hash=digest, step=candidate.step, reason=reason))
-    try:
-        set_aside(path, "corrupt", f"{int(time.time())}")
-    except OSError as exc:
-        log.warning("set_aside_failed", path=str(path), error=str(exc))
+    if path is not None:
+        try:
+            set_aside(path, "corrupt", f"{int(time.time())}")
+        except OSError as exc:
+            log.warning("set_aside_failed", path=str(path), error=str(exc))
     print(skipped_line(candidate.step, reason), flush=True)
 
 
@@ -237,7 +283,7 @@ def _safe_plan(config: CheckpointConfig, recorder: Recorder | None) -> StartDeci
         return StartDecision(stopped=str(exc))
     except StorageUnavailable as exc:
         return StartDecision(stopped=str(_stopped(exc)))
-    except (IllegalTransition, RunUnknown, Fenced) as exc:
+    except (IllegalTransition, RunUnknown, Fenced, StorageError) as exc:
         return StartDecision(refused=str(exc))
 
 
@@ -246,6 +292,12 @@ def _plan(config: CheckpointConfig, recorder: Recorder | None) -> StartDecision:
     directories it sets aside are moved here (kept, never deleted), and the directory is claimed for the
     attempt (an older attempt that wakes up then writes nothing more)."""
     state = _run_state(config, recorder)
+    run = config.ckpt_dir if state is None else run_dir(uri_path(state.launch.storage), state.run_id)
+    if run.resolve() != config.ckpt_dir.resolve():  # its checkpoints would all be outside the run's
+        return StartDecision(
+            refused=f"checkpoint directory {config.ckpt_dir} is not run {config.run_id}'s directory {run} "
+            "(under the storage root it was launched with)"
+        )
     restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
     in_place = state is not None and state.status == "running" and restarts > 0 and config.resume
     plan = plan_resume(
@@ -271,7 +323,7 @@ def _plan(config: CheckpointConfig, recorder: Recorder | None) -> StartDecision:
             require_listable(config.ckpt_dir)
         claim(config.ckpt_dir, attempt)
     set_aside_planned(plan)
-    return StartDecision(plan, attempt)
+    return StartDecision(plan, attempt, run_dir=str(run))
 
 
 def _attempt(state: RunState | None, plan: ResumePlan, ckpt_dir: Path) -> int:

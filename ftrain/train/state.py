@@ -2,10 +2,11 @@
 
 Model and optimizer go through `get_state_dict`/`set_state_dict` (sharded DTensors, no gather); the LR
 scheduler, the data position and the step are replicated; the RNG states (python, numpy, torch, CUDA) differ
-per rank and live under a per-rank key, so each rank saves and restores its own.
+per rank and live under a per-rank key, so each rank saves and restores its own. The python and numpy states
+are stored as plain numbers (tuples, lists): loading them runs nothing. Checkpoints written before kept them
+as pickled bytes; those still load, through the allowlisted unpickler.
 """
 
-import pickle
 import random
 from typing import Any, Protocol
 
@@ -14,6 +15,8 @@ import torch
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
+
+from workers.unpickle import restricted_loads
 
 
 class Resumable(Protocol):
@@ -25,10 +28,11 @@ class Resumable(Protocol):
 
 
 def rng_state() -> dict[str, Any]:
-    """This process's random number generators (python and numpy pickled: DCP stores bytes as they are)."""
+    """This process's random number generators, as numbers and tensors only."""
+    kind, key, pos, has_gauss, gauss = np.random.get_state(legacy=True)
     state: dict[str, Any] = {
-        "python": pickle.dumps(random.getstate()),
-        "numpy": pickle.dumps(np.random.get_state()),
+        "python": random.getstate(),  # (version, 625 ints, gauss or None)
+        "numpy": (kind, [int(k) for k in key], int(pos), int(has_gauss), float(gauss)),
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available():
@@ -37,12 +41,22 @@ def rng_state() -> dict[str, Any]:
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore what `rng_state` captured."""
-    random.setstate(pickle.loads(state["python"]))
-    np.random.set_state(pickle.loads(state["numpy"]))
+    """Restore what `rng_state` captured (or, from an older checkpoint, its pickled bytes)."""
+    python, numpy = (
+        restricted_loads(s, "RNG state") if isinstance(s, bytes) else s
+        for s in (state["python"], state["numpy"])
+    )
+    random.setstate(_tuples(python))
+    kind, key, pos, has_gauss, gauss = numpy
+    np.random.set_state((kind, np.asarray(key, dtype=np.uint32), pos, has_gauss, gauss))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
+
+
+def _tuples(value: Any) -> Any:
+    """`value` with its lists made tuples (`random.setstate` takes tuples only)."""
+    return tuple(_tuples(v) for v in value) if isinstance(value, list | tuple) else value
 
 
 class TrainState(Stateful):

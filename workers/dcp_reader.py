@@ -1,0 +1,80 @@
+"""The torch.distributed.checkpoint read side: what DCP would unpickle goes through the allowlist.
+
+DCP's own reader unpickles `.metadata` with `pickle.load` and its planner loads non-tensor items with
+`torch.load(weights_only=False)`: both would run any global a hostile writer named. Here every rank reads
+`.metadata` into memory once, checks those bytes against the manifest (the bytes parsed are the bytes
+verified, not a second read of a file that may have changed since) and unpickles them through
+`workers.unpickle`; DCP is handed the parsed metadata, and its non-tensor items load through the same
+allowlist. Tensors DCP already loads with `weights_only=True`.
+"""
+
+import io
+import os
+import pickle
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from torch.distributed.checkpoint._traverse import set_element
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.filesystem import FileSystemReader
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.planner import ReadItem
+
+from workers.checkpoint_dir import file_verdict
+from workers.integrity import Hashed, digest_of
+from workers.manifest import FileEntry
+from workers.unpickle import ForbiddenPickle, restricted_loads, torch_load
+
+METADATA = ".metadata"
+
+
+def load_metadata(path: Path, files: Sequence[FileEntry]) -> Metadata | str:
+    """The checkpoint's DCP metadata, parsed only once its bytes match the manifest entry; else why not
+    (the same verdicts as a file check, or the global the pickle names). Raises StorageUnavailable."""
+    entry = next((f for f in files if f.name == METADATA), None)
+    if entry is None:
+        return f"manifest lists no {METADATA}"
+    try:
+        raw = (path / METADATA).read_bytes()
+    except OSError as exc:
+        return file_verdict(path, entry, exc) or f"file {METADATA} unreadable"
+    if reason := file_verdict(path, entry, Hashed(len(raw), digest_of(raw))):
+        return reason
+    try:
+        metadata = restricted_loads(raw, f"`{METADATA}`")
+    except ForbiddenPickle as exc:
+        return str(exc)
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError) as exc:
+        # a malformed pickle that matched its manifest: its writer wrote it so
+        return f"file {METADATA} unreadable: {type(exc).__name__}"
+    if not isinstance(metadata, Metadata):
+        return f"file {METADATA} holds a {type(metadata).__name__}, not DCP metadata"
+    return metadata
+
+
+class VerifiedReader(FileSystemReader):
+    """A FileSystemReader handed metadata already verified and parsed (`load_metadata`): it never reads
+    `.metadata` itself."""
+
+    def __init__(self, path: str | os.PathLike[str], metadata: Metadata) -> None:
+        super().__init__(path)
+        self.metadata = metadata
+
+    def read_metadata(self, *args: Any) -> Metadata:
+        if self.metadata.storage_meta is None:
+            self.metadata.storage_meta = StorageMeta()
+        self.metadata.storage_meta.load_id = self.load_id
+        return self.metadata
+
+
+class RestrictedLoadPlanner(DefaultLoadPlanner):
+    """DCP's default load planner, its non-tensor items unpickled through the allowlist."""
+
+    def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
+        fqn = read_item.dest_index.fqn
+        loaded = torch_load(value, f"item {fqn}")
+        if self.flatten_state_dict:
+            set_element(self.original_state_dict, self.mappings[fqn], loaded)
+        else:
+            self.state_dict[fqn] = loaded
