@@ -30,8 +30,8 @@ from events.schema import (
     MAX_NODES,
     MAX_SHARDS,
     InvalidEvent,
-    json_schema,
 )
+from events.stored_schema import stored_schema
 from ftrain.cli.keys_cmd import add_keys_parser
 from ftrain.errors import Refused, UsageError
 from ftrain.settings import InvalidSetting
@@ -239,7 +239,7 @@ def _fail(code: int, line: str) -> NoReturn:
 
 def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "events":
-        sys.stdout.write(msgspec.json.format(msgspec.json.encode(json_schema())).decode() + "\n")
+        sys.stdout.write(msgspec.json.format(msgspec.json.encode(stored_schema())).decode() + "\n")
         return 0
     if args.command == "keys":
         from ftrain.cli.keys_cmd import keys_command
