@@ -123,7 +123,10 @@ def test_json_outputs_for_consumers(cli: Cli) -> None:
     cost = json.loads(cli.ok("cost", "JPCP", "--json")[0])
     assert cost["runs"][0]["gpus"] == 8 and cost["runs"][0]["source"] == "so far"
     audit = json.loads(cli.ok("audit", "verify", RUN, "--json")[0])
-    assert audit == {"ok": True, "events": 2, "runs": 1, "findings": []}
+    assert audit == {
+        "ok": True, "events": 2, "runs": 1, "findings": [], "signers": {RUN: SIGNER}, "stream_findings": [],
+        "accepted": [],
+    }  # fmt: skip
     replay = json.loads(cli.ok("replay", "--json")[0])
     assert [e["event"]["type"] for e in replay] == ["launched", "checkpointed"]
     assert replay[1]["hash"] and replay[1]["event"]["prev_hash"] == replay[0]["hash"]
