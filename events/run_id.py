@@ -3,7 +3,9 @@
 import re
 
 RUN_ID_MAX = 128
-_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
+RUN_ID_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_-]*"
+"""Letters, digits, '-' and '_', starting with a letter or digit (unanchored: callers anchor it)."""
+_RUN_ID = re.compile(RUN_ID_PATTERN)
 
 
 class InvalidRunId(ValueError):

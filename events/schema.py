@@ -175,11 +175,6 @@ def decode_event(data: bytes) -> AnyEvent:
     return event
 
 
-def json_schema() -> dict[str, object]:
-    """The JSON Schema of every event type, for stream consumers."""
-    return msgspec.json.schema(AnyEvent)
-
-
 def now() -> datetime:
     """Wall-clock time for event stamps, always UTC."""
     return datetime.now(UTC)

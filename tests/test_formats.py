@@ -31,9 +31,9 @@ from events.schema import (
     Resumed,
     decode_event,
     encode_event,
-    json_schema,
     now,
 )
+from events.stored_schema import stored_schema
 from workers.integrity import Digest, DigestField, HexField, digest_of, from_hex, to_hex
 from workers.manifest import (
     FORMAT,
@@ -316,7 +316,7 @@ def test_an_event_a_reader_would_refuse_is_refused_at_encode_naming_its_type_and
 
 
 def test_the_published_json_schema_names_every_event_type() -> None:
-    schema = json_schema()
+    schema = stored_schema()
     defs, variants = schema["$defs"], schema["anyOf"]
     assert isinstance(defs, dict) and isinstance(variants, list)
     types = ["Launched", "Checkpointed", "Failed", "Resumed", "CorruptSkipped", "Completed"]

@@ -11,7 +11,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import msgspec
@@ -302,7 +302,7 @@ class EventStore:
 
     async def read(
         self, from_seq: int = 1, *, run_id: str | None = None, batch: int = 2000
-    ) -> AsyncIterator[list[StoredRecord]]:
+    ) -> AsyncGenerator[list[StoredRecord], None]:
         """Stored records from `from_seq` up to the stream's last sequence at call time, in batches.
 
         Uses batched direct gets: one request returns up to `batch` messages, several times faster than

@@ -12,6 +12,7 @@ from events.schema import CorruptSkipped
 from ftrain.cli import render
 from ftrain.cli.launch import prepare_launch, run_launch
 from ftrain.cli.queries import run_audit, run_cost, run_list, run_replay, run_status
+from ftrain.cli.tail import run_tail
 from ftrain.errors import Refused, UsageError
 from ftrain.service import RunService
 from workers.layout import RESERVED
@@ -156,4 +157,5 @@ COMMANDS: dict[str, Command] = {
     "cost": Command(_nothing, run_cost),
     "audit": Command(_nothing, run_audit),
     "replay": Command(_nothing, run_replay),
+    "events": Command(_nothing, run_tail),  # `events schema` never connects: only `events tail` gets here
 }

@@ -30,8 +30,8 @@ from events.schema import (
     MAX_NODES,
     MAX_SHARDS,
     InvalidEvent,
-    json_schema,
 )
+from events.stored_schema import stored_schema
 from ftrain.cli.keys_cmd import add_keys_parser
 from ftrain.errors import Refused, UsageError
 from ftrain.settings import InvalidSetting
@@ -174,8 +174,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.add_argument("--rebuild", action="store_true")
 
-    p = sub.add_parser("events", help="the event schema for stream consumers")
-    p.add_subparsers(dest="events_command", required=True, parser_class=_Parser).add_parser("schema")
+    p = sub.add_parser("events", help="for stream consumers: the stored payload's schema, a verifying tail")
+    events = p.add_subparsers(dest="events_command", required=True, parser_class=_Parser)
+    events.add_parser("schema", help="the JSON Schema of a stored payload")
+    p = events.add_parser("tail", help="every event, oldest first, with its chain and signature verdicts")
+    p.add_argument("run_id", nargs="?", type=_run_id)
+    p.add_argument("--follow", action="store_true", help="then print new events as they land, until stopped")
+    p.add_argument("--json", action="store_true", help="one JSON object per line")
 
     p = sub.add_parser("server", help="the embedded nats-server; repair: accept a changed stream, on record")
     p.add_argument("action", choices=("start", "stop", "status", "repair"))
@@ -238,8 +243,8 @@ def _fail(code: int, line: str) -> NoReturn:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
-    if args.command == "events":
-        sys.stdout.write(msgspec.json.format(msgspec.json.encode(json_schema())).decode() + "\n")
+    if args.command == "events" and args.events_command == "schema":
+        sys.stdout.write(msgspec.json.format(msgspec.json.encode(stored_schema())).decode() + "\n")
         return 0
     if args.command == "keys":
         from ftrain.cli.keys_cmd import keys_command
@@ -272,5 +277,5 @@ async def _async_dispatch(args: argparse.Namespace) -> int:
 
     command = COMMANDS[args.command]
     prepared = command.prepare(args)
-    async with RunService.open(auditing=args.command == "audit") as app:
+    async with RunService.open(auditing=args.command in ("audit", "events")) as app:
         return await command.run(app, args, prepared)

@@ -35,7 +35,7 @@ from ftrain.train.lifeline import die_with_launcher
 from ftrain.train.metrics import MetricsWriter, process_start_time, reached_step
 from ftrain.train.resume import NoValidCheckpoint, ResumeFailed, ResumeRefused, ResumeStopped
 from workers.fence import Fenced
-from workers.private_dir import UnsafeDirectory, default_stage_dir
+from workers.stage_dir import UnsafeDirectory, default_stage_dir
 
 META_INIT_AUTO_PARAMS = 6_000_000_000  # the seed's threshold: dense init stays exact for smaller models
 PROCESS_START = process_start_time()

@@ -36,9 +36,9 @@ from workers.fanout import fan_out
 from workers.fence import check as check_fence
 from workers.layout import assembly_dir, rank_stage_dir, step_dir
 from workers.manifest import FileEntry, Manifest
-from workers.private_dir import private_dir
 from workers.recorder import Recorder
 from workers.retention import prune
+from workers.stage_dir import safe_stage_dir
 from workers.staging import StagingBuffers
 from workers.unpickle import allow_pickled
 
@@ -91,7 +91,7 @@ class CheckpointManager:
         Raises NoValidCheckpoint on every rank when checkpoints exist and none is valid, UnsafeDirectory
         when the staging directory is not private to this user."""
         if self.config.stage_dir is not None and self.config.async_save:
-            private_dir(self.config.stage_dir)
+            safe_stage_dir(self.config.stage_dir)
         cleanup_stale(self.config.ckpt_dir, self.stage_root if self.config.async_save else None, self.rank)
         dist.barrier(group=self.group)
         point, self.attempt = resume(self.config, self.state, self.recorder, self.group)

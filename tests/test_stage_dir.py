@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from workers.private_dir import UnsafeDirectory, default_stage_dir, private_dir
+from workers.stage_dir import UnsafeDirectory, default_stage_dir, safe_stage_dir
 
 NOBODY = 65534
 
@@ -19,9 +19,9 @@ def mode(path: Path) -> int:
 
 def test_a_missing_staging_directory_is_created_0700_with_its_parents(tmp_path: Path) -> None:
     stage = tmp_path / "a" / "b" / "job"
-    assert private_dir(stage) == stage
+    assert safe_stage_dir(stage) == stage
     assert (mode(tmp_path / "a"), mode(tmp_path / "a" / "b"), mode(stage)) == (0o700, 0o700, 0o700)
-    assert private_dir(stage) == stage, "an existing private directory is reused"
+    assert safe_stage_dir(stage) == stage, "an existing private directory is reused"
     default = default_stage_dir("123")
     assert (default.name, default.parent.name) == ("123", f"ftrain-{os.getuid()}")
 
@@ -32,7 +32,7 @@ def test_a_planted_link_is_refused_and_its_target_left_alone(tmp_path: Path) -> 
     (victim / "rank-0" / "precious").write_bytes(b"keep")
     (tmp_path / "stage").symlink_to(victim)
     with pytest.raises(UnsafeDirectory, match=r"stage is a symbolic link; refusing to follow it$"):
-        private_dir(tmp_path / "stage")
+        safe_stage_dir(tmp_path / "stage")
     assert (victim / "rank-0" / "precious").read_bytes() == b"keep"
 
 
@@ -43,17 +43,17 @@ def test_another_users_or_a_shared_writable_directory_is_refused(tmp_path: Path)
     with pytest.raises(
         UnsafeDirectory, match=rf"is owned by uid {NOBODY}, not this user \(uid {os.getuid()}\)"
     ):
-        private_dir(theirs)
+        safe_stage_dir(theirs)
     with pytest.raises(UnsafeDirectory, match=r"\(above the staging directory\) is owned by uid 65534"):
-        private_dir(theirs / "job")  # their directory above ours: they could swap ours for a link
+        safe_stage_dir(theirs / "job")  # their directory above ours: they could swap ours for a link
     assert not (theirs / "job").exists(), "nothing is created below a directory that is refused"
 
     shared = tmp_path / "shared"
     shared.mkdir()
     shared.chmod(0o777)
     with pytest.raises(UnsafeDirectory, match=r"shared is writable by group or others \(mode 777\)"):
-        private_dir(shared)
+        safe_stage_dir(shared)
     with pytest.raises(UnsafeDirectory, match=r"\(above the staging directory\) is writable by group"):
-        private_dir(shared / "job")
+        safe_stage_dir(shared / "job")
     shared.chmod(0o1777)  # sticky, like /tmp: others cannot move our entry
-    assert mode(private_dir(shared / "job")) == 0o700
+    assert mode(safe_stage_dir(shared / "job")) == 0o700

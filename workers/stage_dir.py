@@ -23,7 +23,7 @@ def default_stage_dir(job: str) -> Path:
     return Path(tempfile.gettempdir()) / f"ftrain-{os.getuid()}" / job
 
 
-def private_dir(path: Path) -> Path:
+def safe_stage_dir(path: Path) -> Path:
     """`path`, created (0700, with any missing parents) unless it exists; raises UnsafeDirectory unless it
     is a directory, not a link, owned by this user and not writable by group or others, and every
     directory above it is this user's or root's and, if others may write to it, sticky."""

@@ -1,0 +1,75 @@
+"""One stored record's verdict for a follower: the chain walk's, and its own signature's.
+
+An audit checks one signature per run (the newest vouches for the rest); a follower of the stream wants each
+event's on its own, as it lands, including a forgery's, which the chain walk refuses without looking at who
+signed it.
+"""
+
+import msgspec
+
+from events.chain import unseal
+from events.record import StoredRecord
+from events.schema import AnyEvent, decode_event
+from events.signing import EVENT_DOMAIN, Signature, TrustList, signature_valid
+from projections.audit import ChainWalk, Finding
+
+
+class SignatureVerdict(msgspec.Struct, frozen=True):
+    """Who signed (public key hex, or None: unsigned), the trusted writer's name, and the verdict in words:
+    "signed by alice@host", "unsigned", "signed by untrusted key …", "bad signature"."""
+
+    signer: str | None
+    name: str | None
+    verdict: str
+
+
+class EventVerdict(msgspec.Struct, frozen=True):
+    """A record as a follower reports it: the event when it decodes, its claimed hash, and both verdicts
+    (`chain`: "ok" or what the chain walk found)."""
+
+    stream_seq: int
+    run_id: str
+    event_type: str
+    event: AnyEvent | None
+    hash: str | None
+    chain: str
+    signature: SignatureVerdict
+
+    @property
+    def ok(self) -> bool:
+        """Whether the chain walk accepted the record."""
+        return self.chain == "ok"
+
+
+def signature_verdict(signature: Signature | None, chain_hash: str, trust: TrustList) -> SignatureVerdict:
+    """Check one event's signature over its hash, and name its signer by `trust`."""
+    if signature is None:
+        return SignatureVerdict(None, None, "unsigned")
+    if not signature_valid(signature, EVENT_DOMAIN, chain_hash.encode("ascii", "replace")):
+        return SignatureVerdict(signature.signer, None, "bad signature")
+    name = trust.name(signature.signer)
+    return SignatureVerdict(signature.signer, name, f"signed by {name or trust.describe(signature.signer)}")
+
+
+def event_verdict(walk: ChainWalk, record: StoredRecord, trust: TrustList) -> EventVerdict:
+    """Feed `record` to `walk` and check its signature; a refused record's event is still decoded when it
+    can be, so a follower shows what the forgery claims."""
+    outcome = walk.feed(record)
+    parts = unseal(record.payload)
+    claimed = parts.hash if parts else None
+    signature = signature_verdict(parts.signature if parts else None, claimed or "", trust)
+    if isinstance(outcome, Finding):
+        event = _decoded(parts.body) if parts else None
+        return EventVerdict(
+            record.stream_seq, record.run_id, record.event_type, event, claimed, outcome.reason, signature
+        )
+    return EventVerdict(
+        record.stream_seq, record.run_id, record.event_type, outcome.event, outcome.hash, "ok", signature
+    )
+
+
+def _decoded(body: bytes) -> AnyEvent | None:
+    try:
+        return decode_event(body)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
