@@ -1,10 +1,9 @@
 """Anchor files: append-only, 0600, one under `<home>` and optional mirrors elsewhere (`events.anchors`
 says what a line holds). Each file keeps its own note chain; writers serialise on an flock of the file."""
 
-import contextlib
 import fcntl
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import msgspec
@@ -17,28 +16,49 @@ TAIL_BYTES = 64 * 1024
 MAX_LINE_BYTES = 16 * 1024
 
 
-@contextlib.contextmanager
-def _open_locked(path: Path) -> Iterator[int]:
-    """The anchor file, created 0600 (never through a symlink), exclusively locked."""
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield fd
-    finally:
-        os.close(fd)
-
-
-def _last_note(fd: int) -> SignedAnchor | None:
-    """The last well-formed note in the file's tail (a torn last line is passed over)."""
-    size = os.fstat(fd).st_size
-    start = max(0, size - TAIL_BYTES)
-    tail = os.pread(fd, size - start, start)
-    for line in reversed(tail.split(b"\n")):
-        note = read_line(line) if line else None
-        if note is not None:
-            return note
+def _last_note(fd: int, size: int) -> SignedAnchor | None:
+    """The last well-formed note before `size` (a torn last line is passed over): the last 4 KiB first,
+    the last TAIL_BYTES when that holds none."""
+    for span in (4096, TAIL_BYTES):
+        start = max(0, size - span)
+        lines = os.pread(fd, size - start, start).split(b"\n")
+        for line in reversed(lines[1:] if start else lines):  # the first may be cut by the window
+            note = read_line(line) if line else None
+            if note is not None:
+                return note
+        if not start:
+            break
     return None
+
+
+class _Tip:
+    """One anchor file held open for appending, and its last note's hash as of the size this process last
+    saw: re-read only when another process appended since."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        self.size = -1
+        self.hash = GENESIS
+
+    def append(self, notes: list[Anchor], signer: Signer) -> None:
+        fcntl.flock(self.fd, fcntl.LOCK_EX)  # writers on every node: one chain, never two links to one note
+        try:
+            size = os.fstat(self.fd).st_size
+            torn = False
+            if size != self.size:
+                last = _last_note(self.fd, size)
+                self.hash = last.hash if last else GENESIS
+                torn = size > 0 and os.pread(self.fd, 1, size - 1) != b"\n"
+            lines = [b"\n"] if torn else []  # end a torn line, so the next note starts its own
+            for note in notes:
+                line, self.hash = anchor_line(msgspec.structs.replace(note, prev_hash=self.hash), signer)
+                lines.append(line)
+            data = b"".join(lines)
+            os.write(self.fd, data)
+            self.size = size + len(data)
+        finally:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
 
 
 class AnchorFiles:
@@ -47,6 +67,7 @@ class AnchorFiles:
     def __init__(self, paths: Sequence[Path], signer: Signer) -> None:
         self.paths = list(paths)
         self._signer = signer
+        self._tips: dict[Path, _Tip] = {}
 
     def append(self, anchors: Iterable[Anchor]) -> None:
         """Append `anchors` to every file, each chained after that file's last note (one write per file;
@@ -55,16 +76,16 @@ class AnchorFiles:
         if not notes:
             return
         for path in self.paths:
-            with _open_locked(path) as fd:
-                last = _last_note(fd)
-                prev = last.hash if last else GENESIS
-                lines = []
-                for note in notes:
-                    line, prev = anchor_line(msgspec.structs.replace(note, prev_hash=prev), self._signer)
-                    lines.append(line)
-                if os.fstat(fd).st_size and os.pread(fd, 1, os.fstat(fd).st_size - 1) != b"\n":
-                    lines.insert(0, b"\n")  # end a torn line, so the next note starts its own
-                os.write(fd, b"".join(lines))
+            tip = self._tips.get(path)
+            if tip is None:
+                tip = self._tips[path] = _Tip(path)
+            tip.append(notes, self._signer)
+
+    def close(self) -> None:
+        """Close the files held open."""
+        for tip in self._tips.values():
+            os.close(tip.fd)
+        self._tips.clear()
 
     def newest(self) -> Anchor | None:
         """The newest note across the files: the one that saw the highest stream sequence."""
@@ -75,7 +96,7 @@ class AnchorFiles:
             except FileNotFoundError:
                 continue
             try:
-                note = _last_note(fd)
+                note = _last_note(fd, os.fstat(fd).st_size)
             finally:
                 os.close(fd)
             if note is not None:

@@ -136,8 +136,8 @@ def stream_change(anchored: Anchor, found: StreamFacts | None) -> str | None:
 
 
 class PrefixRoot:
-    """The root audit anchors carry: SHA-256 over `<stream seq> <subject run> <type> <SHA-256 of payload>`
-    lines of every record from the first, so any change to the first N records changes the root at N."""
+    """The root audit anchors carry: SHA-256 over `<stream seq> <run> <type> <payload length>\n<payload>` of
+    every record from the first, so any change to the first N records changes the root at N."""
 
     def __init__(self) -> None:
         self._digest = hashlib.sha256()
@@ -145,8 +145,9 @@ class PrefixRoot:
 
     def add(self, stream_seq: int, run_id: str, event_type: str, payload: bytes) -> None:
         """Fold in the next record."""
-        line = f"{stream_seq} {run_id} {event_type} {hashlib.sha256(payload).hexdigest()}\n"
-        self._digest.update(line.encode("utf-8", "replace"))
+        head = f"{stream_seq} {run_id} {event_type} {len(payload)}\n"
+        self._digest.update(head.encode("utf-8", "replace"))
+        self._digest.update(payload)
         self.size = stream_seq
 
     def value(self) -> str:

@@ -27,6 +27,7 @@ import asyncio
 import hashlib
 import importlib.metadata
 import json
+import logging
 import math
 import os
 import platform
@@ -47,11 +48,13 @@ from typing import Any, NamedTuple
 import msgspec
 from nats.js import JetStreamContext
 
-from events.chain import ChainHead, seal
+from events.anchor_file import AnchorFiles
+from events.chain import ChainHead, SignHash, seal
 from events.jetstream.client import Nats
-from events.jetstream.connection import NatsSettings
+from events.jetstream.connection import NatsSettings, anchor_files
 from events.jetstream.server import nats_server_binary, throwaway_server
 from events.jetstream.store import EventStore, process_actor
+from events.keyring import load_signer, load_trust
 from events.record import run_subject
 from events.schema import (
     Actor,
@@ -89,10 +92,11 @@ class Sealed(NamedTuple):
 class ChainBuilder:
     """One run's legal event sequence: unstamped templates, or payloads sealed as EventStore.append would."""
 
-    def __init__(self, run_id: str, rng: random.Random, actor: Actor) -> None:
+    def __init__(self, run_id: str, rng: random.Random, actor: Actor, sign: SignHash) -> None:
         self.run_id = run_id
         self.rng = rng
         self.actor = actor
+        self.sign = sign
         self.state: RunState | None = None  # only tracked for chains this builder seals itself
         self.step = 0
         nodes = rng.choice((1, 2, 4, 8, 16))
@@ -153,7 +157,7 @@ class ChainBuilder:
         stamped = msgspec.structs.replace(
             event, seq=head.seq + 1, prev_hash=head.hash, id=uuid.uuid4().hex, time=now(), actor=self.actor
         )
-        payload, digest = seal(encode_event(stamped), head.hash)
+        payload, digest = seal(encode_event(stamped), head.hash, self.sign)
         self.state = apply(self.state, stamped, ChainHead(stamped.seq, digest, 0))
         return Sealed(run_subject(self.run_id, str(stamped.__struct_config__.tag)), payload, stamped.id)
 
@@ -233,64 +237,64 @@ class Series:
 
 
 async def bench_sequential(
-    js: JetStreamContext, store: EventStore, n: int, rng: random.Random
+    js: JetStreamContext, store: EventStore, unsigned: EventStore, n: int, rng: random.Random, sign: SignHash
 ) -> dict[str, Any]:
-    """Raw acked publish vs EventStore.append on one run each, in alternating blocks of n / SEQ_BLOCKS."""
+    """Raw acked publish vs EventStore.append signed and anchored (`store`, the product) vs unsigned and
+    unanchored (`unsigned`: the append before signing), one run each, in rotating blocks of n / SEQ_BLOCKS."""
     per_block = max(1, n // SEQ_BLOCKS)
-    raw_builder = ChainBuilder("bench-seq-raw", rng, store.actor)
+    raw_builder = ChainBuilder("bench-seq-raw", rng, store.actor, sign)
     raw_chain = raw_builder.sealed_checkpoints(WARMUP + per_block * SEQ_BLOCKS)
-    ft_builder = ChainBuilder("bench-seq-ftrain", rng, store.actor)
-    first = await store.append(ft_builder.launched(), ChainHead())
-    head = first.head
     raw_iter = iter(raw_chain)
 
-    async def raw_op() -> None:
+    async def raw_op() -> float:
         sealed = next(raw_iter)
+        t0 = time.perf_counter()
         await js.publish(sealed.subject, sealed.payload)
+        return time.perf_counter() - t0
 
     sizes: list[int] = []
 
-    async def ftrain_op() -> float:
-        nonlocal head
-        event = ft_builder.checkpointed()
-        prev = head.hash
-        t0 = time.perf_counter()
-        appended = await store.append(event, head)
-        elapsed = time.perf_counter() - t0
-        head = appended.head
-        if len(sizes) < 100:
-            sizes.append(len(seal(encode_event(appended.event), prev)[0]))
-        return elapsed
+    heads: dict[str, ChainHead] = {}
+    builders: dict[str, ChainBuilder] = {}
 
+    async def appender(target: EventStore, run_id: str) -> Callable[[], Awaitable[float]]:
+        builder = builders[run_id] = ChainBuilder(run_id, rng, store.actor, sign)
+        head = (await target.append(builder.launched(), ChainHead())).head
+
+        async def op() -> float:
+            nonlocal head
+            event = builder.checkpointed()
+            t0 = time.perf_counter()
+            appended = await target.append(event, head)
+            elapsed = time.perf_counter() - t0
+            head = heads[run_id] = appended.head
+            if target is store and len(sizes) < 100:
+                sizes.append(len(seal(encode_event(appended.event), appended.event.prev_hash, sign)[0]))
+            return elapsed
+
+        return op
+
+    signed_op = await appender(store, "bench-seq-ftrain")
+    unsigned_op = await appender(unsigned, "bench-seq-unsigned")
     await raw_op()  # the raw run's `launched`
     for _ in range(WARMUP):
-        await raw_op()
-        await ftrain_op()
+        for op in (raw_op, signed_op, unsigned_op):
+            await op()
 
-    raw, ftrain = Series(), Series()
-
-    async def raw_block() -> None:
-        start = time.perf_counter()
-        for _ in range(per_block):
-            t0 = time.perf_counter()
-            await raw_op()
-            raw.latencies.append(time.perf_counter() - t0)
-        raw.wall += time.perf_counter() - start
-
-    async def ftrain_block() -> None:
-        start = time.perf_counter()
-        for _ in range(per_block):
-            ftrain.latencies.append(await ftrain_op())
-        ftrain.wall += time.perf_counter() - start
-
+    series = {"raw": Series(), "ftrain": Series(), "unsigned": Series()}
+    ops = {"raw": raw_op, "ftrain": signed_op, "unsigned": unsigned_op}
+    names = list(ops)
     for block in range(SEQ_BLOCKS):
-        order = (raw_block, ftrain_block) if block % 2 == 0 else (ftrain_block, raw_block)
-        for run_block in order:
-            await run_block()
+        for name in names[block % 3 :] + names[: block % 3]:  # rotate who goes first
+            start = time.perf_counter()
+            for _ in range(per_block):
+                series[name].latencies.append(await ops[name]())
+            series[name].wall += time.perf_counter() - start
+    # a trusted writer's signed append vouches for the unsigned run's events before it, as after an upgrade
+    await store.append(builders["bench-seq-unsigned"].checkpointed(), heads["bench-seq-unsigned"])
     raw_sizes = [len(s.payload) for s in raw_chain[1:101]]
     return {
-        "raw": raw.summary(),
-        "ftrain": ftrain.summary(),
+        **{name: s.summary() for name, s in series.items()},
         "payload_bytes_raw": statistics.fmean(raw_sizes),
         "payload_bytes_ftrain": statistics.fmean(sizes),
     }
@@ -300,20 +304,22 @@ async def bench_sequential(
 
 
 async def bench_concurrent(
-    js: JetStreamContext, store: EventStore, n: int, rng: random.Random
+    js: JetStreamContext, store: EventStore, n: int, rng: random.Random, sign: SignHash
 ) -> dict[str, Any]:
     """CONCURRENT_RUNS tasks on one connection, each appending to its own run, raw vs ftrain, alternating."""
     per_task = max(1, n // (CONCURRENT_RUNS * CONC_BLOCKS))
     warm = 10
     raw_chains = [
         iter(
-            ChainBuilder(f"bench-conc-raw-{i}", rng, store.actor).sealed_checkpoints(
+            ChainBuilder(f"bench-conc-raw-{i}", rng, store.actor, sign).sealed_checkpoints(
                 warm + per_task * CONC_BLOCKS
             )
         )
         for i in range(CONCURRENT_RUNS)
     ]
-    ft_builders = [ChainBuilder(f"bench-conc-ftrain-{i}", rng, store.actor) for i in range(CONCURRENT_RUNS)]
+    ft_builders = [
+        ChainBuilder(f"bench-conc-ftrain-{i}", rng, store.actor, sign) for i in range(CONCURRENT_RUNS)
+    ]
     heads = [(await store.append(b.launched(), ChainHead())).head for b in ft_builders]
     for chain in raw_chains:
         sealed = next(chain)  # each raw run's `launched`
@@ -359,7 +365,7 @@ async def bench_concurrent(
 
 
 async def populate(
-    js: JetStreamContext, store: EventStore, events: int, rng: random.Random
+    js: JetStreamContext, store: EventStore, events: int, rng: random.Random, sign: SignHash
 ) -> dict[str, Any]:
     """`events` sealed, legal events over many runs (mixed lifecycles), interleaved, published pipelined.
 
@@ -372,7 +378,7 @@ async def populate(
     t_gen = time.perf_counter()
     while total < events:
         length = max(3, min(rng.randint(20, 180), events - total))
-        builder = ChainBuilder(f"dist-JPCP-{len(runs):04d}-8x8-fsdp", rng, store.actor)
+        builder = ChainBuilder(f"dist-JPCP-{len(runs):04d}-8x8-fsdp", rng, store.actor, sign)
         runs.append(builder.sealed_mixed(length, complete=rng.random() < 0.3))
         total += length
     # Random interleave across runs (each run's own order kept), as many trainers writing at once would.
@@ -428,9 +434,9 @@ async def populate(
 # ------------------------------------------------------------------------------ 6. the trainer's query
 
 
-async def probe_run(store: EventStore, rng: random.Random) -> str:
+async def probe_run(store: EventStore, rng: random.Random, sign: SignHash) -> str:
     """A run of three events (launched, two checkpoints), appended before anything else fills the stream."""
-    builder = ChainBuilder("trainer-probe", rng, store.actor)
+    builder = ChainBuilder("trainer-probe", rng, store.actor, sign)
     head = ChainHead()
     for event in (builder.launched(), builder.checkpointed(), builder.checkpointed()):
         head = (await store.append(event, head)).head
@@ -620,8 +626,19 @@ def rows(r: dict[str, Any]) -> list[tuple[str, ...]]:
         out.append((name, format(base, fmt), format(ours, fmt), shown, target, verdict))
 
     raw, ft = r["sequential"]["raw"], r["sequential"]["ftrain"]
+    unsigned = r["sequential"]["unsigned"]
     p50 = ft["p50_ms"] / raw["p50_ms"]
     row("1 sequential append p50 ms", raw["p50_ms"], ft["p50_ms"], ".3f", p50, "ratio <= 1.5", p50 <= 1.5)
+    signed = ft["p50_ms"] / unsigned["p50_ms"]
+    row(
+        "1 signed+anchored vs unsigned append p50 ms",
+        unsigned["p50_ms"],
+        ft["p50_ms"],
+        ".3f",
+        signed,
+        "ratio <= 1.2",
+        signed <= 1.2,
+    )
     for key in ("p90_ms", "p99_ms"):
         row(f"1 sequential append {key[:3]} ms", raw[key], ft[key], ".3f", ft[key] / raw[key])
     rate = raw["events_per_s"] / ft["events_per_s"]
@@ -696,7 +713,8 @@ def print_report(r: dict[str, Any]) -> None:
     )
     seq, conc, pop, rb = r["sequential"], r["concurrent"], r["population"], r["readback"]
     print(
-        f"1: {seq['raw']['count']} raw + {seq['ftrain']['count']} ftrain appends, {SEQ_BLOCKS} alternating blocks, "
+        f"1: {seq['raw']['count']} raw + {seq['ftrain']['count']} signed + {seq['unsigned']['count']} unsigned "
+        f"appends, {SEQ_BLOCKS} rotating blocks, "
         f"payload {seq['payload_bytes_raw']:.0f} B raw / {seq['payload_bytes_ftrain']:.0f} B ftrain"
     )
     print(
@@ -731,28 +749,35 @@ async def bench(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             "FTRAIN_NATS_NKEY": server.nkey_file,
             "FTRAIN_STORAGE": str(tmp / "ckpt"),
         }
+        settings = NatsSettings(home=tmp / "home", url=server.url, nkey=server.nkey_file)
+        actor = process_actor()
+        signer = load_signer(settings.home, f"{actor.user}@{actor.host}")
+        sign = signer.sign_hash
         nc = Nats()
         await nc.connect(server.url, nkeys_seed=server.nkey_file)
         try:
-            store = EventStore(nc, actor=process_actor())
+            anchors = AnchorFiles(anchor_files(settings), signer)
+            store = EventStore(
+                nc, actor=actor, signer=signer, anchors=anchors, trust=load_trust(settings.home)
+            )
+            unsigned = EventStore(nc, actor=actor)
             await store.ensure_stream()
             js = nc.jetstream(timeout=2.0)
-            print(f"[1/5] sequential appends: {args.events} raw + {args.events} ftrain", flush=True)
-            result["sequential"] = await bench_sequential(js, store, args.events, rng)
+            print(f"[1/5] sequential appends: {args.events} raw + {args.events} ftrain ×2", flush=True)
+            result["sequential"] = await bench_sequential(js, store, unsigned, args.events, rng, sign)
             print(
                 f"[2/5] {CONCURRENT_RUNS} concurrent runs: {args.events} raw + {args.events} ftrain",
                 flush=True,
             )
-            result["concurrent"] = await bench_concurrent(js, store, args.events, rng)
-            probe = await probe_run(store, rng)
-            settings = NatsSettings(home=tmp / "home", url=server.url, nkey=server.nkey_file)
+            result["concurrent"] = await bench_concurrent(js, store, args.events, rng, sign)
+            probe = await probe_run(store, rng, sign)
             result["trainer_query"] = {"alone_s": await time_trainer_query(settings, probe)}
             print(f"      populating {args.mixed_events:,} mixed-lifecycle events", flush=True)
-            result["population"] = await populate(js, store, args.mixed_events, rng)
+            result["population"] = await populate(js, store, args.mixed_events, rng, sign)
             result["trainer_query"]["among_s"] = await time_trainer_query(settings, probe)
         finally:
             await nc.close()
-        expected_runs = 3 + 2 * CONCURRENT_RUNS + result["population"]["runs"]
+        expected_runs = 4 + 2 * CONCURRENT_RUNS + result["population"]["runs"]
         print("[3/5 4/5] projection catch-up, audit verify, raw read-back", flush=True)
         result["readback"] = await bench_readback(env, expected_runs)
         print("[5/5] `ftrain status` processes", flush=True)
@@ -773,7 +798,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.events < SEQ_BLOCKS * CONCURRENT_RUNS or args.mixed_events < 3:
         parser.error(f"--events must be >= {SEQ_BLOCKS * CONCURRENT_RUNS} and --mixed-events >= 3")
-    configure_logs("warning")
+    configure_logs(logging.WARNING)
     tmp = Path(tempfile.mkdtemp(prefix="ftrain-bench-"))
     start = time.perf_counter()
     try:

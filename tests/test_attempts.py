@@ -7,6 +7,7 @@ trusts. Either way the relaunched job ends bit-identical to an uninterrupted one
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -91,8 +92,11 @@ def test_a_stopped_attempt_continued_after_a_relaunch_writes_nothing_trusted_and
         wait_for(lambda: (ckpt / "step-10" / MARKER).exists(), old, "the first checkpoint")
         signal_job(old.pid, signal.SIGSTOP)  # the agent and both workers freeze, as a node cut off would
         assert ftrain_process(["fail", RUN], env).returncode == 0  # what a relaunch after a lost node does
-        # the relaunch runs elsewhere, as it would with a node cut off: its own node-local outbox
-        new = start(ckpt, tmp_path / "new", {**job_env, "FTRAIN_HOME": str(tmp_path / "other-node")})
+        # the relaunch runs elsewhere, as it would with a node cut off: its own node-local outbox, and the
+        # user's signing key copied there (one user, one key on every node)
+        other_home = tmp_path / "other-node"
+        shutil.copytree(Path(env["FTRAIN_HOME"]) / "keys", other_home / "keys")
+        new = start(ckpt, tmp_path / "new", {**job_env, "FTRAIN_HOME": str(other_home)})
         wait_for(lambda: owner(ckpt) == 2, new, "the relaunch to claim the directory")
         signal_job(old.pid, signal.SIGCONT)
         assert new.wait(timeout=180) == 0

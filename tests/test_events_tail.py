@@ -19,6 +19,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from events.chain import seal
+from events.jetstream.server import ServerProcess
 from events.schema import Checkpointed, decode_event, encode_event, now
 from events.signing import Signer
 from tests.builders import SIGNER
@@ -79,18 +80,24 @@ def test_the_backlog_shows_each_event_chained_and_signed_by_its_writer(env: dict
     assert "step 10 epoch 1" in lines[1]
 
 
-def test_forgeries_show_unsigned_untrusted_and_bad_signatures(env: dict[str, str]) -> None:
+def test_forgeries_show_unsigned_untrusted_and_bad_signatures(
+    env: dict[str, str], server: ServerProcess
+) -> None:
     launched_and_checkpointed(env)
-    url, mallory = env["FTRAIN_NATS_URL"], Signer(Ed25519PrivateKey.generate())
+    mallory = Signer(Ed25519PrivateKey.generate())
     asyncio.run(
-        raw_publish(url, f"ftrain.run.{RUN}.checkpointed", next_checkpoint(tail_json(env, RUN)[-1], 20, None))
+        raw_publish(
+            server, f"ftrain.run.{RUN}.checkpointed", next_checkpoint(tail_json(env, RUN)[-1], 20, None)
+        )
     )
     signed = next_checkpoint(tail_json(env, RUN)[-1], 30, mallory)
-    asyncio.run(raw_publish(url, f"ftrain.run.{RUN}.checkpointed", signed))
+    asyncio.run(raw_publish(server, f"ftrain.run.{RUN}.checkpointed", signed))
     forged_sig = mallory.sign_hash("0" * 64).sig.encode()
     bad = next_checkpoint(tail_json(env, RUN)[-1], 40, mallory)
     asyncio.run(
-        raw_publish(url, f"ftrain.run.{RUN}.checkpointed", bad[: -len(forged_sig) - 2] + forged_sig + b'"}')
+        raw_publish(
+            server, f"ftrain.run.{RUN}.checkpointed", bad[: -len(forged_sig) - 2] + forged_sig + b'"}'
+        )
     )
 
     verdicts = [line[line.rindex("[") :] for line in ok(env, "events", "tail", RUN)]
@@ -114,11 +121,11 @@ def test_forgeries_show_unsigned_untrusted_and_bad_signatures(env: dict[str, str
     assert all(d["event"]["prev_hash"] == prev["hash"] for prev, d in pairwise(docs))
 
 
-def test_a_broken_link_is_reported_not_refused(env: dict[str, str]) -> None:
+def test_a_broken_link_is_reported_not_refused(env: dict[str, str], server: ServerProcess) -> None:
     launched_and_checkpointed(env)
     first = tail_json(env, RUN)[0]
     forged = next_checkpoint({**tail_json(env, RUN)[-1], "hash": first["hash"]}, 20, None)
-    asyncio.run(raw_publish(env["FTRAIN_NATS_URL"], f"ftrain.run.{RUN}.checkpointed", forged))
+    asyncio.run(raw_publish(server, f"ftrain.run.{RUN}.checkpointed", forged))
     last = tail_json(env, RUN)[-1]
     assert last["chain"].startswith("prev_hash ") and last["event"]["step"] == 20
     assert ok(env, "events", "tail", RUN)[-1].endswith("does not match the hash of seq 2; unsigned]")

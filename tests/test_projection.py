@@ -35,7 +35,12 @@ async def scenario(app: RunService, runs: int = 3, checkpoints: int = 20, real: 
     """Runs with checkpoints and a preemption each; returns the number of events. No files are behind the
     checkpoints but the one at step `real` of each run, written to the app's storage."""
     for r in range(runs):
-        head = (await app.store.append(launched(f"run{r}", project=f"proj{r % 2}"), ChainHead())).head
+        # the run's directory is listable, so its missing checkpoints are corrupt, not storage unavailable
+        (app.storage / f"run{r}").mkdir(parents=True, exist_ok=True)
+        made = msgspec.structs.replace(
+            launched(f"run{r}", project=f"proj{r % 2}"), storage=app.storage.as_uri()
+        )
+        head = (await app.store.append(made, ChainHead())).head
         for step in range(10, checkpoints * 10 + 1, 10):
             run = f"run{r}"
             event = written_checkpoint(app.storage, run, step) if step == real else checkpointed(run, step)

@@ -32,7 +32,7 @@ def test_an_empty_value_reads_as_unset() -> None:
         value for value in vars(settings).values() if isinstance(value, str) and value.startswith("FTRAIN_")
     ]
     empty = dict.fromkeys(names, "")
-    assert len(empty) == 18
+    assert len(empty) == 21
     read = (
         settings.home(empty),
         settings.storage(empty),

@@ -11,13 +11,14 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from events.anchor_file import AnchorFiles, read_lines
-from events.anchors import Anchor, StreamFacts, chain_of, read_line, signed_by, stream_change
+from events.anchors import Anchor, PrefixRoot, StreamFacts, chain_of, read_line, signed_by, stream_change
 from events.chain import GENESIS, ChainHead, seal, unseal
 from events.keyring import KeyringError, load_signer, load_trust, revoke, trust
 from events.record import StoredRecord, parse_subject
 from events.schema import encode_event
 from events.signing import EVENT_DOMAIN, Signature, Signer, TrustList, parse_public_key, signature_valid
 from projections.audit import ChainWalk, Finding
+from projections.log_anchors import AnchorCheck
 from projections.vouching import Vouched
 from tests.builders import T0, checkpointed, launched
 from tests.test_formats import vector_events
@@ -270,3 +271,28 @@ def test_a_removed_anchor_line_is_named_and_a_torn_one_skipped(tmp_path: Path) -
 def test_the_stream_is_compared_with_the_newest_anchor(found: StreamFacts | None, says: str | None) -> None:
     change = stream_change(note(), found)
     assert change is None if says is None else (change is not None and says in change)
+
+
+def test_an_audit_root_covers_every_record_and_a_rewritten_prefix_is_named() -> None:
+    records = chain([key(), key()], "a") + chain([None], "b")
+    records = [msgspec.structs.replace(r, stream_seq=n) for n, r in enumerate(records, 1)]
+    expected = hashlib.sha256()
+    for r in records:
+        expected.update(f"{r.stream_seq} {r.run_id} {r.event_type} {len(r.payload)}\n".encode() + r.payload)
+    root = PrefixRoot()
+    for r in records:
+        root.add(r.stream_seq, r.run_id, r.event_type, r.payload)
+    assert (root.size, root.value()) == (3, "sha256:" + expected.hexdigest())
+
+    audited = note(stream_seq=3, root=root.value())
+    for rewritten, says in (
+        (records, []),
+        ([*records[:2], records[1]], ["differ from those an audit anchored"]),
+    ):
+        check = AnchorCheck([audited], [], None)
+        walk = ChainWalk()
+        for n, r in enumerate(rewritten, 1):
+            r = msgspec.structs.replace(r, stream_seq=n)
+            check.feed(r, walk.feed(r))
+        found = check.stream_findings(msgspec.structs.replace(FACTS, last_seq=3))
+        assert [f for f in found if any(s in f for s in says)] == found and len(found) == len(says)

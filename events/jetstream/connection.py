@@ -150,6 +150,7 @@ async def open_store(
         raise LogUnavailable(f"event log unreachable at {redact_urls(urls)}: {shown}") from failure
     actor = process_actor(rank)
     signer = load_signer(settings.home, f"{actor.user}@{actor.host}")
+    anchors = AnchorFiles(anchor_files(settings), signer)
     try:
         yield EventStore(
             nc,
@@ -157,10 +158,11 @@ async def open_store(
             deadline=deadline,
             actor=actor,
             signer=signer,
-            anchors=AnchorFiles(anchor_files(settings), signer),
+            anchors=anchors,
             trust=load_trust(settings.home, settings.trusted_keys, accept_unsigned=settings.accept_unsigned),
         )
     finally:
+        anchors.close()
         try:
             await nc.close()
         except (OSError, nats.errors.Error) as exc:  # the broker died: never mask the error that says so
