@@ -157,12 +157,19 @@ class RunService:
         return state
 
     async def view(self, run_id: str) -> RunView:
-        """One run's caught-up state and chain break; UsageError if the log has never heard of it."""
+        """One run's caught-up state and chain break, or the first of its events no trusted writer vouches
+        for (read from the run's own log: one signature check); UsageError if the log never heard of it."""
         try:
             state = await self.state_of(run_id)
         except Refused:
             state = None
-        return RunView(run_id, state, await self.model.broken(run_id))
+        broken = await self.model.broken(run_id)
+        if broken is None and state is not None:
+            try:
+                await RunLog(self.store, run_id).state()
+            except BrokenRun as exc:
+                broken = exc.finding
+        return RunView(run_id, state, broken)
 
     async def views(self, project: str | None = None) -> list[RunView]:
         """Every run, or one project's, with its chain break; broken runs without any accepted event are

@@ -117,6 +117,9 @@ async def test_a_forged_correctly_chained_event_of_every_type_is_named_and_never
         line = f"BROKEN run {run_id}: seq {seq} ({kind}, stream seq {stream_seq}): {why}"
         assert any(out.startswith(line) for out in audit.stdout.splitlines()), (line, audit.stdout)
 
+    for run_id in forged_at:
+        status = run(env, "status", run_id)
+        assert status.returncode == 1 and status.stdout.startswith(f"BROKEN run {run_id}: seq "), status
     for run_id in forged_at:  # nothing acts on a run no trusted writer vouches for
         for args in (("resume", run_id), ("complete", run_id), ("fail", run_id, "--reason", "preempted")):
             refused = run(env, *args)
@@ -322,3 +325,35 @@ def test_another_uid_can_read_neither_the_key_nor_the_anchors(env: dict[str, str
         )  # fmt: skip
         assert probe.returncode != 0 and probe.stdout == b""
     assert (home / "keys").stat().st_mode & 0o777 == 0o700
+
+
+def home_anchors(env: dict[str, str], restore: bytes | None = None) -> bytes:
+    """The anchor file under FTRAIN_HOME: its bytes, or put back to `restore`."""
+    path = next(Path(env["FTRAIN_HOME"]).glob("anchors*.log"))
+    if restore is not None:
+        path.write_bytes(restore)
+    return path.read_bytes()
+
+
+async def test_the_anchor_mirror_catches_a_rollback_of_the_store_and_the_home_together(
+    app: RunService, env: dict[str, str], server: ServerProcess, tmp_path: Path
+) -> None:
+    mirrored = {**env, settings.ANCHOR_MIRROR: str(tmp_path / "mirror")}
+    await launch(app, "victim")
+    step = ["checkpoint", "victim", "--epoch", "0", "--shards", "1", "--state", "{}", "--step"]
+    assert run(mirrored, *step, "10").returncode == 0
+    kill_server(server)
+    saved_anchors = home_anchors(env)
+    shutil.copytree(server.store_dir, tmp_path / "backup")
+    server2 = restart_server(server)
+    assert run(mirrored, *step, "20").returncode == 0
+    kill_server(server2)
+    shutil.rmtree(server2.store_dir)
+    shutil.copytree(tmp_path / "backup", server2.store_dir)
+    home_anchors(env, saved_anchors)  # whoever restored the store restored the home too
+    restart_server(server2)
+    assert run(env, "status", "victim").returncode == 0  # the home alone cannot tell
+    refused = run(mirrored, "status", "victim")
+    assert refused.returncode == 1 and "went back from seq 3 to 2" in refused.stderr
+    audit = run(mirrored, "audit", "verify")
+    assert audit.returncode == 1 and "its head went back from seq 3" in audit.stdout
