@@ -105,8 +105,8 @@ class AnchorFiles:
 
 
 def read_lines(path: Path) -> list[bytes]:
-    """Every line of an anchor file (none when it does not exist); a line over the cap is cut short and
-    so reads as junk."""
+    """Every line of an anchor file, without its newline (none when the file does not exist); a line over
+    the cap is cut short and so reads as junk."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except FileNotFoundError:
@@ -114,5 +114,5 @@ def read_lines(path: Path) -> list[bytes]:
     lines = []
     with os.fdopen(fd, "rb") as f:
         while line := f.readline(MAX_LINE_BYTES):
-            lines.append(line)
+            lines.append(line.removesuffix(b"\n"))
     return lines

@@ -70,8 +70,8 @@ def anchor_line(anchor: Anchor, signer: Signer) -> tuple[bytes, str]:
 
 
 def read_line(line: bytes) -> SignedAnchor | None:
-    """A line taken apart; None when it is not a sealed note (a torn write, junk)."""
-    parts = unseal(line.rstrip(b"\n"))
+    """A line (without its newline) taken apart; None when it is not a sealed note (a torn write, junk)."""
+    parts = unseal(line)
     if parts is None:
         return None
     try:
@@ -146,7 +146,7 @@ class PrefixRoot:
     def add(self, stream_seq: int, run_id: str, event_type: str, payload: bytes) -> None:
         """Fold in the next record."""
         head = f"{stream_seq} {run_id} {event_type} {len(payload)}\n"
-        self._digest.update(head.encode("utf-8", "replace"))
+        self._digest.update(head.encode())
         self._digest.update(payload)
         self.size = stream_seq
 

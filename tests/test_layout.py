@@ -175,3 +175,14 @@ def test_files_are_hashed_in_order_and_an_unreadable_one_yields_its_error(tmp_pa
     first, missing, empty = hash_files(paths, threads=2)
     assert (first, empty) == (Hashed(3, from_hex(ABC_SHA256)), Hashed(0, from_hex(EMPTY_SHA256)))
     assert isinstance(missing, FileNotFoundError)
+
+
+def test_a_step_directory_that_is_a_link_is_no_checkpoint_of_the_run(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere" / "step-30"
+    elsewhere.mkdir(parents=True)
+    (elsewhere / MARKER).write_bytes(b"x")
+    run = tmp_path / "run"
+    (run / "step-10").mkdir(parents=True)
+    (run / "step-10" / MARKER).write_bytes(b"x")
+    (run / "step-30").symlink_to(elsewhere)
+    assert complete_steps(run) == [10]

@@ -11,7 +11,16 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from events.anchor_file import AnchorFiles, read_lines
-from events.anchors import Anchor, PrefixRoot, StreamFacts, chain_of, read_line, signed_by, stream_change
+from events.anchors import (
+    Anchor,
+    PrefixRoot,
+    StreamFacts,
+    anchor_line,
+    chain_of,
+    read_line,
+    signed_by,
+    stream_change,
+)
 from events.chain import GENESIS, ChainHead, seal, unseal
 from events.keyring import KeyringError, load_signer, load_trust, revoke, trust
 from events.record import StoredRecord, parse_subject
@@ -244,7 +253,7 @@ def test_a_removed_anchor_line_is_named_and_a_torn_one_skipped(tmp_path: Path) -
         "line 2 does not follow the note before it (a line was removed or altered)"
     ]
     torn = lines[2][:40]
-    (tmp_path / "a.log").write_bytes(b"".join(lines) + torn)
+    (tmp_path / "a.log").write_bytes(b"".join(line + b"\n" for line in lines) + torn)
     files.append([note(run_id="r", seq=4, hash="a" * 64)])  # starts on a fresh line, chained to seq 3
     notes, problems = chain_of(read_lines(files.paths[0]))
     assert problems == [] and [n.anchor.seq for n in notes] == [1, 2, 3, 4]
@@ -296,3 +305,102 @@ def test_an_audit_root_covers_every_record_and_a_rewritten_prefix_is_named() -> 
             check.feed(r, walk.feed(r))
         found = check.stream_findings(msgspec.structs.replace(FACTS, last_seq=3))
         assert [f for f in found if any(s in f for s in says)] == found and len(found) == len(says)
+
+
+# -- every branch of the pure parts, named by what it decides -------------------------------------------------
+
+SIG = "ab" * 64
+SIGNER_HEX = "cd" * 32
+
+
+def signed_payload(body: bytes = b'{"a":1}') -> bytes:
+    return body[:-1] + f',"hash":"{"e" * 64}","signer":"{SIGNER_HEX}","sig":"{SIG}"}}'.encode()
+
+
+def test_the_smallest_signed_payload_unseals_and_one_without_a_body_does_not() -> None:
+    smallest = signed_payload(b"{}")  # `{` then the trailer: an empty body
+    assert smallest.startswith(b'{,"hash"')
+    assert unseal(smallest) == (b"{}", "e" * 64, Signature(SIGNER_HEX, SIG))
+    assert unseal(smallest[1:]) is None  # the trailer alone: no object to close
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [(b',"hash":"', b',"hasx":"'), (b'","signer":"', b'","signex":"'), (b'","sig":"', b'","siq":"')],
+    ids=["hash-key", "signer-key", "sig-key"],
+)
+def test_a_signed_trailer_with_any_key_altered_is_not_sealed(old: bytes, new: bytes) -> None:
+    altered = signed_payload().replace(old, new)
+    assert len(altered) == len(signed_payload()) and unseal(altered) is None
+
+
+def test_non_ascii_bytes_where_hex_belongs_read_as_replacement_characters_never_an_error() -> None:
+    payload = signed_payload()
+    for field in (b"e" * 64, SIGNER_HEX.encode(), SIG.encode()):
+        forged = payload.replace(field, b"\xff\xfe" + field[2:], 1)
+        parts = unseal(forged)
+        assert parts is not None
+        seen = (
+            parts.hash,
+            parts.signature.signer if parts.signature else "",
+            parts.signature.sig if parts.signature else "",
+        )
+        assert any(value.startswith("\ufffd\ufffd") for value in seen)
+
+
+def test_a_signature_is_valid_only_in_canonical_lowercase_hex() -> None:
+    alice = key()
+    good = alice.sign_hash("a" * 64)
+    assert signature_valid(good, EVENT_DOMAIN, b"a" * 64)
+    assert not signature_valid(Signature(good.signer, good.sig.upper()), EVENT_DOMAIN, b"a" * 64)
+    assert not signature_valid(Signature(good.signer.upper(), good.sig), EVENT_DOMAIN, b"a" * 64)
+
+
+def test_the_trust_list_names_trusted_untrusted_and_revoked_keys_exactly() -> None:
+    a, b, c = "a" * 64, "b" * 64, "c" * 64
+    trust_list = TrustList({a: "alice", c: "carol"}, {c: "carol"})
+    assert (trust_list.name(a), trust_list.name(b), trust_list.name(c)) == ("alice", None, None)
+    assert trust_list.describe(a) == f"alice (ed25519:{a[:16]}…)"
+    assert trust_list.describe(b) == f"untrusted key ed25519:{b[:16]}…"
+    assert trust_list.describe(c) == f"revoked key ed25519:{c[:16]}… (carol)"
+    with pytest.raises(
+        ValueError, match=r"^'" + "x" * 80 + r"' is not an Ed25519 public key \(ed25519:<64 hex digits>\)$"
+    ):
+        parse_public_key("x" * 100)
+
+
+def test_a_bad_signature_is_named_at_its_event_and_never_cached_for_another_run() -> None:
+    alice = key()
+    trust_list = TrustList({alice.public_key: "alice"})
+    good, bad = chain([alice, alice], "good"), chain([alice, alice], "bad")
+    forged = bad[1].payload[:-130] + b"0" * 128 + b'"}'
+    walk = ChainWalk(trust=trust_list)
+    for n, r in enumerate([*good, bad[0], StoredRecord(0, "bad", "checkpointed", forged)], 1):
+        walk.feed(msgspec.structs.replace(r, stream_seq=n))
+    assert walk.vouched("good") == Vouched("alice")
+    found = walk.vouched("bad")
+    assert isinstance(found, Finding)
+    assert (found.seq, found.stream_seq, found.event_type) == (2, 4, "checkpointed")
+    assert walk.vouched("good") == Vouched("alice")
+
+
+def test_an_anchor_note_is_named_unsigned_or_badly_signed_exactly(tmp_path: Path) -> None:
+    alice = key()
+    line, _ = anchor_line(note(), alice)
+    signed = read_line(line.removesuffix(b"\n"))
+    assert signed is not None and signed.signature is not None
+    assert signed_by(msgspec.structs.replace(signed, signature=None), TrustList()) == "unsigned"
+    wrong = msgspec.structs.replace(signed, signature=Signature(alice.public_key, "0" * 128))
+    assert signed_by(wrong, TrustList({alice.public_key: "alice"})) == "its signature does not verify"
+    assert read_line(line) is None  # a line keeps no newline: the reader's contract
+
+
+def test_a_changed_stream_is_described_key_by_key() -> None:
+    changed = msgspec.structs.replace(FACTS, config={"max_age": "60.0", "max_bytes": "5"})
+    assert stream_change(note(), changed) == (
+        "stream FTRAIN_EVENTS's configuration changed: deny_delete True → -, max_age 0.0 → 60.0, max_bytes - → 5"
+    )
+    assert stream_change(note(), msgspec.structs.replace(FACTS, last_seq=9)) == (
+        "stream FTRAIN_EVENTS went back from seq 10 to 9 (restored from an older copy, or truncated)"
+    )
+    assert PrefixRoot().size == 0
