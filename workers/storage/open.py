@@ -1,11 +1,17 @@
 """The one factory of the storage port: the backend a storage URI names, by scheme."""
 
+from typing import Final
 from urllib.parse import urlparse
 
 from workers.checkpoint_dir import storage_root
 from workers.storage.errors import StorageError
 from workers.storage.file_store import FileStorage
 from workers.storage.port import CheckpointStorage
+
+TRAINER_FILE_ONLY: Final = (
+    "the trainer writes to file:// storage only for now (s3:// works for ftrain launch, checkpoint, resume "
+    "and status); set FTRAIN_STORAGE to a path"
+)
 
 
 def open_storage(text: str) -> CheckpointStorage:

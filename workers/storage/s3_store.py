@@ -7,8 +7,8 @@ There is no rename, so a step is sealed in place under `<prefix>/<run_id>/step-<
 2. the data files (multipart for large ones, through boto3's TransferConfig), each hashed by ftrain as its bytes
    stream to the store, never read twice; then `manifest.json`;
 3. the completion marker `.complete` as ONE conditional PutObject (`If-None-Match: *`): a step is absent or
-   complete, never overwritten (412 → refused; a 409 conflict with a write in flight is retried); the claim
-   is deleted after.
+   complete, never overwritten (412 → refused; a 409 conflict with a write in flight is retried). The claim
+   stays in the sealed step, so a late writer of the same step is refused at its claim, before it uploads.
 
 A step without a marker is partial work: `clean` removes it (and aborts the run's multipart uploads in it) when
 no live writer owns it — no claim, or a claim by a process of this host that is gone; another host's is left
@@ -157,6 +157,11 @@ class S3Storage:
     def _unavailable(self, what: str, exc: BaseException) -> StorageUnavailable:
         return StorageUnavailable(f"storage unavailable: s3://{self.bucket}/{what}: {reason(exc)}")
 
+    def _reach(self, prefix: str) -> None:
+        """Raise StorageUnavailable unless the bucket answers a listing (its body names the reason, where a
+        HEAD would only say 404)."""
+        self._call(prefix, self.client.list_objects_v2, Bucket=self.bucket, Prefix=prefix, MaxKeys=1)
+
     def _get(self, key: str) -> bytes:
         body = self._call(key, self.client.get_object, Bucket=self.bucket, Key=key)["Body"]
         try:
@@ -246,6 +251,7 @@ class S3Storage:
                 raise StorageError(f"checkpoint file name {name!r} is not allowed")
         step_key = self._run_key(run_id) + step_name(step) + "/"
         uri = self._uri(step_key)
+        self._reach(step_key)  # a missing bucket or refused key is named by the server before anything else
         if self._exists(step_key + MARKER):
             raise CheckpointExists(f"{uri} already exists")
         self.clean(run_id)
@@ -275,17 +281,12 @@ class S3Storage:
             )
             digest = digest_of(raw)
             marker = msgspec.json.encode(Marker(digest, step, 0))
-            if not self._put_if_absent(step_key + MARKER, marker):
-                raise CheckpointExists(f"{uri} already exists (another writer sealed it)")
+            sealed = self._put_if_absent(step_key + MARKER, marker)
         except BaseException:
             self._discard(step_key)
             raise
-        self._call(
-            step_key + WRITER_CLAIM,
-            self.client.delete_object,
-            Bucket=self.bucket,
-            Key=step_key + WRITER_CLAIM,
-        )
+        if not sealed:  # our claim was taken from us (an operator's cleanup): what is there is not ours
+            raise CheckpointExists(f"{uri} already exists (another writer sealed it)")
         return StoredCheckpoint(uri, decode_manifest(raw), to_hex(digest))
 
     def _upload(self, key: str, name: str, src: bytes | Path) -> FileEntry:
@@ -321,7 +322,7 @@ class S3Storage:
 
     def complete(self, run_id: str) -> list[OnDisk]:
         run_key = self._run_key(run_id)
-        self._call(self.bucket, self.client.head_bucket, Bucket=self.bucket)
+        self._reach(run_key)
         found: list[OnDisk] = []
         for name in self._children(run_key):
             step = parse_step(name)
@@ -362,7 +363,7 @@ class S3Storage:
     ) -> Manifest | str:
         """The checkpoint's manifest when its marker and digest check out, else why not (as on a file system)."""
         step_key = self._step_key(uri)
-        self._call(self.bucket, self.client.head_bucket, Bucket=self.bucket)
+        self._reach(step_key)
         marker = self._marker(step_key)
         if isinstance(marker, str):
             if marker == "completion marker missing" and not self._keys(step_key):
@@ -466,10 +467,8 @@ class S3Storage:
             return False
         try:
             claim = msgspec.json.decode(self._get(step_key + WRITER_CLAIM), type=Claim)
-        except _Missing:
-            return True
-        except (msgspec.DecodeError, msgspec.ValidationError):
-            return True
+        except (_Missing, msgspec.DecodeError, msgspec.ValidationError):
+            return not self._exists(step_key + MARKER)  # sealed meanwhile: a complete step, never stale
         return claim.host == socket.gethostname() and not _process_exists(claim.pid)
 
     def _uploads(self, run_key: str) -> Iterator[dict[str, Any]]:
