@@ -119,3 +119,13 @@ def test_the_trainer_refuses_s3_storage_in_one_line(s3_cli: tuple[Cli, str]) -> 
     cli, _ = s3_cli
     code, _, err = cli("run", "JPCP", "--nodes", "1", "--gpus-per-node", "2")
     assert code == 2 and TRAINER_FILE_ONLY in err and err.count("\n") == 1, err
+
+
+def test_the_reference_trainer_refuses_an_s3_checkpoint_dir(capsys: pytest.CaptureFixture[str]) -> None:
+    from ftrain.examples.train import parse_args
+
+    with pytest.raises(SystemExit) as exited:
+        parse_args(["--ckpt-dir", "s3://bucket/ckpt/run"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert TRAINER_FILE_ONLY in err and err.count("\n") == 1
