@@ -50,22 +50,11 @@ from projections.lifecycle import (
 from projections.projector import Projector
 from projections.readmodel import ReadModel, damaged
 from projections.run_log import BrokenRun, ContendedRun, RunLog
-from workers.checkpoint_dir import (
-    OUTSIDE_RUN,
-    CheckpointExists,
-    StorageError,
-    StorageUnavailable,
-    WrittenCheckpoint,
-    confined,
-    on_disk,
-    remove_checkpoint,
-    set_aside,
-    storage_root,
-    uri_path,
-    verify_checkpoint,
-    write_checkpoint,
-)
-from workers.layout import SetAsideKind, run_dir
+from workers.checkpoint_dir import OUTSIDE_RUN
+from workers.layout import SetAsideKind
+from workers.storage.errors import CheckpointExists, StorageError, StorageUnavailable
+from workers.storage.open import open_storage
+from workers.storage.port import CheckpointStorage, StoredCheckpoint
 
 CONFLICT_RETRIES = 20
 T = TypeVar("T")
@@ -94,10 +83,16 @@ def readmodel_path(settings: NatsSettings) -> Path:
     return settings.home / endpoint_name(settings, "readmodel", ".sqlite")
 
 
-def checkpoint_storage(env: Mapping[str, str]) -> Path:
-    """Where `ftrain checkpoint` writes: $FTRAIN_STORAGE, default $FTRAIN_HOME/checkpoints."""
+def checkpoint_storage(env: Mapping[str, str]) -> CheckpointStorage:
+    """Where `ftrain checkpoint` writes: $FTRAIN_STORAGE (a path, `file://` or `s3://` URI), default
+    $FTRAIN_HOME/checkpoints."""
+    return storage_at(ftrain_settings.storage(env))
+
+
+def storage_at(root: str) -> CheckpointStorage:
+    """The storage backend of a root URI; a root ftrain cannot use is a usage error."""
     try:
-        return storage_root(ftrain_settings.storage(env))
+        return open_storage(root)
     except StorageError as exc:
         raise UsageError(str(exc)) from exc
 
@@ -105,7 +100,9 @@ def checkpoint_storage(env: Mapping[str, str]) -> Path:
 class RunService:
     """Commands and queries over one event store, one read model and one checkpoint storage root."""
 
-    def __init__(self, store: EventStore, model: ReadModel, projector: Projector, storage: Path) -> None:
+    def __init__(
+        self, store: EventStore, model: ReadModel, projector: Projector, storage: CheckpointStorage
+    ) -> None:
         self.store = store
         self.model = model
         self.projector = projector
@@ -261,7 +258,7 @@ class RunService:
         """Write the checkpoint directory (manifest and marker last), then append `checkpointed`."""
         state = await self.state_of(run_id)
 
-        def event_for(written: WrittenCheckpoint | None, current: RunState = state) -> Checkpointed:
+        def event_for(written: StoredCheckpoint | None, current: RunState = state) -> Checkpointed:
             return Checkpointed(
                 run_id=run_id,
                 step=step,
@@ -278,8 +275,7 @@ class RunService:
         except IllegalTransition as exc:
             raise Refused(str(exc)) from exc
         try:
-            written = write_checkpoint(
-                self.storage,
+            written = self.storage.write(
                 run_id=run_id,
                 step=step,
                 epoch=epoch,
@@ -297,10 +293,12 @@ class RunService:
                 f"{exc} but the log has no such checkpoint yet: another writer may be recording it, or a save "
                 "was interrupted (then remove it)"
             ) from exc
+        except StorageUnavailable as exc:
+            raise Refused(f"{exc}; nothing recorded") from exc
         try:
             event = await self._record(run_id, partial(event_for, written))
         except BaseException:
-            remove_checkpoint(written.path)
+            self.storage.delete(written.uri)
             raise
         assert isinstance(event, Checkpointed)
         return event
@@ -347,18 +345,19 @@ class RunService:
         self, run_id: str, force: bool, on_skip: Callable[[CorruptSkipped], Awaitable[None]] | None
     ) -> ResumeOutcome:
         state = await self._vouched_state(run_id)
-        run = _run_dir(state)
+        storage = _run_storage(state)
         plan = self._plan(state, force)
         for unrecorded in plan.unrecorded:
-            _set_aside(uri_path(unrecorded.uri), "unrecorded", str(int(time.time())))
+            _set_aside(storage, unrecorded.uri, "unrecorded", str(int(time.time())))
         skipped: list[CorruptSkipped] = []
         while plan.candidates:
             candidate = plan.candidates[0]
             assert candidate.ref is not None and candidate.digest is not None
-            path = confined(candidate.uri, run)  # a URI elsewhere is refused unread and never moved
+            # a URI elsewhere is refused unread and never moved
+            uri = storage.confined(candidate.uri, run_id)
             reason = (
-                verify_checkpoint(path, candidate.digest, run_id=run_id, step=candidate.step)
-                if path
+                storage.verify(uri, candidate.digest, run_id=run_id, step=candidate.step)
+                if uri
                 else OUTSIDE_RUN
             )
             if reason is None:
@@ -369,8 +368,8 @@ class RunService:
                 appended = await self._record(run_id, partial(skip, ref=candidate.ref, reason=reason))
                 if isinstance(appended, CorruptSkipped):
                     skipped.append(appended)
-                    if path:
-                        _set_aside(path, "corrupt", str(appended.seq))
+                    if uri:
+                        _set_aside(storage, uri, "corrupt", str(appended.seq))
                     if on_skip is not None:
                         await on_skip(appended)
             state = await self._vouched_state(run_id)
@@ -395,19 +394,19 @@ class RunService:
 
     def _plan(self, state: RunState, force: bool) -> ResumePlan:
         try:
-            return plan_resume(state, on_disk(_run_dir(state)), forced=force)
+            return plan_resume(state, _run_storage(state).complete(state.run_id), forced=force)
         except IllegalTransition as exc:
             raise Refused(str(exc)) from exc
 
 
-def _run_dir(state: RunState) -> Path:
-    """The run's own directory under the storage root its `launched` event configured."""
-    return run_dir(uri_path(state.launch.storage), state.run_id)
+def _run_storage(state: RunState) -> CheckpointStorage:
+    """The storage root the run's `launched` event configured (never today's FTRAIN_STORAGE)."""
+    return storage_at(state.launch.storage)
 
 
-def _set_aside(path: Path, kind: SetAsideKind, tag: str) -> None:
+def _set_aside(storage: CheckpointStorage, uri: str, kind: SetAsideKind, tag: str) -> None:
     """Quarantine a checkpoint; failing to move it never undoes what the log recorded."""
     try:
-        set_aside(path, kind, tag)
-    except OSError as exc:
-        log.warning("set_aside_failed", path=str(path), error=str(exc))
+        storage.quarantine(uri, kind, tag)
+    except (OSError, StorageUnavailable) as exc:
+        log.warning("set_aside_failed", uri=uri, error=str(exc))

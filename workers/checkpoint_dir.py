@@ -23,7 +23,7 @@ from events.atomic_file import fsync_dir, write_atomic
 from events.private import DIR_MODE, private_dir
 from projections.lifecycle import OnDisk
 from workers.files import copy_hashing, write_file
-from workers.integrity import Hashed, digest_of, from_hex, hash_files, to_hex
+from workers.integrity import Hashed, digest_of, hash_files, to_hex
 from workers.layout import (
     MANIFEST,
     MARKER,
@@ -40,24 +40,14 @@ from workers.layout import (
 )
 from workers.manifest import FileEntry, Manifest, Marker, decode_manifest, decode_marker, encode_manifest
 from workers.nofollow import remove_dir, rename_entry
+from workers.storage.errors import CheckpointExists as CheckpointExists
+from workers.storage.errors import StorageError as StorageError
+from workers.storage.errors import StorageUnavailable as StorageUnavailable
+from workers.storage.verdict import entry_verdict, judge_manifest
 
 OUTSIDE_RUN: Final = "outside the run's storage root"
 """Why a checkpoint URI is refused unread: it does not name a directory of the run's own."""
 log = structlog.get_logger(__name__)
-
-
-class StorageError(ValueError):
-    """A storage location ftrain cannot use."""
-
-
-class StorageUnavailable(Exception):
-    """The storage cannot be read right now (unmounted, EIO, EACCES, ESTALE, a timeout): nothing is known about
-    the checkpoints, so nothing may be recorded against them or moved. Only bytes that are present and wrong,
-    or files missing from a directory that can be listed, make a checkpoint corrupt."""
-
-
-class CheckpointExists(FileExistsError):
-    """The step's directory is already there (another writer, or an interrupted earlier attempt)."""
 
 
 class WrittenCheckpoint(msgspec.Struct, frozen=True):
@@ -277,19 +267,9 @@ def read_manifest(
         return marker
     try:
         raw = (path / MANIFEST).read_bytes()
-        manifest = decode_manifest(raw)
     except OSError as exc:
         return _absent(path / MANIFEST, path, exc, "manifest missing")
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        return "manifest unreadable"
-    actual = digest_of(raw)
-    if actual != (from_hex(expected_hash) if expected_hash else marker.manifest_digest):
-        return "hash mismatch"
-    if marker.manifest_digest != actual:
-        return "completion marker does not match the manifest"
-    if (run_id is not None and manifest.run_id != run_id) or (step is not None and manifest.step != step):
-        return f"manifest is run {manifest.run_id} step {manifest.step}, expected run {run_id} step {step}"
-    return manifest
+    return judge_manifest(marker, raw, expected_hash, run_id=run_id, step=step)
 
 
 def _read_marker(path: Path) -> Marker | str:
@@ -314,11 +294,7 @@ def file_verdict(path: Path, entry: FileEntry, found: Hashed | OSError) -> str |
     StorageUnavailable for an error that is not the file's absence."""
     if isinstance(found, OSError):
         return _absent(path / entry.name, path, found, f"file {entry.name} missing")
-    if found.size != entry.size:
-        return f"file {entry.name} is {found.size} bytes, manifest says {entry.size}"
-    if found.digest != entry.digest:
-        return f"file {entry.name} hash mismatch"
-    return None
+    return entry_verdict(entry, found)
 
 
 def set_aside(path: Path, kind: SetAsideKind, tag: str) -> Path | None:

@@ -5,6 +5,11 @@
     <root>/<run_id>/step-<N>.<kind>-<tag>/     one set aside as evidence: corrupt, unrecorded or superseded
     <stage dir>/rank-<R>/step-<N>/             a rank's node-local copy before fan-out (async saves)
 
+On an object store (no directories, no rename) the same names are key prefixes under `<prefix>/<run_id>/`:
+`step-<N>/<file>`, `step-<N>/manifest.json`, `step-<N>/.complete` (one conditional put, last), and
+`step-<N>/.writer`, the claim a writer puts (conditionally) before anything else; a quarantined step is copied
+to `step-<N>.<kind>-<tag>/` and deleted.
+
 Writers, the trainer's resume, retention and the experiment's analysis all name and list through here, so a
 set-aside name written by one is the name the others look for.
 """
@@ -18,6 +23,8 @@ from typing import Final, Literal, cast, get_args
 import msgspec
 
 MANIFEST: Final = "manifest.json"
+WRITER_CLAIM: Final = ".writer"
+"""On an object store: the object a writer claims a step with (conditionally, first), naming itself."""
 MARKER: Final = ".complete"
 PARTIAL: Final = ".partial"
 RESERVED: Final = frozenset({MANIFEST, MARKER})
@@ -47,7 +54,7 @@ def run_dir(root: Path, run_id: str) -> Path:
 
 def step_dir(parent: Path, step: int) -> Path:
     """The directory of `step` under a run directory (or a rank's staging directory)."""
-    return parent / f"step-{step}"
+    return parent / step_name(step)
 
 
 def checkpoint_path(root: Path, run_id: str, step: int) -> Path:
@@ -78,7 +85,17 @@ def rank_stage_dir(stage_dir: Path, rank: int) -> Path:
 
 def set_aside_path(path: Path, kind: SetAsideKind, tag: str) -> Path:
     """The name a checkpoint directory is set aside under: `step-<N>.<kind>-<tag>`, next to it."""
-    return path.with_name(f"{path.name}.{kind}-{tag}")
+    return path.with_name(set_aside_name(path.name, kind, tag))
+
+
+def step_name(step: int) -> str:
+    """The name of a step's checkpoint (a directory, or an object store's key prefix segment)."""
+    return f"step-{step}"
+
+
+def set_aside_name(name: str, kind: SetAsideKind, tag: str) -> str:
+    """The name a checkpoint `name` is set aside under."""
+    return f"{name}.{kind}-{tag}"
 
 
 def parse_step(name: str) -> int | None:

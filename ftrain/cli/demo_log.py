@@ -13,8 +13,10 @@ import re
 import sys
 
 from ftrain.cli.shell import Shell
+from ftrain.errors import UsageError
 from ftrain.service import checkpoint_storage
 from workers.layout import checkpoint_path
+from workers.storage.file_store import FileStorage
 
 
 def _launch(ftrain: Shell, *argv: str) -> str | None:
@@ -47,7 +49,10 @@ def run_log_demo(ftrain: Shell) -> int:
     )
     if code:
         return code
-    victim = checkpoint_path(checkpoint_storage(os.environ), run_id, 1000) / "state.json"
+    storage = checkpoint_storage(os.environ)
+    if not isinstance(storage, FileStorage):
+        raise UsageError("demo --log-only flips a bit on file:// storage; unset FTRAIN_STORAGE or use a path")
+    victim = checkpoint_path(storage.path, run_id, 1000) / "state.json"
     data = bytearray(victim.read_bytes())
     data[len(data) // 2] ^= 0x01
     victim.write_bytes(bytes(data))

@@ -26,8 +26,9 @@ from ftrain.supervise.launch_spec import DEFAULT_TRAIN_CMD, LaunchSpec, LaunchSp
 from ftrain.supervise.opening import NotOpened, append_relaunch, open_attempt
 from ftrain.supervise.supervisor import Relaunches, Supervisor
 from projections.lifecycle import IllegalTransition, check_relaunch
-from workers.checkpoint_dir import path_uri, uri_path
+from workers.checkpoint_dir import uri_path
 from workers.layout import run_dir
+from workers.storage.open import TRAINER_FILE_ONLY, is_object_storage
 
 T = TypeVar("T")
 
@@ -58,7 +59,7 @@ def prepare_launch(args: argparse.Namespace) -> LaunchPlan:
         validate_run_id(base_id if args.run_id else base_id + "-99")
     except InvalidRunId as exc:
         raise UsageError(f"{exc} (shorten the project name or pass --run-id; at most {RUN_ID_MAX})") from exc
-    storage = path_uri(checkpoint_storage(env))
+    storage = checkpoint_storage(env).root
 
     def spec(run_id: str) -> LaunchSpec:
         return LaunchSpec(
@@ -139,6 +140,8 @@ class RunPlan(NamedTuple):
 def prepare_run(args: argparse.Namespace) -> RunPlan:
     """`launch`'s checks, plus the supervisor's: a torchrun to start, and srun when the job spans nodes."""
     launch = prepare_launch(args)
+    if is_object_storage(settings.storage(os.environ)):
+        raise UsageError(f"FTRAIN_STORAGE={settings.storage(os.environ)}: {TRAINER_FILE_ONLY}")
     slurm = args.nodes > 1
     if slurm and not os.environ.get("SLURM_JOB_ID"):
         raise UsageError(
@@ -175,6 +178,10 @@ async def start_run(app: RunService, args: argparse.Namespace, plan: RunPlan) ->
         await app.projector.catch_up()
         if await app.model.taken(plan.launch.base_id):
             state = await app.state_of(plan.launch.base_id)
+            if is_object_storage(state.launch.storage):
+                raise UsageError(
+                    f"run {state.run_id} was launched on {state.launch.storage}: {TRAINER_FILE_ONLY}"
+                )
             try:
                 check_relaunch(
                     state,

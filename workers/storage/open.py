@@ -1,0 +1,33 @@
+"""The one factory of the storage port: the backend a storage URI names, by scheme."""
+
+from typing import Final
+from urllib.parse import urlparse
+
+from workers.checkpoint_dir import storage_root
+from workers.storage.errors import StorageError
+from workers.storage.file_store import FileStorage
+from workers.storage.port import CheckpointStorage
+
+TRAINER_FILE_ONLY: Final = (
+    "the trainer writes to file:// storage only for now (s3:// works for ftrain launch, checkpoint, resume "
+    "and status); set FTRAIN_STORAGE to a path"
+)
+
+
+def open_storage(text: str) -> CheckpointStorage:
+    """A path or `file://` URI: the file system; `s3://bucket[/prefix]`: S3 (or any S3-compatible store,
+    reached through the standard AWS chain). Anything else is a StorageError, one line."""
+    scheme = urlparse(text).scheme
+    if scheme == "s3":
+        from workers.storage.s3_store import S3Storage, parse_s3_uri
+
+        bucket, prefix = parse_s3_uri(text)
+        return S3Storage(bucket, prefix)
+    if scheme in ("", "file"):
+        return FileStorage(storage_root(text))
+    raise StorageError(f"storage {text!r}: scheme {scheme!r} is not supported (use a path, file:// or s3://)")
+
+
+def is_object_storage(text: str) -> bool:
+    """The storage URI names an object store (the trainer writes to file:// storage only, for now)."""
+    return urlparse(text).scheme == "s3"
