@@ -22,6 +22,7 @@ from projections.readmodel import Batch, Position, ReadModel
 from tests.builders import checkpointed, launched, written_checkpoint
 from tests.conftest import login
 from tests.projecting import keep_catching_up
+from workers.storage.file_store import FileStorage
 
 # The stress test: enough rounds that the check-then-reset race of issue 15 shows up on a loaded 2-core machine.
 STRESS_ROUNDS = 15
@@ -34,16 +35,16 @@ REPLY_TIMEOUT_S = 60
 async def scenario(app: RunService, runs: int = 3, checkpoints: int = 20, real: int | None = None) -> int:
     """Runs with checkpoints and a preemption each; returns the number of events. No files are behind the
     checkpoints but the one at step `real` of each run, written to the app's storage."""
+    assert isinstance(app.storage, FileStorage)
+    storage = app.storage.path
     for r in range(runs):
         # the run's directory is listable, so its missing checkpoints are corrupt, not storage unavailable
-        (app.storage / f"run{r}").mkdir(parents=True, exist_ok=True)
-        made = msgspec.structs.replace(
-            launched(f"run{r}", project=f"proj{r % 2}"), storage=app.storage.as_uri()
-        )
+        (storage / f"run{r}").mkdir(parents=True, exist_ok=True)
+        made = msgspec.structs.replace(launched(f"run{r}", project=f"proj{r % 2}"), storage=storage.as_uri())
         head = (await app.store.append(made, ChainHead())).head
         for step in range(10, checkpoints * 10 + 1, 10):
             run = f"run{r}"
-            event = written_checkpoint(app.storage, run, step) if step == real else checkpointed(run, step)
+            event = written_checkpoint(storage, run, step) if step == real else checkpointed(run, step)
             head = (await app.store.append(event, head)).head
         await app.store.append(Failed(run_id=f"run{r}", reason="preempted"), head)
     return runs * (checkpoints + 2)
