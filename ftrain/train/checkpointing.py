@@ -50,7 +50,7 @@ from workers.retention import prune
 from workers.stage_dir import safe_stage_dir
 from workers.staging import StagingBuffers
 from workers.storage.errors import CheckpointExists as StepTaken
-from workers.storage.errors import StorageError
+from workers.storage.errors import StorageError, StorageUnavailable
 from workers.storage.s3_store import S3Storage
 from workers.unpickle import allow_pickled
 
@@ -63,6 +63,9 @@ __all__ = [
     "allow_pickled",
 ]
 log = structlog.get_logger(__name__)
+SAVE_ERRORS = (StorageError, StorageUnavailable, OSError)
+"""What makes a save to object storage fail (closed), not the job: a location refused, the store out of
+reach, a step taken, a local file that changed."""
 
 
 class SaveTimes(msgspec.Struct, frozen=True):
@@ -221,7 +224,7 @@ class CheckpointManager:
                 log.warning("older_attempts_checkpoint_set_aside", uri=uri)
                 self.storage.quarantine(uri, "unrecorded", f"{int(time.time())}")
                 return self.storage.begin(self._run_name, step), None
-        except StorageError as exc:
+        except SAVE_ERRORS as exc:
             return None, str(exc) or type(exc).__name__
 
     def _write_and_upload(self, step: int, uri: str) -> tuple[list[FileEntry], str | None]:
@@ -239,7 +242,7 @@ class CheckpointManager:
             try:
                 for entry in entries:
                     self.storage.upload(uri, entry.name, local / entry.name, Hashed(entry.size, entry.digest))
-            except (StorageError, OSError) as exc:
+            except SAVE_ERRORS as exc:
                 return entries, str(exc) or type(exc).__name__
         finally:
             shutil.rmtree(local, ignore_errors=True)
@@ -257,7 +260,7 @@ class CheckpointManager:
             manifest = self._manifest(step, epoch, [e for entries, _ in gathered for e in entries])
             try:
                 written = self.storage.seal(uri, manifest)
-            except StorageError as exc:
+            except SAVE_ERRORS as exc:
                 failure = str(exc) or type(exc).__name__
         if failure is not None:
             self.storage.discard(uri)
@@ -266,7 +269,7 @@ class CheckpointManager:
         log.info("checkpoint_finalized", step=step, uri=written.uri, bytes=manifest.size_bytes)
         try:
             self.storage.prune(self._run_name, self.config.keep)
-        except StorageError as exc:  # the next save prunes again; training goes on
+        except SAVE_ERRORS as exc:  # the next save prunes again; training goes on
             log.warning("prune_failed", step=step, error=str(exc))
         return None
 
