@@ -15,6 +15,7 @@ import pytest
 from tests.s3 import Endpoint, seaweedfs
 from tests.training import final_digest, resumed_step, torchrun, torchrun_command, torchrun_env
 from workers.layout import MARKER
+from workers.s3.server import throwaway_storage_server
 
 pytestmark = pytest.mark.timeout(300)
 ITERS = ("--train-iters", "30", "--save-interval", "5")
@@ -89,7 +90,8 @@ def test_a_flipped_byte_in_a_shard_object_is_skipped_and_the_older_step_resumed(
 
 
 def test_saves_fail_closed_while_the_store_is_down_and_too_many_stop_the_job(tmp_path: Path) -> None:
-    with seaweedfs(tmp_path / "weed") as store:
+    with throwaway_storage_server(tmp_path / "weed") as proc:
+        store = Endpoint("seaweedfs", proc.endpoint, proc.access_key, proc.secret_key, True)
         bucket = store.new_bucket()
         uri = f"s3://{bucket}/ckpt/run-c"
         env = {**job_env(store, tmp_path), "FTRAIN_MAX_FAILED_SAVES": "2", "AWS_MAX_ATTEMPTS": "2"}
@@ -106,7 +108,7 @@ def test_saves_fail_closed_while_the_store_is_down_and_too_many_stop_the_job(tmp
             while not sealed(store, bucket, "run-c") and time.monotonic() < deadline:
                 time.sleep(0.2)
             before = sealed(store, bucket, "run-c")
-            os.kill(store.pid, signal.SIGKILL)  # the store goes away mid-run
+            os.kill(proc.pid, signal.SIGKILL)  # the store goes away mid-run
             started = time.monotonic()
             out, err = job.communicate(timeout=180)
         finally:
