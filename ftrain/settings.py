@@ -47,6 +47,8 @@ CKPT_DIR: Final = "FTRAIN_CKPT_DIR"
 """Set by `ftrain run` for the trainer: the run's checkpoint directory."""
 ATTEMPT: Final = "FTRAIN_ATTEMPT"
 """Set by `ftrain run` for the trainer: the attempt the supervisor opened, which its events must carry."""
+MAX_FAILED_SAVES: Final = "FTRAIN_MAX_FAILED_SAVES"
+"""How many saves in a row may fail (object storage out of reach) before the trainer stops; default 3."""
 
 KILL_POINTS: Final = ("step", "stage", "write", "fanout", "finalize")
 """Where FTRAIN_KILL_AT may kill: after the optimizer step, or at a phase of a save."""
@@ -233,3 +235,16 @@ def ckpt_dir(env: Env = os.environ) -> Path | None:
     """The run's checkpoint directory, as `ftrain run` set it; None outside `ftrain run`."""
     value = _get(env, CKPT_DIR)
     return Path(value) if value else None
+
+
+def ckpt_location(env: Env = os.environ) -> str | None:
+    """FTRAIN_CKPT_DIR as written: a path, or the run's `s3://` location; None outside `ftrain run`."""
+    return _get(env, CKPT_DIR) or None
+
+
+def max_failed_saves(env: Env = os.environ) -> int:
+    """Consecutive failed saves the trainer tolerates before it stops (≥ 1; default 3)."""
+    text = _get(env, MAX_FAILED_SAVES) or "3"
+    if not text.isdigit() or int(text) < 1:
+        raise InvalidSetting(f"{MAX_FAILED_SAVES}={text!r}: expected a whole number ≥ 1")
+    return int(text)

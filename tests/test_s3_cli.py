@@ -1,6 +1,6 @@
 """The control-plane scenario against `s3://` storage on a real SeaweedFS, through the CLI in this process:
 launch, checkpoints uploaded, a failure, a corrupted newest checkpoint skipped and quarantined, resume from the
-older one, status showing `s3://` URIs, an intact audit. Also: the trainer's refusal, an unreachable endpoint."""
+older one, status showing `s3://` URIs, an intact audit. Also: async saves to S3 refused, an unreachable endpoint."""
 
 import re
 from collections.abc import Iterator
@@ -11,7 +11,7 @@ import pytest
 from tests.builders import SIGNER
 from tests.s3 import Endpoint, seaweedfs
 from tests.test_cli import RUN, Cli, checkpoint, ckpt_args, launch
-from workers.storage.open import TRAINER_FILE_ONLY
+from workers.storage.open import ASYNC_FILE_ONLY
 
 
 @pytest.fixture(scope="module")
@@ -115,17 +115,13 @@ def test_a_missing_bucket_is_one_line_naming_the_servers_reason(
     assert cli.last_seq() == before
 
 
-def test_the_trainer_refuses_s3_storage_in_one_line(s3_cli: tuple[Cli, str]) -> None:
-    cli, _ = s3_cli
-    code, _, err = cli("run", "JPCP", "--nodes", "1", "--gpus-per-node", "2")
-    assert code == 2 and TRAINER_FILE_ONLY in err and err.count("\n") == 1, err
-
-
-def test_the_reference_trainer_refuses_an_s3_checkpoint_dir(capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_reference_trainer_refuses_async_saves_to_s3(capsys: pytest.CaptureFixture[str]) -> None:
     from ftrain.examples.train import parse_args
 
     with pytest.raises(SystemExit) as exited:
-        parse_args(["--ckpt-dir", "s3://bucket/ckpt/run"])
+        parse_args(["--ckpt-dir", "s3://bucket/ckpt/run", "--async-ckpt"])
     assert exited.value.code == 2
     err = capsys.readouterr().err
-    assert TRAINER_FILE_ONLY in err and err.count("\n") == 1
+    assert ASYNC_FILE_ONLY in err and err.count("\n") == 1
+    args = parse_args(["--ckpt-dir", "s3://bucket/ckpt/run"])  # sync saves: accepted
+    assert args.object_dir == "s3://bucket/ckpt/run" and args.ckpt_dir.is_absolute()

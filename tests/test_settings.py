@@ -32,7 +32,7 @@ def test_an_empty_value_reads_as_unset() -> None:
         value for value in vars(settings).values() if isinstance(value, str) and value.startswith("FTRAIN_")
     ]
     empty = dict.fromkeys(names, "")
-    assert len(empty) == 21
+    assert len(empty) == 22
     read = (
         settings.home(empty),
         settings.storage(empty),
@@ -43,6 +43,8 @@ def test_an_empty_value_reads_as_unset() -> None:
         settings.run_id(empty),
         settings.ckpt_dir(empty),
         settings.attempt(empty),
+        settings.ckpt_location(empty),
+        settings.max_failed_saves(empty),
     )
     assert read == (
         DEFAULT_HOME,
@@ -54,7 +56,16 @@ def test_an_empty_value_reads_as_unset() -> None:
         None,
         None,
         None,
+        None,
+        3,
     )
+
+
+def test_max_failed_saves() -> None:
+    assert settings.max_failed_saves({"FTRAIN_MAX_FAILED_SAVES": "5"}) == 5
+    for bad in ("0", "-1", "x"):
+        with pytest.raises(settings.InvalidSetting, match="FTRAIN_MAX_FAILED_SAVES"):
+            settings.max_failed_saves({"FTRAIN_MAX_FAILED_SAVES": bad})
 
 
 def test_home_and_storage(tmp_path: Path) -> None:

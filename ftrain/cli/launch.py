@@ -28,7 +28,7 @@ from ftrain.supervise.supervisor import Relaunches, Supervisor
 from projections.lifecycle import IllegalTransition, check_relaunch
 from workers.checkpoint_dir import uri_path
 from workers.layout import run_dir
-from workers.storage.open import TRAINER_FILE_ONLY, is_object_storage
+from workers.storage.open import is_object_storage
 
 T = TypeVar("T")
 
@@ -140,8 +140,6 @@ class RunPlan(NamedTuple):
 def prepare_run(args: argparse.Namespace) -> RunPlan:
     """`launch`'s checks, plus the supervisor's: a torchrun to start, and srun when the job spans nodes."""
     launch = prepare_launch(args)
-    if is_object_storage(settings.storage(os.environ)):
-        raise UsageError(f"FTRAIN_STORAGE={settings.storage(os.environ)}: {TRAINER_FILE_ONLY}")
     slurm = args.nodes > 1
     if slurm and not os.environ.get("SLURM_JOB_ID"):
         raise UsageError(
@@ -178,10 +176,6 @@ async def start_run(app: RunService, args: argparse.Namespace, plan: RunPlan) ->
         await app.projector.catch_up()
         if await app.model.taken(plan.launch.base_id):
             state = await app.state_of(plan.launch.base_id)
-            if is_object_storage(state.launch.storage):
-                raise UsageError(
-                    f"run {state.run_id} was launched on {state.launch.storage}: {TRAINER_FILE_ONLY}"
-                )
             try:
                 check_relaunch(
                     state,
@@ -208,7 +202,11 @@ def supervise(args: argparse.Namespace) -> int:
     plan = prepare_run(args)
     launched, attempt = asyncio.run(_with_app(lambda app: start_run(app, args, plan)))
     run_id = launched.run_id
-    ckpt_dir = run_dir(uri_path(launched.storage), run_id)
+    ckpt_dir: Path | str = (
+        f"{launched.storage.rstrip('/')}/{run_id}"
+        if is_object_storage(launched.storage)
+        else run_dir(uri_path(launched.storage), run_id)
+    )
     command = attempt_commands(plan.spec(run_id), plan.launch.hosts, plan.torchrun, slurm=plan.slurm)
     env = child_env(os.environ, run_id, ckpt_dir)
     nats = settings.nats(os.environ)

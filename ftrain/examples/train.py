@@ -29,14 +29,20 @@ from ftrain.cadence import parse_checkpoint_every
 from ftrain.examples.data import ResumableLoader, synthetic_tokens
 from ftrain.examples.model import MODELS, TinyGPT, parameter_count
 from ftrain.logs import configure as configure_logging
-from ftrain.train.checkpointing import CheckpointConfig, CheckpointManager, SaveTimes, TrainState
+from ftrain.train.checkpointing import (
+    CheckpointConfig,
+    CheckpointManager,
+    SavesFailing,
+    SaveTimes,
+    TrainState,
+)
 from ftrain.train.faults import fault_point
 from ftrain.train.lifeline import die_with_launcher
 from ftrain.train.metrics import MetricsWriter, process_start_time, reached_step
 from ftrain.train.resume import NoValidCheckpoint, ResumeFailed, ResumeRefused, ResumeStopped
 from workers.fence import Fenced
 from workers.stage_dir import UnsafeDirectory, default_stage_dir
-from workers.storage.open import TRAINER_FILE_ONLY, is_object_storage
+from workers.storage.open import ASYNC_FILE_ONLY, is_object_storage
 
 META_INIT_AUTO_PARAMS = 6_000_000_000  # the seed's threshold: dense init stays exact for smaller models
 PROCESS_START = process_start_time()
@@ -56,12 +62,13 @@ def _usage(message: str) -> NoReturn:
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Flags in the seed's spirit; mistakes are one line and exit 2, before anything is written."""
     try:
-        run_id, ckpt_dir, log_level = settings.run_id(), settings.ckpt_dir(), settings.log_level()
+        run_id, ckpt_dir, log_level = settings.run_id(), settings.ckpt_location(), settings.log_level()
         settings.attempt()
+        max_failed_saves = settings.max_failed_saves()
     except settings.InvalidSetting as exc:
         _usage(str(exc))
     p = _Parser(prog="python -m ftrain.examples.train", description=__doc__.split("\n")[0])
-    p.add_argument("--ckpt-dir", type=Path, default=ckpt_dir)
+    p.add_argument("--ckpt-dir", default=ckpt_dir, help="a directory, or s3://bucket/prefix/<run>")
     p.add_argument("--run-id", default=run_id)
     p.add_argument("--save-interval", type=int, default=None, help="save every N steps")
     p.add_argument(
@@ -81,11 +88,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--optimizer", choices=("adamw", "sgd"), default="adamw")
     p.add_argument("--lr", type=float, default=3e-3)
     args = p.parse_args(argv)
-    args.log_level = log_level
+    args.log_level, args.max_failed_saves = log_level, max_failed_saves
     if args.ckpt_dir is None:
         _usage(f"--ckpt-dir is required (or {settings.CKPT_DIR})")
-    if is_object_storage(str(args.ckpt_dir).replace("s3:/", "s3://", 1)):
-        _usage(f"--ckpt-dir {args.ckpt_dir}: {TRAINER_FILE_ONLY}")
+    args.object_dir = None
+    if is_object_storage(args.ckpt_dir):
+        if args.async_ckpt:
+            _usage(f"--ckpt-dir {args.ckpt_dir}: {ASYNC_FILE_ONLY}")
+        args.object_dir = args.ckpt_dir.rstrip("/")
+        args.ckpt_dir = args.object_dir.rpartition("/")[2]  # the run's name, for the work directory's
+    args.ckpt_dir = Path(args.ckpt_dir)
     if args.keep < 2:
         _usage(f"--keep {args.keep}: keep at least 2 (the newest may be the one that turns out corrupt)")
     if args.train_iters < 1 or (args.save_interval is not None and args.save_interval < 1):
@@ -109,6 +121,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             os.environ.get("SLURM_JOB_ID") or os.environ.get("PBS_JOBID") or args.run_id or args.ckpt_dir.name
         )
         args.ckpt_stage_dir = default_stage_dir(job)
+    if args.object_dir is not None:  # shards are written to, and resumed from, this node-local directory
+        args.ckpt_dir = args.ckpt_stage_dir.expanduser().absolute()
     args.metrics_dir = (args.metrics_dir or args.ckpt_dir / "metrics").expanduser().absolute()
     return args
 
@@ -194,12 +208,14 @@ def train(args: argparse.Namespace) -> int:
             keep=args.keep,
             resume=not args.no_resume,
             dataset_revision=f"synthetic-v1-seed{args.seed}",
+            object_dir=args.object_dir,
+            max_failed_saves=args.max_failed_saves,
         ),
         state,
     )
     try:
         return _loop(args, manager, state, device)
-    except (NoValidCheckpoint, ResumeFailed, ResumeStopped, UnsafeDirectory) as exc:
+    except (NoValidCheckpoint, ResumeFailed, ResumeStopped, UnsafeDirectory, SavesFailing) as exc:
         _say(rank, f"train: {exc}")
         return 1
     except ResumeRefused as exc:

@@ -49,7 +49,7 @@ def attempt_commands(
     return lambda: local_command(spec, torchrun, free_port())
 
 
-def child_env(env: Mapping[str, str], run_id: str, ckpt_dir: Path) -> dict[str, str]:
+def child_env(env: Mapping[str, str], run_id: str, ckpt_dir: Path | str) -> dict[str, str]:
     """The trainer's environment: ours, plus the run and its checkpoint directory, all it needs to resume."""
     return {**env, settings.RUN_ID: run_id, settings.CKPT_DIR: str(ckpt_dir)}
 

@@ -28,8 +28,10 @@ from ftrain.cli import render
 from ftrain.supervise.failure_report import FailureReport, describe, failure, signal_name, tee_stderr
 from ftrain.supervise.opening import NotOpened
 from ftrain.supervise.procs import end_attempt, signal_job
+from ftrain.train.object_store import run_storage
 from projections.lifecycle import CompleteIntent, FailIntent
 from workers.layout import complete_steps
+from workers.storage.errors import StorageError, StorageUnavailable
 
 BACKOFF_CAP: Final = 60.0
 GRACE_SECONDS: Final = 25.0
@@ -84,7 +86,7 @@ class Supervisor:
         run_id: str,
         command: Callable[[], list[str]],
         env: Mapping[str, str],
-        ckpt_dir: Path,
+        ckpt_dir: Path | str,
         relaunches: Relaunches,
         recorder: Recording,
         *,
@@ -252,5 +254,13 @@ class Supervisor:
             time.sleep(min(left, POLL_SECONDS))
 
     def _newest(self) -> int | None:
+        """The newest sealed step (a path, or the run's `s3://` location); None when none, or out of reach."""
+        if isinstance(self.ckpt_dir, str):
+            storage, run = run_storage(self.ckpt_dir)
+            try:
+                found = storage.complete(run)
+            except (StorageUnavailable, StorageError):
+                return None
+            return found[0].step if found else None
         steps = complete_steps(self.ckpt_dir)
         return steps[0] if steps else None

@@ -17,3 +17,8 @@ class CheckpointConfig(msgspec.Struct, frozen=True, kw_only=True):
     keep: int = 3
     resume: bool = True
     dataset_revision: str | None = None
+    object_dir: str | None = None
+    """The run's checkpoints on object storage (`s3://bucket/prefix/<run>`); `ckpt_dir` is then the rank's
+    node-local work directory (shards written before upload, downloads before a resume), not the storage."""
+    max_failed_saves: int = 3
+    """Saves in a row that may fail (storage out of reach) before the job stops."""

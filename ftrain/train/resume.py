@@ -11,7 +11,9 @@ NoValidCheckpoint (never a silent fresh start).
 
 import os
 import re
+import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar, cast
 
@@ -22,8 +24,10 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
+from events.private import private_dir
 from ftrain import settings
 from ftrain.train.config import CheckpointConfig
+from ftrain.train.object_store import cache_dir, run_storage
 from ftrain.train.run_log import RunBroken, RunUnknown, read_run
 from ftrain.train.state import TrainState
 from projections.lifecycle import (
@@ -56,7 +60,8 @@ from workers.layout import assemblies, run_dir
 from workers.manifest import FileEntry, Manifest
 from workers.nofollow import remove_dir
 from workers.recorder import Recorder
-from workers.storage.open import TRAINER_FILE_ONLY, is_object_storage
+from workers.storage.open import is_object_storage
+from workers.storage.s3_store import S3Storage
 from workers.unpickle import ForbiddenPickle
 
 FLUSH_TIMEOUT = 15.0
@@ -130,13 +135,34 @@ def resume(
     if decision.stopped:
         raise ResumeStopped(decision.stopped)
     plan, attempt, run = decision.plan, decision.attempt, Path(decision.run_dir)
+    objects = run_storage(config.object_dir)[0] if config.object_dir else None
     for candidate in plan.candidates:
         header = cast(
             Manifest | str | StorageUnavailable,
-            _broadcast(_header(run, candidate, _run_id(config)) if rank == 0 else None, group),
+            _broadcast(
+                (
+                    _header_object(objects, candidate, _run_id(config))
+                    if objects
+                    else _header(run, candidate, _run_id(config))
+                )
+                if rank == 0
+                else None,
+                group,
+            ),
         )
         if isinstance(header, StorageUnavailable):
             raise _stopped(header)
+        if objects is not None:
+            reason = (
+                header
+                if isinstance(header, str)
+                else _load_object(objects, candidate.uri, header, state, config, group)
+            )
+            if reason is None:
+                return _resumed(None, candidate, state, recorder, attempt), attempt
+            if rank == 0:
+                _skip_object(objects, candidate, reason, recorder)
+            continue
         path = run / uri_path(candidate.uri).name  # rank 0 found the URI names this directory
         reason = header if isinstance(header, str) else _load(path, header, state, group)
         if reason is None:
@@ -146,7 +172,8 @@ def resume(
             _skip(candidate, reason, recorder, None if reason == OUTSIDE_RUN else path)
     if plan.had_checkpoints:
         raise NoValidCheckpoint(
-            f"no valid checkpoint among {len(plan.candidates)} candidate(s) in {config.ckpt_dir}; "
+            f"no valid checkpoint among {len(plan.candidates)} candidate(s) in "
+            f"{config.object_dir or config.ckpt_dir}; "
             "refusing to start over"
         )
     if plan.restart and recorder is not None:
@@ -165,13 +192,19 @@ def owned(files: tuple[FileEntry, ...], rank: int, world: int) -> list[FileEntry
     return mine
 
 
-def _load(path: Path, manifest: Manifest, state: TrainState, group: dist.ProcessGroup) -> str | None:
+def _load(
+    path: Path,
+    manifest: Manifest,
+    state: TrainState,
+    group: dist.ProcessGroup,
+    local: Callable[[], Metadata | str | StorageUnavailable] | None = None,
+) -> str | None:
     """Every rank hashes the files it owns (threads, all ranks at once: each byte is read and hashed once in
     the job) and parses `.metadata` from bytes it checked; only when every verdict is clean does DCP load,
     so it never parses an unverified byte, and what it unpickles goes through the allowlist. Returns the
     combined verdict, the same on every rank (None: loaded)."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    metadata = _local_verdict(path, manifest, rank, world)
+    metadata = local() if local is not None else _local_verdict(path, manifest, rank, world)
     verdict = metadata if isinstance(metadata, str | StorageUnavailable) else None
     if reason := _combined(verdict, group):
         return reason
@@ -199,6 +232,65 @@ def _load(path: Path, manifest: Manifest, state: TrainState, group: dist.Process
     finally:
         state.restore_rng = True
     return _combined(refused, group)
+
+
+def _load_object(
+    storage: S3Storage,
+    uri: str,
+    manifest: Manifest,
+    state: TrainState,
+    config: CheckpointConfig,
+    group: dist.ProcessGroup,
+) -> str | None:
+    """Object storage: every rank downloads the step into its private cache, hashing each file as it arrives,
+    and loads from there only when every rank's files matched (the same combined verdict as on a file
+    system); the cache is removed after."""
+    cache = cache_dir(config.ckpt_dir, dist.get_rank())
+
+    def fetched() -> Metadata | str | StorageUnavailable:
+        try:
+            shutil.rmtree(cache, ignore_errors=True)
+            private_dir(cache, tighten=False)
+            return storage.fetch(uri, manifest.files, cache) or load_metadata(cache, manifest.files)
+        except StorageUnavailable as exc:
+            return exc
+        except OSError as exc:  # the local cache, not the checkpoint
+            return StorageUnavailable(f"local cache {cache}: {exc}")
+
+    try:
+        return _load(cache, manifest, state, group, fetched)
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+
+
+def _header_object(
+    storage: S3Storage, candidate: Candidate, run_id: str
+) -> Manifest | str | StorageUnavailable:
+    """Rank 0's reading of the candidate's marker and manifest on object storage (nothing is read when its URI
+    is not a step of the run's own); storage out of reach is sent, not raised."""
+    try:
+        uri = storage.confined(candidate.uri, run_id)
+        if uri is None:
+            return OUTSIDE_RUN
+        return storage.read_manifest(uri, candidate.digest, run_id=run_id, step=candidate.step)
+    except StorageUnavailable as exc:
+        return exc
+    except StorageError as exc:
+        return str(exc)
+
+
+def _skip_object(storage: S3Storage, candidate: Candidate, reason: str, recorder: Recorder | None) -> None:
+    """Record the refusal and set the step aside on object storage (copied, kept as evidence)."""
+    if recorder is not None:
+        recorder.record(
+            SkipIntent(checkpoint_hash=candidate.digest or "", step=candidate.step, reason=reason)
+        )
+    if reason != OUTSIDE_RUN:
+        try:
+            storage.quarantine(candidate.uri, "corrupt", f"{int(time.time())}")
+        except (StorageUnavailable, StorageError) as exc:
+            log.warning("set_aside_failed", uri=candidate.uri, error=str(exc))
+    print(skipped_line(candidate.step, reason), flush=True)
 
 
 def _local_verdict(
@@ -236,7 +328,9 @@ def _header(run: Path, candidate: Candidate, run_id: str) -> Manifest | str | St
 
 def _run_id(config: CheckpointConfig) -> str:
     """The run id the trainer's manifests carry (without a log, the directory's name)."""
-    return config.run_id or config.ckpt_dir.name
+    if config.run_id:
+        return config.run_id
+    return config.object_dir.rstrip("/").rpartition("/")[2] if config.object_dir else config.ckpt_dir.name
 
 
 def _stopped(exc: StorageUnavailable) -> ResumeStopped:
@@ -251,12 +345,12 @@ def _first(exc: CheckpointException) -> str:
 
 
 def _resumed(
-    path: Path, candidate: Candidate, state: TrainState, recorder: Recorder | None, attempt: int
+    path: Path | None, candidate: Candidate, state: TrainState, recorder: Recorder | None, attempt: int
 ) -> ResumePoint:
     point = ResumePoint(state.step, state.epoch)
     if dist.get_rank() == 0:
         if recorder is not None:
-            digest = candidate.digest or marker_hash(path) or ""
+            digest = candidate.digest or (marker_hash(path) if path else None) or ""
             recorder.record(ResumeIntent(checkpoint_hash=digest, step=point.step, attempt=attempt))
         print(f"RESUMED from step={point.step} (epoch={point.epoch})", flush=True)
     return point
@@ -293,9 +387,12 @@ def _plan(config: CheckpointConfig, recorder: Recorder | None) -> StartDecision:
     directories it sets aside are moved here (kept, never deleted), and the directory is claimed for the
     attempt (an older attempt that wakes up then writes nothing more)."""
     state = _run_state(config, recorder)
+    if config.object_dir is not None:
+        return _plan_object(config, recorder, state)
     if state is not None and is_object_storage(state.launch.storage):
         return StartDecision(
-            refused=f"run {state.run_id} was launched on {state.launch.storage}: {TRAINER_FILE_ONLY}"
+            refused=f"run {state.run_id} was launched on {state.launch.storage}, not a file system "
+            f"(the trainer was given {config.ckpt_dir})"
         )
     run = config.ckpt_dir if state is None else run_dir(uri_path(state.launch.storage), state.run_id)
     if run.resolve() != config.ckpt_dir.resolve():  # its checkpoints would all be outside the run's
@@ -329,6 +426,46 @@ def _plan(config: CheckpointConfig, recorder: Recorder | None) -> StartDecision:
         claim(config.ckpt_dir, attempt)
     set_aside_planned(plan)
     return StartDecision(plan, attempt, run_dir=str(run))
+
+
+def _plan_object(
+    config: CheckpointConfig, recorder: Recorder | None, state: RunState | None
+) -> StartDecision:
+    """Rank 0 on object storage: the same plan, from the log or the bucket's sealed steps; what it sets aside
+    is copied out of the step names (kept). No attempt fence here: a superseded attempt is refused by the log's
+    fold, and a step it sealed late is set aside as unrecorded."""
+    assert config.object_dir is not None
+    location = config.object_dir.rstrip("/")
+    if state is not None and f"{state.launch.storage.rstrip('/')}/{state.run_id}" != location:
+        return StartDecision(
+            refused=f"checkpoint location {location} is not run {state.run_id}'s "
+            f"({state.launch.storage.rstrip('/')}/{state.run_id}, under the storage root it was launched with)"
+        )
+    storage, run_name = run_storage(location)
+    restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    in_place = state is not None and state.status == "running" and restarts > 0 and config.resume
+    plan = plan_resume(
+        state, storage.complete(run_name), forced=True, fresh=not config.resume, failed_in_place=in_place
+    )
+    opened = settings.attempt()
+    if in_place and recorder is not None:
+        assert state is not None
+        recorder.record(
+            FailIntent(
+                reason="exit-code",
+                message=f"torchrun restarted the workers (TORCHELASTIC_RESTART_COUNT={restarts})",
+                attempt=opened or state.attempt,
+            )
+        )
+    current = state.attempt if state is not None else 0
+    attempt = opened or ((current + (1 if plan.candidates or plan.restart else 0)) if config.run_id else 0)
+    stamp = str(int(time.time()))
+    for unrecorded in plan.unrecorded:
+        log.warning("unrecorded_checkpoint_set_aside", uri=unrecorded.uri)
+        storage.quarantine(unrecorded.uri, "unrecorded", stamp)
+    for old in plan.superseded:
+        storage.quarantine(old.uri, "superseded", stamp)
+    return StartDecision(plan, attempt, run_dir=location)
 
 
 def _attempt(state: RunState | None, plan: ResumePlan, ckpt_dir: Path) -> int:

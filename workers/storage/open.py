@@ -8,9 +8,9 @@ from workers.storage.errors import StorageError
 from workers.storage.file_store import FileStorage
 from workers.storage.port import CheckpointStorage
 
-TRAINER_FILE_ONLY: Final = (
-    "the trainer writes to file:// storage only for now (s3:// works for ftrain launch, checkpoint, resume "
-    "and status); set FTRAIN_STORAGE to a path"
+ASYNC_FILE_ONLY: Final = (
+    "async saves (--async-ckpt) write to file:// storage only for now; on s3:// storage the trainer saves "
+    "synchronously (drop --async-ckpt)"
 )
 
 
@@ -29,5 +29,5 @@ def open_storage(text: str) -> CheckpointStorage:
 
 
 def is_object_storage(text: str) -> bool:
-    """The storage URI names an object store (the trainer writes to file:// storage only, for now)."""
+    """The storage URI names an object store."""
     return urlparse(text).scheme == "s3"

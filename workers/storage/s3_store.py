@@ -37,6 +37,7 @@ import structlog
 from boto3.s3.transfer import TransferConfig
 from botocore.exceptions import BotoCoreError, ClientError
 
+from events.private import open_private
 from projections.lifecycle import OnDisk
 from workers.integrity import CHUNK, Hashed, Hasher, digest_of, to_hex
 from workers.layout import (
@@ -130,6 +131,10 @@ class S3Storage:
 
     def _run_key(self, run_id: str) -> str:
         return f"{self.prefix}/{run_id}/" if self.prefix else f"{run_id}/"
+
+    def step_uri(self, run_id: str, step: int) -> str:
+        """The URI of `step` of the run."""
+        return self._uri(self._run_key(run_id) + step_name(step))
 
     def _uri(self, key_prefix: str) -> str:
         return f"s3://{self.bucket}/{key_prefix.rstrip('/')}"
@@ -249,17 +254,9 @@ class S3Storage:
         for name, _ in sources:
             if name.startswith("/") or ".." in name.split("/") or name in RESERVED or name == WRITER_CLAIM:
                 raise StorageError(f"checkpoint file name {name!r} is not allowed")
-        step_key = self._run_key(run_id) + step_name(step) + "/"
-        uri = self._uri(step_key)
-        self._reach(step_key)  # a missing bucket or refused key is named by the server before anything else
-        if self._exists(step_key + MARKER):
-            raise CheckpointExists(f"{uri} already exists")
-        self.clean(run_id)
-        claim = Claim(socket.gethostname(), os.getpid(), uuid.uuid4().hex[:8], time.time())
-        if not self._put_if_absent(step_key + WRITER_CLAIM, msgspec.json.encode(claim)):
-            raise CheckpointExists(f"{uri} already exists (another writer claimed it)")
+        uri = self.begin(run_id, step)
         try:
-            entries = [self._upload(step_key + name, name, src) for name, src in sources]
+            entries = [self.upload(uri, name, src) for name, src in sources]
             manifest = Manifest(
                 run_id=run_id,
                 step=step,
@@ -271,38 +268,87 @@ class S3Storage:
                 files=tuple(entries),
                 extra=extra or {},
             )
-            raw = encode_manifest(manifest)
-            self._call(
-                step_key + MANIFEST,
-                self.client.put_object,
-                Bucket=self.bucket,
-                Key=step_key + MANIFEST,
-                Body=raw,
-            )
-            digest = digest_of(raw)
-            marker = msgspec.json.encode(Marker(digest, step, 0))
-            sealed = self._put_if_absent(step_key + MARKER, marker)
         except BaseException:
-            self._discard(step_key)
+            self.discard(uri)
             raise
-        if not sealed:  # our claim was taken from us (an operator's cleanup): what is there is not ours
+        try:
+            return self.seal(uri, manifest)
+        except CheckpointExists:  # what is there now is another writer's: leave it
+            raise
+        except BaseException:
+            self.discard(uri)
+            raise
+
+    # The write in parts, for a writer whose data files come from several processes (the trainer's ranks):
+    # one process claims the step (`begin`), each uploads its own files (`upload`), one seals (`seal`) once
+    # every upload is in; a failure anywhere discards the step (`discard`), so nothing is sealed.
+
+    def begin(self, run_id: str, step: int) -> str:
+        """Claim `step` of the run for this writer (after removing the run's stale partial work); its URI.
+        CheckpointExists when the step is sealed or another writer claimed it."""
+        step_key = self._run_key(run_id) + step_name(step) + "/"
+        uri = self._uri(step_key)
+        self._reach(step_key)  # a missing bucket or refused key is named by the server before anything else
+        if self._exists(step_key + MARKER):
+            raise CheckpointExists(f"{uri} already exists")
+        self.clean(run_id)
+        claim = Claim(socket.gethostname(), os.getpid(), uuid.uuid4().hex[:8], time.time())
+        if not self._put_if_absent(step_key + WRITER_CLAIM, msgspec.json.encode(claim)):
+            raise CheckpointExists(f"{uri} already exists (another writer claimed it)")
+        return uri
+
+    def upload(self, uri: str, name: str, src: bytes | Path, known: Hashed | None = None) -> FileEntry:
+        """Upload one data file of the claimed step at `uri` (multipart when large), hashing its bytes as they
+        stream (one read). With `known` (the digest its writer computed while writing the file) the bytes
+        sent must match it and the stored object must have their size: a file changed since it was written,
+        or an object the store did not keep whole, fails the upload (StorageError)."""
+        if name.startswith("/") or ".." in name.split("/") or name in RESERVED or name == WRITER_CLAIM:
+            raise StorageError(f"checkpoint file name {name!r} is not allowed")
+        key = self._step_key(uri) + name
+        if isinstance(src, bytes):
+            self._call(key, self.client.put_object, Bucket=self.bucket, Key=key, Body=src)
+            entry = FileEntry(name, len(src), digest_of(src))
+        else:
+            with open(src, "rb") as f:
+                reader = _HashingReader(f)
+                try:
+                    self.client.upload_fileobj(reader, self.bucket, key, Config=TRANSFER)
+                except (ClientError, BotoCoreError) as exc:
+                    raise self._unavailable(key, exc) from exc
+                except Exception as exc:  # s3transfer wraps some failures in its own types
+                    raise StorageUnavailable(f"storage unavailable: s3://{self.bucket}/{key}: {exc}") from exc
+            hashed = reader.hasher.result()
+            entry = FileEntry(name, hashed.size, hashed.digest)
+        if known is not None:
+            if (entry.size, entry.digest) != (known.size, known.digest):
+                raise StorageError(f"{name} changed between its write and its upload")
+            try:
+                stored = self._call(key, self.client.head_object, Bucket=self.bucket, Key=key)
+            except _Missing:
+                stored = {}
+            if stored.get("ContentLength") != known.size:
+                raise StorageError(
+                    f"s3://{self.bucket}/{key}: stored {stored.get('ContentLength')} bytes, sent {known.size}"
+                )
+        return entry
+
+    def seal(self, uri: str, manifest: Manifest) -> StoredCheckpoint:
+        """Write the manifest, then the marker (one conditional put): the step is complete. CheckpointExists
+        when a marker is there already (the claim was taken from this writer)."""
+        step_key = self._step_key(uri)
+        raw = encode_manifest(manifest)
+        self._call(
+            step_key + MANIFEST, self.client.put_object, Bucket=self.bucket, Key=step_key + MANIFEST, Body=raw
+        )
+        digest = digest_of(raw)
+        marker = msgspec.json.encode(Marker(digest, manifest.step, 0))
+        if not self._put_if_absent(step_key + MARKER, marker):
             raise CheckpointExists(f"{uri} already exists (another writer sealed it)")
         return StoredCheckpoint(uri, decode_manifest(raw), to_hex(digest))
 
-    def _upload(self, key: str, name: str, src: bytes | Path) -> FileEntry:
-        if isinstance(src, bytes):
-            self._call(key, self.client.put_object, Bucket=self.bucket, Key=key, Body=src)
-            return FileEntry(name, len(src), digest_of(src))
-        with open(src, "rb") as f:
-            reader = _HashingReader(f)
-            try:
-                self.client.upload_fileobj(reader, self.bucket, key, Config=TRANSFER)
-            except (ClientError, BotoCoreError) as exc:
-                raise self._unavailable(key, exc) from exc
-            except Exception as exc:  # s3transfer wraps some failures in its own types
-                raise StorageUnavailable(f"storage unavailable: s3://{self.bucket}/{key}: {exc}") from exc
-        hashed = reader.hasher.result()
-        return FileEntry(name, hashed.size, hashed.digest)
+    def discard(self, uri: str) -> None:
+        """Remove what a failed write of ours left under `uri` (best effort: `clean` finishes the rest)."""
+        self._discard(self._step_key(uri))
 
     def _discard(self, step_key: str) -> None:
         """Remove what a failed write of ours left (best effort: `clean` finishes what this cannot)."""
@@ -403,6 +449,47 @@ class S3Storage:
         except (BotoCoreError, OSError) as exc:
             raise self._unavailable(key, exc) from exc
         return hasher.result()
+
+    def fetch(self, uri: str, files: Sequence[FileEntry], into: Path) -> str | None:
+        """Download `files` of the checkpoint at `uri` into the private directory `into` (in threads), each
+        hashed as its bytes arrive and written as they pass (never read twice); None when every file matches
+        its manifest entry, else the first reason it does not. No byte is parsed here. Raises
+        StorageUnavailable."""
+        step_key = self._step_key(uri)
+
+        def one(entry: FileEntry) -> str | None:
+            if "/" in entry.name or entry.name in ("", ".", ".."):
+                return f"file name {entry.name!r} is not allowed"
+            key = step_key + entry.name
+            try:
+                body = self._call(key, self.client.get_object, Bucket=self.bucket, Key=key)["Body"]
+            except _Missing:
+                return f"file {entry.name} missing"
+            hasher = Hasher()
+            with os.fdopen(open_private(into / entry.name, os.O_WRONLY | os.O_TRUNC), "wb") as out:
+                try:
+                    for chunk in body.iter_chunks(CHUNK):
+                        hasher.update(chunk)
+                        if hasher.size > entry.size:  # a swollen object fills no disk
+                            return f"file {entry.name} is larger than the manifest says ({entry.size} bytes)"
+                        out.write(chunk)
+                except (BotoCoreError, OSError) as exc:
+                    raise self._unavailable(key, exc) from exc
+            return entry_verdict(entry, hasher.result())
+
+        with ThreadPoolExecutor(min(VERIFY_THREADS, max(1, len(files)))) as pool:
+            verdicts = list(pool.map(one, files))
+        return next((v for v in verdicts if v), None)
+
+    def prune(self, run_id: str, keep: int) -> list[int]:
+        """Retention: delete the run's sealed steps beyond the newest `keep` (marker first, then the rest in
+        batches); returns the deleted steps. Set-aside prefixes are evidence and never touched."""
+        removed = []
+        for old in self.complete(run_id)[keep:]:
+            self._delete(self._keys(self._step_key(old.uri)))
+            removed.append(old.step)
+            log.info("checkpoint_pruned", step=old.step, uri=old.uri)
+        return removed
 
     # -- move and remove -----------------------------------------------------------------------------------
 

@@ -1,0 +1,124 @@
+"""The reference trainer saving to and resuming from `s3://` storage on a real SeaweedFS, under real 2-process
+torchrun jobs: sync saves end bit-identical to a job on a file system; a SIGKILL mid-upload leaves the previous
+sealed step, and a relaunch resumes from it; a flipped byte in a shard object is skipped; a store that goes
+away makes saves fail closed while training goes on, until too many fail in a row."""
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.s3 import Endpoint, seaweedfs
+from tests.training import final_digest, resumed_step, torchrun, torchrun_command, torchrun_env
+from workers.layout import MARKER
+from workers.s3.server import throwaway_storage_server
+
+pytestmark = pytest.mark.timeout(300)
+ITERS = ("--train-iters", "30", "--save-interval", "5")
+KILLED = -signal.SIGKILL
+
+
+@pytest.fixture(scope="module")
+def weed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoint]:
+    with seaweedfs(tmp_path_factory.mktemp("seaweedfs")) as found:
+        yield found
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The digest of an uninterrupted 30-step job on a file system."""
+    return final_digest(torchrun(tmp_path_factory.mktemp("reference") / "ckpt", *ITERS))
+
+
+def job_env(weed: Endpoint, work: Path) -> dict[str, str]:
+    return {**weed.env(), "TMPDIR": str(work)}
+
+
+def sealed(weed: Endpoint, bucket: str, run: str) -> list[int]:
+    """The run's steps with a marker, newest first."""
+    found = weed.storage(bucket).complete(run)
+    return [d.step for d in found]
+
+
+def keys(weed: Endpoint, bucket: str, prefix: str) -> list[str]:
+    listed = weed.client().list_objects_v2(Bucket=bucket, Prefix=prefix)
+    return [o["Key"] for o in listed.get("Contents", ())]
+
+
+def test_sync_saves_to_s3_end_bit_identical_after_a_kill_mid_upload(
+    weed: Endpoint, reference: str, tmp_path: Path
+) -> None:
+    bucket = weed.new_bucket()
+    uri = f"s3://{bucket}/ckpt/run-a"
+    env = job_env(weed, tmp_path)
+    first = torchrun(uri, *ITERS, kill_at="fanout:20", env=env)  # rank files uploaded, nothing sealed
+    assert first.returncode == KILLED, first.stderr[-3000:]
+    assert sealed(weed, bucket, "run-a") == [15, 10, 5]
+    assert f"ckpt/run-a/step-20/{MARKER}" not in keys(weed, bucket, "ckpt/run-a/step-20/")
+
+    second = torchrun(uri, *ITERS, env=env)
+    assert resumed_step(second) == 15
+    assert final_digest(second) == reference
+    assert sealed(weed, bucket, "run-a") == [30, 25, 20]  # keep-last-3 on S3
+    leftovers = [p for p in tmp_path.rglob("*") if p.is_file() and "metrics" not in p.parts]
+    assert leftovers == [], "the upload and download work files are removed"
+
+
+def test_a_flipped_byte_in_a_shard_object_is_skipped_and_the_older_step_resumed(
+    weed: Endpoint, reference: str, tmp_path: Path
+) -> None:
+    bucket = weed.new_bucket()
+    uri = f"s3://{bucket}/ckpt/run-b"
+    env = job_env(weed, tmp_path)
+    first = torchrun(uri, *ITERS, kill_at="step:22", env=env)
+    assert first.returncode == KILLED and sealed(weed, bucket, "run-b") == [20, 15, 10]
+    client, key = weed.client(), "ckpt/run-b/step-20/__1_0.distcp"
+    data = bytearray(client.get_object(Bucket=bucket, Key=key)["Body"].read())
+    data[len(data) // 2] ^= 0xFF
+    client.put_object(Bucket=bucket, Key=key, Body=bytes(data))
+
+    second = torchrun(uri, *ITERS, env=env)
+    assert "step 20" in second.stdout and "hash mismatch" in second.stdout, second.stdout
+    assert resumed_step(second) == 15
+    assert final_digest(second) == reference
+    aside = {k.split("/")[2] for k in keys(weed, bucket, "ckpt/run-b/step-20.corrupt-")}
+    assert len(aside) == 1, "the corrupt step is kept, set aside"
+
+
+def test_saves_fail_closed_while_the_store_is_down_and_too_many_stop_the_job(tmp_path: Path) -> None:
+    with throwaway_storage_server(tmp_path / "weed") as proc:
+        store = Endpoint("seaweedfs", proc.endpoint, proc.access_key, proc.secret_key, True)
+        bucket = store.new_bucket()
+        uri = f"s3://{bucket}/ckpt/run-c"
+        env = {**job_env(store, tmp_path), "FTRAIN_MAX_FAILED_SAVES": "2", "AWS_MAX_ATTEMPTS": "2"}
+        job = subprocess.Popen(
+            torchrun_command(uri, "--train-iters", "400", "--save-interval", "5"),
+            env=torchrun_env(env),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        try:
+            deadline = time.monotonic() + 120
+            while not sealed(store, bucket, "run-c") and time.monotonic() < deadline:
+                time.sleep(0.2)
+            before = sealed(store, bucket, "run-c")
+            os.kill(proc.pid, signal.SIGKILL)  # the store goes away mid-run
+            started = time.monotonic()
+            out, err = job.communicate(timeout=180)
+        finally:
+            if job.poll() is None:
+                os.killpg(job.pid, signal.SIGKILL)
+    assert before, "a first save landed before the store went away"
+    elapsed = time.monotonic() - started
+    assert job.returncode == 1, err[-3000:]
+    warnings = [line for line in err.splitlines() if "not saved (1 of 2" in line]
+    assert len(warnings) == 1 and "storage unavailable" in warnings[0], err[-3000:]
+    stop = [line for line in err.splitlines() if "checkpoint saves in a row failed (limit 2)" in line]
+    assert len(stop) == 1, err[-3000:]
+    assert "FINAL" not in out and elapsed < 120, "bounded in time, and the job stopped"
