@@ -3,6 +3,7 @@ says what a line holds). Each file keeps its own note chain; writers serialise o
 
 import fcntl
 import os
+import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from events.chain import GENESIS
 from events.signing import Signer
 
 TAIL_BYTES = 64 * 1024
+LOCK_WAIT_S = 2.0
 MAX_LINE_BYTES = 16 * 1024
 
 
@@ -31,18 +33,39 @@ def _last_note(fd: int, size: int) -> SignedAnchor | None:
     return None
 
 
+class AnchorBusy(OSError):
+    """Another process has held the anchor file's lock past the wait: a stopped process (SIGSTOP, a frozen
+    node) must never stall this one, so the note is not written and the caller says so."""
+
+
+def _lock(fd: int, path: Path) -> None:
+    """Exclusive flock, waited for at most LOCK_WAIT_S."""
+    give_up = time.monotonic() + LOCK_WAIT_S
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= give_up:
+                raise AnchorBusy(
+                    f"anchor file {path} locked by another process for {LOCK_WAIT_S:g} s"
+                ) from None
+            time.sleep(0.005)
+
+
 class _Tip:
     """One anchor file held open for appending, and its last note's hash as of the size this process last
     saw: re-read only when another process appended since."""
 
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.path = path
         self.fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         self.size = -1
         self.hash = GENESIS
 
     def append(self, notes: list[Anchor], signer: Signer) -> None:
-        fcntl.flock(self.fd, fcntl.LOCK_EX)  # writers on every node: one chain, never two links to one note
+        _lock(self.fd, self.path)  # writers on every node: one chain, never two links to one note
         try:
             size = os.fstat(self.fd).st_size
             torn = False

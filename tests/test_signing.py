@@ -1,8 +1,11 @@
 """Signatures and anchors, pure: the signed vectors a third party reproduces, who vouches for a run, and
 how an anchor file chains and names what changed. No server."""
 
+import fcntl
 import hashlib
 import json
+import os
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -10,7 +13,7 @@ import msgspec
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from events.anchor_file import AnchorFiles, read_lines
+from events.anchor_file import AnchorBusy, AnchorFiles, read_lines
 from events.anchors import (
     Anchor,
     PrefixRoot,
@@ -404,3 +407,19 @@ def test_a_changed_stream_is_described_key_by_key() -> None:
         "stream FTRAIN_EVENTS went back from seq 10 to 9 (restored from an older copy, or truncated)"
     )
     assert PrefixRoot().size == 0
+
+
+def test_an_anchor_file_held_by_a_stopped_process_never_stalls_a_writer(tmp_path: Path) -> None:
+    files = AnchorFiles([tmp_path / "a.log"], key())
+    files.append([note(run_id="r", seq=1, hash="a" * 64)])
+    holder = os.open(tmp_path / "a.log", os.O_RDONLY)  # another open file: its flock excludes ours
+    try:
+        fcntl.flock(holder, fcntl.LOCK_EX)
+        started = time.monotonic()
+        with pytest.raises(AnchorBusy, match="locked by another process for 2 s"):
+            files.append([note(run_id="r", seq=2, hash="b" * 64)])
+        assert 1.9 < time.monotonic() - started < 5
+    finally:
+        os.close(holder)
+    files.append([note(run_id="r", seq=2, hash="b" * 64)])  # released: written, chained after seq 1
+    assert [n.anchor.seq for n in chain_of(read_lines(files.paths[0]))[0]] == [1, 2]

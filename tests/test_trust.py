@@ -2,6 +2,7 @@
 reconfigured or rolled-back stream, and logs from before signing. Each asserts on what survived."""
 
 import asyncio
+import fcntl
 import os
 import shutil
 import subprocess
@@ -357,3 +358,25 @@ async def test_the_anchor_mirror_catches_a_rollback_of_the_store_and_the_home_to
     assert refused.returncode == 1 and "went back from seq 3 to 2" in refused.stderr
     audit = run(mirrored, "audit", "verify")
     assert audit.returncode == 1 and "its head went back from seq 3" in audit.stdout
+
+
+def hold_anchor_lock(env: dict[str, str]) -> int:
+    """The home's anchor file, opened and flocked as a process stopped mid-append would hold it."""
+    fd = os.open(next(Path(env["FTRAIN_HOME"]).glob("anchors*.log")), os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
+
+
+async def test_a_stopped_process_holding_the_anchor_file_never_stalls_a_command(
+    app: RunService, env: dict[str, str]
+) -> None:
+    await launch(app, "victim")
+    await checkpoint(app, "victim", 10)
+    holder = hold_anchor_lock(env)
+    try:
+        failed = run(env, "fail", "victim")
+    finally:
+        os.close(holder)
+    assert failed.returncode == 0, failed.stderr
+    assert "anchor_not_written" in failed.stderr and "locked by another process" in failed.stderr
+    assert (await app.state_of("victim")).status == "failed"  # recorded, and said that its note was not

@@ -189,7 +189,7 @@ class EventStore:
             facts = await self._create()
         self._facts = facts
         if newest is None:
-            self._anchor(Anchor(**self._identity(facts), note="first seen"))
+            self._anchor_or_warn([Anchor(**self._identity(facts), note="first seen")])
         return facts.created
 
     async def _create(self) -> StreamFacts:
@@ -212,7 +212,10 @@ class EventStore:
             await self._js.update_stream(self.config())
             facts = await self.facts() or facts
         self._facts = facts
-        self._anchor(Anchor(**self._identity(facts), note=f"repair: {change or 'nothing differed'}"))
+        if self.anchors is not None:  # an operator's decision: not writing it is an error, never a warning
+            self.anchors.append(
+                [Anchor(**self._identity(facts), note=f"repair: {change or 'nothing differed'}")]
+            )
         return change, facts
 
     def _identity(self, facts: StreamFacts) -> dict[str, Any]:
@@ -224,9 +227,15 @@ class EventStore:
             "time": now(),
         }
 
-    def _anchor(self, anchor: Anchor) -> None:
-        if self.anchors is not None:
-            self.anchors.append([anchor])
+    def _anchor_or_warn(self, notes: list[Anchor]) -> None:
+        """Append notes that record what already happened: failing to write them (a full disk, the file held
+        by a stopped process) weakens detection by one step, so it is logged, never raised."""
+        if self.anchors is None:
+            return
+        try:
+            self.anchors.append(notes)
+        except OSError as exc:
+            log.warning("anchor_not_written", error=f"{type(exc).__name__}: {exc}", notes=len(notes))
 
     def anchor_heads(self, heads: dict[str, ChainHead], last_seq: int, root: str | None = None) -> None:
         """Anchor run heads (and, from an audit, the root of the first `last_seq` records)."""
@@ -234,7 +243,7 @@ class EventStore:
             return
         identity = {**self._identity(self._facts), "stream_seq": last_seq}
         notes = [Anchor(**identity, run_id=r, seq=h.seq, hash=h.hash) for r, h in sorted(heads.items())]
-        self.anchors.append([*notes, Anchor(**identity, root=root, note="audit")] if root else notes)
+        self._anchor_or_warn([*notes, Anchor(**identity, root=root, note="audit")] if root else notes)
 
     async def last_seq(self) -> int:
         """The stream's last sequence, from the leader."""
