@@ -26,6 +26,7 @@ test: lint
 bench: $(BIN)/ftrain
 	$(BIN)/python scripts/bench_events.py
 	$(BIN)/python scripts/bench_checkpoint.py
+	$(BIN)/python scripts/bench_s3.py
 
 mutation: $(BIN)/ftrain
 	$(BIN)/python scripts/mutation.py

@@ -1,6 +1,7 @@
 """Benchmark ftrain's checkpoint save and resume against raw torch.distributed.checkpoint, side by side.
 
-Run: ``.venv/bin/python scripts/bench_checkpoint.py [--model 85m] [--repeats 3] [--dir DIR] [--json out.json]``.
+Run: ``.venv/bin/python scripts/bench_checkpoint.py [--model 85m] [--repeats 3] [--dir DIR] [--json out.json]``;
+with ``--storage s3://BUCKET[/PREFIX]`` it hands over to ``scripts/bench_s3.py`` (S3, on a throwaway SeaweedFS).
 It relaunches itself under torchrun with 2 CPU ranks (gloo); the workers build the reference trainer's FSDP2
 model (``85m``: model + AdamW state ≈ 1 GB), take one optimizer step so the AdamW state exists, then measure:
 
@@ -26,6 +27,7 @@ import argparse
 import contextlib
 import io
 import json
+import logging
 import os
 import platform
 import shutil
@@ -141,28 +143,35 @@ class Samples:
 # -------------------------------------------------------------------------------------------- the saves
 
 
+def build_state(model_name: str, base: Path) -> tuple[TrainState, int]:
+    """This rank's reference-trainer state (FSDP2 model, AdamW after one step, scheduler, loader) and the
+    model's parameter count over the ranks."""
+    rank = dist.get_rank()
+    train_args = parse_args(["--ckpt-dir", str(base / "unused"), "--model", model_name])
+    config = model_config(train_args)
+    model = build_model(config, train_args, torch.device("cpu"), rank)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=train_args.lr)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+    data = synthetic_tokens(256, config["seq"] + 1, config["vocab"], train_args.seed)
+    loader = ResumableLoader(data, config["batch"], rank, WORLD, train_args.seed)
+    inputs, targets = loader.next()
+    model(inputs, targets).backward()  # one step, so the AdamW moments exist and are saved
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    scheduler.step()
+    params = total(sum(local_bytes(p) // p.element_size() for p in model.parameters()))
+    return TrainState(model, optimizer, scheduler, loader, rank), params
+
+
 class Bench:
     """One rank's side of the benchmark: the training state, the two ftrain managers, the directories."""
 
     def __init__(self, model_name: str, base: Path) -> None:
         self.rank = dist.get_rank()
         self.base = base
-        train_args = parse_args(["--ckpt-dir", str(base / "unused"), "--model", model_name])
-        config = model_config(train_args)
-        model = build_model(config, train_args, torch.device("cpu"), self.rank)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=train_args.lr)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
-        data = synthetic_tokens(256, config["seq"] + 1, config["vocab"], train_args.seed)
-        loader = ResumableLoader(data, config["batch"], self.rank, WORLD, train_args.seed)
-        inputs, targets = loader.next()
-        model(inputs, targets).backward()  # one step, so the AdamW moments exist and are saved
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        scheduler.step()
-        self.state = TrainState(model, optimizer, scheduler, loader, self.rank)
+        self.state, self.params = build_state(model_name, base)
         self.rank_bytes = local_bytes(self.state.state_dict())
         self.state_bytes = total(self.rank_bytes)
-        self.params = total(sum(local_bytes(p) // p.element_size() for p in model.parameters()))
         self.sync_dir, self.async_dir = base / "ftrain-sync", base / "ftrain-async"
         self.sync = CheckpointManager(CheckpointConfig(ckpt_dir=self.sync_dir), self.state)
         self.async_ = CheckpointManager(
@@ -458,7 +467,7 @@ def table(rows: Sequence[tuple[str, ...]]) -> None:
 def worker(args: argparse.Namespace) -> int:
     """Every measurement, on each rank; rank 0 prints the report (and writes --json)."""
     start, load_start = time.perf_counter(), os.getloadavg()[0]
-    configure_logs("warning")
+    configure_logs(logging.WARNING)
     dist.init_process_group("gloo")
     base: Path = args.dir
     rank = dist.get_rank()
@@ -553,7 +562,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--dir", type=Path, help="where checkpoints go (a fresh subdirectory; default /tmp)")
     parser.add_argument("--json", type=Path, help="write the figures here")
     parser.add_argument("--keep", action="store_true", help="keep the checkpoint directory")
+    parser.add_argument(
+        "--storage",
+        help="s3://BUCKET[/PREFIX]: benchmark S3 instead (scripts/bench_s3.py, on a throwaway SeaweedFS)",
+    )
     args = parser.parse_args(argv)
+    if args.storage is not None:
+        import bench_s3
+
+        rest = [a for a in (sys.argv[1:] if argv is None else argv) if a != "--keep"]
+        return bench_s3.main(rest)
     if args.repeats < 1:
         parser.error("--repeats must be >= 1")
     if "LOCAL_RANK" in os.environ:
