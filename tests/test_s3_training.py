@@ -3,7 +3,9 @@ torchrun jobs: sync saves end bit-identical to a job on a file system; a SIGKILL
 sealed step, and a relaunch resumes from it; a flipped byte in a shard object is skipped; a store that goes
 away makes saves fail closed while training goes on, until too many fail in a row."""
 
+import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -12,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import ftrain_process
 from tests.s3 import Endpoint, seaweedfs
 from tests.training import final_digest, resumed_step, torchrun, torchrun_command, torchrun_env
 from workers.layout import MARKER
@@ -122,3 +125,42 @@ def test_saves_fail_closed_while_the_store_is_down_and_too_many_stop_the_job(tmp
     stop = [line for line in err.splitlines() if "checkpoint saves in a row failed (limit 2)" in line]
     assert len(stop) == 1, err[-3000:]
     assert "FINAL" not in out and elapsed < 120, "bounded in time, and the job stopped"
+
+
+def test_ftrain_run_on_s3_relaunches_after_a_sigkill_and_resumes_from_the_newest_sealed_step(
+    weed: Endpoint, reference: str, tmp_path: Path, env: dict[str, str]
+) -> None:
+    bucket = weed.new_bucket()
+    run_env = {
+        **env,
+        **job_env(weed, tmp_path / "work"),
+        "FTRAIN_STORAGE": f"s3://{bucket}/ckpt",
+        "FTRAIN_KILL_AT": "step:22",
+        "FTRAIN_KILL_ONCE": str(tmp_path / "kills"),
+        "OMP_NUM_THREADS": "1",
+    }
+    (tmp_path / "work").mkdir()
+    result = ftrain_process(
+        ["run", "proj", "--run-id", "s3-run", "--nodes", "1", "--gpus-per-node", "2", "--nodelist", "localhost",
+         "--max-retries", "2", "--backoff", "0.2", "--", "-m", "ftrain.examples.train", *ITERS],
+        run_env,
+        timeout=240,
+    )  # fmt: skip
+    out = result.stdout
+    assert result.returncode == 0, f"{out}\n{result.stderr[-3000:]}"
+    assert re.search(r"Attempt 1 of 3 failed \(killed by SIGKILL\) .* — checkpoint step 20;", out), out
+    assert "RESUMED from step=20 (epoch=0)" in out
+    assert "Attempt 2 of 3 succeeded" in out and "checkpoint step 30" in out
+    assert final_digest(result) == reference
+    assert sealed(weed, bucket, "s3-run") == [30, 25, 20]
+
+    status = ftrain_process(["status", "s3-run"], run_env)
+    assert status.returncode == 0 and f"s3://{bucket}/ckpt/s3-run/step-30" in status.stdout, status
+    audit = ftrain_process(["audit", "verify", "s3-run"], run_env)
+    assert audit.returncode == 0 and "every chain intact" in audit.stdout, audit
+    events = ftrain_process(["replay", "s3-run", "--json"], run_env)
+    kinds = [e["event"]["type"] for e in json.loads(events.stdout)]
+    assert kinds.count("failed") == 1 and kinds[-1] == "completed", kinds
+    checkpointed = [e["event"] for e in json.loads(events.stdout) if e["event"]["type"] == "checkpointed"]
+    assert [c["step"] for c in checkpointed] == [5, 10, 15, 20, 25, 30]
+    assert all(c["uri"].startswith(f"s3://{bucket}/ckpt/s3-run/step-") for c in checkpointed)
