@@ -8,6 +8,8 @@ import os
 import re
 import signal
 import subprocess
+import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ftrain_process
-from tests.s3 import Endpoint, seaweedfs
+from tests.s3 import Endpoint, restart_seaweedfs, seaweedfs
 from tests.training import final_digest, resumed_step, torchrun, torchrun_command, torchrun_env
 from workers.layout import MARKER
-from workers.s3.server import throwaway_storage_server
+from workers.s3.server import kill_storage_server, throwaway_storage_server
 
 pytestmark = pytest.mark.timeout(300)
 ITERS = ("--train-iters", "30", "--save-interval", "5")
@@ -164,3 +166,79 @@ def test_ftrain_run_on_s3_relaunches_after_a_sigkill_and_resumes_from_the_newest
     checkpointed = [e["event"] for e in json.loads(events.stdout) if e["event"]["type"] == "checkpointed"]
     assert [c["step"] for c in checkpointed] == [5, 10, 15, 20, 25, 30]
     assert all(c["uri"].startswith(f"s3://{bucket}/ckpt/s3-run/step-") for c in checkpointed)
+
+
+def test_the_store_killed_mid_run_fails_saves_closed_and_once_restarted_the_next_save_lands(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    (tmp_path / "work").mkdir()
+    with throwaway_storage_server(tmp_path / "weed") as proc:
+        store = Endpoint("seaweedfs", proc.endpoint, proc.access_key, proc.secret_key, True)
+        bucket = store.new_bucket()
+        run_env = {
+            **os.environ,
+            **env,
+            **job_env(store, tmp_path / "work"),
+            "FTRAIN_STORAGE": f"s3://{bucket}/ckpt",
+            "FTRAIN_MAX_FAILED_SAVES": "100",
+            "AWS_MAX_ATTEMPTS": "1",
+            "OMP_NUM_THREADS": "1",
+        }
+        argv = ["run", "proj", "--run-id", "s3-back", "--nodes", "1", "--gpus-per-node", "2", "--nodelist",
+                "localhost", "--max-retries", "0", "--", "-m", "ftrain.examples.train", "--train-iters", "300",
+                "--save-interval", "10"]  # fmt: skip
+        job = subprocess.Popen(
+            [str(Path(sys.executable).with_name("ftrain")), *argv],
+            env=run_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        err: list[str] = []
+        first_failure = threading.Event()
+
+        def read_stderr() -> None:
+            assert job.stderr is not None
+            for line in job.stderr:
+                err.append(line)
+                if "not saved (1 of 100" in line:
+                    first_failure.set()
+
+        reader = threading.Thread(target=read_stderr, daemon=True)
+        reader.start()
+        try:
+            deadline = time.monotonic() + 120
+            while not (before := sealed(store, bucket, "s3-back")) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            kill_storage_server(proc)  # the store crashes mid-run
+            assert first_failure.wait(60), "".join(err)[-3000:]
+            probe = (bucket, f"ckpt/s3-back/step-{before[0]}/{MARKER}")
+            proc = restart_seaweedfs(proc, probe)  # same data directory, keys and ports
+            out, _ = job.communicate(timeout=180)
+            reader.join(5)
+        finally:
+            if job.poll() is None:
+                os.killpg(job.pid, signal.SIGKILL)
+        stderr = "".join(err)
+        assert job.returncode == 0, f"{out}\n{stderr[-3000:]}"
+        failed = [int(s) for s in re.findall(r"checkpoint at step (\d+) not saved", stderr)]
+        assert failed and all("storage unavailable" in line for line in err if "not saved" in line), stderr
+        assert "FINAL step=300" in out
+        print(f"saves failed while the store was down: steps {failed}")
+        # once the store is back: no marker and no `checkpointed` event for a failed step; later saves landed
+        for step in failed:
+            assert f"ckpt/s3-back/step-{step}/{MARKER}" not in keys(
+                store, bucket, f"ckpt/s3-back/step-{step}/"
+            )
+        assert sealed(store, bucket, "s3-back") == [300, 290, 280]
+        events = json.loads(ftrain_process(["replay", "s3-back", "--json"], run_env).stdout)
+        recorded = [e["event"]["step"] for e in events if e["event"]["type"] == "checkpointed"]
+        assert not set(recorded) & set(failed) and max(recorded) == 300 and max(failed) < 280, (
+            recorded,
+            failed,
+        )
+        assert recorded == sorted(set(range(10, 301, 10)) - set(failed)), (recorded, failed)
+        assert events[-1]["event"]["type"] == "completed"
+        audit = ftrain_process(["audit", "verify", "s3-back"], run_env)
+        assert audit.returncode == 0 and "every chain intact" in audit.stdout, audit
