@@ -34,9 +34,16 @@ def weed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoint]:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> str:
+def reference_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """An uninterrupted 30-step job on a file system: its checkpoint directory and final digest."""
+    ckpt = tmp_path_factory.mktemp("reference") / "ckpt"
+    return ckpt, final_digest(torchrun(ckpt, *ITERS))
+
+
+@pytest.fixture(scope="module")
+def reference(reference_run: tuple[Path, str]) -> str:
     """The digest of an uninterrupted 30-step job on a file system."""
-    return final_digest(torchrun(tmp_path_factory.mktemp("reference") / "ckpt", *ITERS))
+    return reference_run[1]
 
 
 def job_env(weed: Endpoint, work: Path) -> dict[str, str]:
@@ -242,3 +249,34 @@ def test_the_store_killed_mid_run_fails_saves_closed_and_once_restarted_the_next
         assert events[-1]["event"]["type"] == "completed"
         audit = ftrain_process(["audit", "verify", "s3-back"], run_env)
         assert audit.returncode == 0 and "every chain intact" in audit.stdout, audit
+
+
+def readme_blocks(section: str) -> list[str]:
+    """The python blocks of a README section, as written."""
+    text = (Path(__file__).parent.parent / "README.md").read_text()
+    body = text.split(f"\n## {section}\n", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```python\n(.*?)```", body, re.DOTALL)
+
+
+def test_readme_getting_weights_out_runs_on_local_and_s3_checkpoints(
+    weed: Endpoint, reference_run: tuple[Path, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    local, s3 = readme_blocks("Getting weights out")
+    ckpt, digest = reference_run
+    monkeypatch.chdir(tmp_path)
+    ns: dict[str, object] = {}
+    exec(local.replace('"ckpts/my-run/step-30"', repr(str(ckpt / "step-30"))), ns)
+    assert ns["params_sha256"](ns["model"]) == digest
+    assert (tmp_path / "step-30.pt").is_file()
+
+    bucket = weed.new_bucket()
+    job = torchrun(f"s3://{bucket}/ckpt/my-run", *ITERS, env=job_env(weed, tmp_path))
+    assert final_digest(job) == digest
+    for key, value in weed.env().items():
+        monkeypatch.setenv(key, value)
+    ns = {}
+    exec(s3.replace('"my-bucket"', repr(bucket)), ns)
+    assert ns["step_dir"] == "step-30-local" and (tmp_path / "step-30-local" / ".metadata").is_file()
+    ns = {}
+    exec(local.replace('"ckpts/my-run/step-30"', '"step-30-local"').replace('"step-30.pt"', '"s3.pt"'), ns)
+    assert ns["params_sha256"](ns["model"]) == digest
