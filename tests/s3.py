@@ -3,6 +3,7 @@ fresh bucket per test. The backend suite runs the same tests against both."""
 
 import contextlib
 import logging
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,7 +12,12 @@ from typing import Any
 import msgspec
 
 from workers.s3.client import make_client
-from workers.s3.server import throwaway_storage_server
+from workers.s3.server import (
+    SeaweedProcess,
+    ensure_storage_server,
+    kill_storage_server,
+    throwaway_storage_server,
+)
 from workers.storage.s3_store import S3Storage
 
 
@@ -59,6 +65,32 @@ def seaweedfs(tmp: Path) -> Iterator[Endpoint]:
     """A throwaway SeaweedFS under `tmp`, killed on exit."""
     with throwaway_storage_server(tmp) as proc:
         yield Endpoint("seaweedfs", proc.endpoint, proc.access_key, proc.secret_key, True)
+
+
+def restart_seaweedfs(proc: SeaweedProcess, probe: tuple[str, str] | None = None) -> SeaweedProcess:
+    """SIGKILL the server (if still alive), then start it again on the same data directory, keys and ports.
+    Its S3 gateway answers listings a second or two before objects written before the crash can be read
+    (InternalError until the volume server has re-registered): with `probe` (bucket, key of an object
+    written before), wait until that object reads back."""
+    kill_storage_server(proc)
+    home = Path(proc.data_dir).parent.parent  # data_dir is <home>/seaweedfs/data
+    new = ensure_storage_server(home, bucket=None, ports=proc.ports)
+    if (new.endpoint, new.data_dir) != (proc.endpoint, proc.data_dir):
+        raise AssertionError(f"restarted at {new.endpoint} on {new.data_dir}, expected {proc.endpoint}")
+    if probe is not None:
+        client = make_client(
+            endpoint=new.endpoint, access_key=new.access_key, secret_key=new.secret_key, timeout=2, attempts=1
+        )
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                client.get_object(Bucket=probe[0], Key=probe[1])["Body"].read()
+                break
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+    return new
 
 
 @contextlib.contextmanager

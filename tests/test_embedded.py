@@ -90,3 +90,30 @@ def test_the_control_plane_never_imports_torch() -> None:
     loaded = modules_imported_by(wanted)
     assert wanted <= loaded
     assert not {m for m in loaded if m.partition(".")[0] == "torch"}
+
+
+def test_demo_on_the_embedded_seaweedfs_resumes_from_s3_and_ends_bit_identical(tmp_path: Path) -> None:
+    """Costly: two 2-process training jobs (one killed and relaunched) and a SeaweedFS: about 26 s here."""
+    env = {"FTRAIN_HOME": str(tmp_path / "home"), "FTRAIN_NATS_URL": "", "FTRAIN_STORAGE": ""}
+    try:
+        result = ftrain_process(["demo", "--s3"], env, timeout=300)
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert "Traceback" not in result.stderr
+        out = result.stdout
+        assert "# checkpoints go to s3://ftrain/checkpoints on SeaweedFS at http://127.0.0.1:" in out
+        assert "Attempt 1 of 3 failed (killed by SIGKILL)" in out
+        assert "RESUMED from step=30 (epoch=0)" in out
+        assert "Attempt 2 of 3 succeeded" in out
+        assert "state       completed" in out and "resumes     1" in out
+        assert "s3://ftrain/checkpoints/dist-demo-1x2-fsdp/step-60" in out  # status shows the S3 URI
+        assert f"Verified 10 event(s) in 1 run(s): every chain intact and anchored; signed by {SIGNER}" in out
+        assert (
+            "sealed on S3 under s3://ftrain/checkpoints/dist-demo-1x2-fsdp/: step-60, step-50, step-40" in out
+        )
+        digests = re.findall(r"params_sha256=([0-9a-f]{64})", out)
+        assert len(digests) == 4 and len(set(digests)) == 1
+        assert "identical: the SIGKILL cost recomputed steps, nothing else" in out
+        assert not (tmp_path / "home" / "checkpoints" / "dist-demo-1x2-fsdp").exists()
+    finally:
+        ftrain_process(["storage", "stop"], env)
+        ftrain_process(["server", "stop"], env)

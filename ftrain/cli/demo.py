@@ -5,6 +5,10 @@
    failure and relaunches, the trainer resumes from its newest valid checkpoint, the run completes;
 3. `ftrain status` and `ftrain audit verify` read the run back from the log;
 4. the two digests are compared: exact resume means they are equal.
+
+With `--s3` the supervised run checkpoints to the embedded SeaweedFS (started, or reused, under FTRAIN_HOME as
+`ftrain storage start` does, and left running): sync saves uploaded and sealed on S3, the resume downloaded and
+verified from it; the reference run stays on the local file system, so equal digests also say S3 changed nothing.
 """
 
 import os
@@ -13,13 +17,16 @@ import shlex
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Final
 
 from ftrain import settings
 from ftrain.cli.shell import Shell
 from ftrain.supervise.attempts import free_port
 
 ITERS, INTERVAL, KILL_STEP = 60, 10, 35
+S3_PREFIX: Final = "checkpoints"
 TRAIN = ("-m", "ftrain.examples.train", "--train-iters", str(ITERS), "--save-interval", str(INTERVAL))
 FINAL = re.compile(r"FINAL step=\d+ params_sha256=([0-9a-f]{64})")
 
@@ -41,9 +48,30 @@ def _tee(argv: list[str], env: dict[str, str]) -> tuple[int, str]:
     return proc.returncode, "".join(lines)
 
 
-def run_demo(ftrain: Shell) -> int:
+def _embedded_s3() -> tuple[dict[str, str], Callable[[str], list[int]]]:
+    """Start (or reuse) the embedded SeaweedFS: the variables that point the job at it, and a lister of a
+    run's sealed steps there."""
+    from workers.s3.client import make_client
+    from workers.s3.server import DEFAULT_BUCKET, ensure_storage_server
+    from workers.storage.s3_store import S3Storage
+
+    proc = ensure_storage_server(settings.home(os.environ))
+    root = f"s3://{DEFAULT_BUCKET}/{S3_PREFIX}"
+    print(f"# checkpoints go to {root} on SeaweedFS at {proc.endpoint} (`ftrain storage stop` stops it)")
+    client = make_client(endpoint=proc.endpoint, access_key=proc.access_key, secret_key=proc.secret_key)
+    storage = S3Storage(DEFAULT_BUCKET, S3_PREFIX, client)
+    return {**proc.env(), settings.STORAGE: root}, lambda run: [d.step for d in storage.complete(run)]
+
+
+def run_demo(ftrain: Shell, *, s3: bool = False) -> int:
     """Play it; returns 0 when the interrupted run ends bit-identical to the uninterrupted one."""
     quiet = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_CPP_LOG_LEVEL": "ERROR", "LOGLEVEL": "ERROR"}
+    sealed: Callable[[str], list[int]] | None = None
+    if s3:
+        store_env, sealed = _embedded_s3()
+        storage_env = {**quiet, **store_env}
+    else:
+        storage_env = quiet
     with tempfile.TemporaryDirectory(prefix="ftrain-demo-") as scratch:
         print(
             f"# 1. the reference: {ITERS} steps, uninterrupted (2 CPU processes, FSDP2 over gloo)", flush=True
@@ -59,7 +87,7 @@ def run_demo(ftrain: Shell) -> int:
 
         print(f"\n# 2. the same job under the supervisor, SIGKILLed once after step {KILL_STEP}", flush=True)
         chaos = {
-            **quiet,
+            **storage_env,
             settings.KILL_AT: f"step:{KILL_STEP}",
             settings.KILL_ONCE: str(Path(scratch) / "kills"),
         }
@@ -75,6 +103,9 @@ def run_demo(ftrain: Shell) -> int:
     print("\n# 3. the run as the log tells it", flush=True)
     if code := ftrain("status", run_id) or ftrain("audit", "verify", run_id):
         return code
+    if sealed is not None:
+        steps = ", ".join(f"step-{n}" for n in sealed(run_id))
+        print(f"sealed on S3 under {storage_env[settings.STORAGE]}/{run_id}/: {steps}", flush=True)
 
     print("\n# 4. exact resume", flush=True)
     same = reference.group(1) == resumed.group(1)

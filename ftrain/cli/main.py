@@ -194,6 +194,9 @@ def build_parser() -> argparse.ArgumentParser:
         "demo", help="a 2-process CPU training run, SIGKILLed and resumed, checked bit for bit"
     )
     p.add_argument("--log-only", action="store_true", help="the control-plane scenario only (no torch)")
+    p.add_argument(
+        "--s3", action="store_true", help="checkpoint to the embedded SeaweedFS (`ftrain storage start`)"
+    )
     return parser
 
 
@@ -270,7 +273,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             return run_log_demo(Shell(main))
         from ftrain.cli.demo import run_demo
 
-        return run_demo(Shell(main))
+        return run_demo(Shell(main), s3=args.s3)
     if args.command == "run":
         from ftrain.cli.launch import supervise
 

@@ -247,8 +247,10 @@ def _log_tail(path: Path, since: int) -> str:
     return "\n".join(lines) or "(server.log is empty)"
 
 
-def _launch(directory: Path, bucket: str | None, ready_timeout: float) -> SeaweedProcess:
-    s3, master, volume, filer = pick_ports(4)
+def _launch(
+    directory: Path, bucket: str | None, ready_timeout: float, ports: tuple[int, ...] | None = None
+) -> SeaweedProcess:
+    s3, master, volume, filer = ports or pick_ports(4)
     data = private_dir(directory / "data")
     access, secret = _keys(directory)
     identities = directory / "s3.json"
@@ -271,6 +273,7 @@ def _launch(directory: Path, bucket: str | None, ready_timeout: float) -> Seawee
         "-s3.port.lance=0",
         "-s3.autoCreateBucket=false",
         "-master.telemetry=false",
+        "-master.electionTimeout=2s",  # one master: a restart elects itself in ~2 s, not 10-18 s
         "-master.volumeSizeLimitMB=256",
         "-volume.max=0",
     ]
@@ -321,6 +324,12 @@ def _kill(pid: int) -> None:
     wait_gone(pid, 5.0)
 
 
+def kill_storage_server(proc: SeaweedProcess) -> None:
+    """SIGKILL the server (a crash: nothing flushed) and wait until it is gone; its record stays."""
+    if _is_our_weed(proc.pid, proc.data_dir):
+        _kill(proc.pid)
+
+
 def _terminate(pid: int) -> None:
     """SIGTERM, SIGKILL to the process group after TERM_GRACE seconds."""
     send_signal(pid, signal.SIGTERM)
@@ -337,10 +346,15 @@ def _running(directory: Path) -> SeaweedProcess | None:
 
 
 def ensure_storage_server(
-    home: Path, *, bucket: str | None = DEFAULT_BUCKET, ready_timeout: float = READY_TIMEOUT
+    home: Path,
+    *,
+    bucket: str | None = DEFAULT_BUCKET,
+    ready_timeout: float = READY_TIMEOUT,
+    ports: tuple[int, ...] | None = None,
 ) -> SeaweedProcess:
     """Reuse the recorded server when alive and answering, else start one (one at a time, across processes);
-    creates `bucket` when given."""
+    creates `bucket` when given. `ports` (S3, master, volume, filer) pins a new server's ports (a restart on
+    the same endpoint), else free ones are picked."""
     directory = seaweed_dir(home)
     with locked(directory):
         rec = _running(directory)
@@ -353,7 +367,7 @@ def ensure_storage_server(
             _terminate(stale.pid)  # alive but not answering: never run two on one store
         for attempt in range(_PORT_ATTEMPTS):
             try:
-                return _launch(directory, bucket, ready_timeout)
+                return _launch(directory, bucket, ready_timeout, ports)
             except SeaweedError:
                 if attempt + 1 == _PORT_ATTEMPTS:
                     raise
@@ -391,6 +405,8 @@ def throwaway_storage_server(tmp: Path, bucket: str | None = None) -> Iterator[S
     try:
         yield proc
     finally:
-        if _is_our_weed(proc.pid, proc.data_dir):
-            _kill(proc.pid)
+        kill_storage_server(proc)
+        now = read_record(seaweed_dir(tmp))  # a test may have restarted it
+        if now is not None:
+            kill_storage_server(now)
         _record_path(seaweed_dir(tmp)).unlink(missing_ok=True)
