@@ -524,15 +524,26 @@ def worker(args: argparse.Namespace) -> int:
     }
     dist.destroy_process_group()
     if rank == 0:
-        result["wall_s"] = time.perf_counter() - start
-        report(result)
-        if args.json:
-            result["targets"] = [
-                {"figure": f, "value": v, "target": t, "met": ok} for f, v, t, ok in targets(result)
-            ]
-            args.json.write_text(json.dumps(result, indent=2) + "\n")
-            print(f"figures written to {args.json}")
+        publish(result, start, args.json, report, targets)
     return 0
+
+
+def publish(
+    result: dict[str, Any],
+    start: float,
+    json_path: Path | None,
+    report: Callable[[dict[str, Any]], None],
+    targets: Callable[[dict[str, Any]], list[tuple[str, str, str, bool | None]]],
+) -> None:
+    """Rank 0's end of a run: the wall time, the printed report, and every figure with its target as JSON."""
+    result["wall_s"] = time.perf_counter() - start
+    report(result)
+    if json_path:
+        result["targets"] = [
+            {"figure": f, "value": v, "target": t, "met": ok} for f, v, t, ok in targets(result)
+        ]
+        json_path.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"figures written to {json_path}")
 
 
 def launch(args: argparse.Namespace) -> int:

@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-import json
 import logging
 import os
 import platform
@@ -47,7 +46,18 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from bench_checkpoint import GB, WORLD, build_state, local_bytes, median, table, total, verdict, worst
+from bench_checkpoint import (
+    GB,
+    WORLD,
+    build_state,
+    local_bytes,
+    median,
+    publish,
+    table,
+    total,
+    verdict,
+    worst,
+)
 from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
@@ -405,14 +415,7 @@ def worker(args: argparse.Namespace) -> int:
     }
     dist.destroy_process_group()
     if rank == 0:
-        result["wall_s"] = time.perf_counter() - start
-        report(result)
-        if args.json:
-            result["targets"] = [
-                {"figure": f, "value": v, "target": t, "met": ok} for f, v, t, ok in targets(result)
-            ]
-            args.json.write_text(json.dumps(result, indent=2) + "\n")
-            print(f"figures written to {args.json}")
+        publish(result, start, args.json, report, targets)
     return 0
 
 

