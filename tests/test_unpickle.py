@@ -46,6 +46,13 @@ def test_a_pickle_naming_a_global_outside_the_allowlist_is_refused_by_name_and_n
     buffer.seek(0)
     with pytest.raises(ForbiddenPickle, match=r"^item app\.x names posix\.system, which is not allowed$"):
         torch_load(buffer, "item app.x")
+    legacy = (
+        io.BytesIO()
+    )  # torch.load's other path: the pre-zip format reads its header with the module's load
+    torch.save({"hook": Touch(marker)}, legacy, _use_new_zipfile_serialization=False)
+    legacy.seek(0)
+    with pytest.raises(ForbiddenPickle, match=r"names posix\.system, which is not allowed$"):
+        torch_load(legacy, "item app.y")
     assert not marker.exists()
 
 
