@@ -12,7 +12,8 @@ import pytest
 from tests.s3 import Endpoint, endpoint
 from workers.layout import MARKER, WRITER_CLAIM
 from workers.storage.errors import CheckpointExists, StorageUnavailable
-from workers.storage.s3_store import Claim, S3Storage
+from workers.storage.s3_partial import Claim
+from workers.storage.s3_store import S3Storage
 
 KINDS = ("seaweedfs", "moto")
 
@@ -113,8 +114,8 @@ def test_two_writers_of_one_step_exactly_one_wins(s3: Endpoint, bucket: str) -> 
 
 def test_the_marker_is_one_conditional_put(s3: Endpoint, bucket: str, storage: S3Storage) -> None:
     """The seal itself: a second `If-None-Match: *` put of the marker is refused (412) on both stores."""
-    assert storage._put_if_absent("ckpt/r1/step-5/.complete", b"first")
-    assert not storage._put_if_absent("ckpt/r1/step-5/.complete", b"second")
+    assert storage.objects.put_if_absent("ckpt/r1/step-5/.complete", b"first")
+    assert not storage.objects.put_if_absent("ckpt/r1/step-5/.complete", b"second")
     body = s3.client().get_object(Bucket=bucket, Key="ckpt/r1/step-5/.complete")["Body"].read()
     assert body == b"first"
 

@@ -22,20 +22,16 @@ else — an unreachable endpoint, a timeout, 5xx, AccessDenied, bad credentials,
 """
 
 import os
-import socket
-import time
-import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Final, TypeVar
+from typing import Any, Final
 from urllib.parse import urlparse
 
 import msgspec
 import structlog
-from boto3.s3.transfer import TransferConfig
-from botocore.exceptions import BotoCoreError, ClientError
+from botocore.exceptions import BotoCoreError
 
 from events.private import open_private
 from projections.lifecycle import OnDisk
@@ -51,34 +47,15 @@ from workers.layout import (
     step_name,
 )
 from workers.manifest import FileEntry, Manifest, Marker, decode_manifest, decode_marker, encode_manifest
-from workers.s3.client import CONFLICT, PRECONDITION_FAILED, error_code, is_missing, make_client, reason
+from workers.s3.bucket import Bucket, ObjectMissing
 from workers.storage.errors import CheckpointExists, StorageError, StorageUnavailable
 from workers.storage.port import Source, StoredCheckpoint
+from workers.storage.s3_partial import claim_body, clean
 from workers.storage.verdict import entry_verdict, judge_manifest
 
-T = TypeVar("T")
 log = structlog.get_logger(__name__)
 
-TRANSFER: Final = TransferConfig(
-    multipart_threshold=64 << 20, multipart_chunksize=16 << 20, max_concurrency=8, use_threads=True
-)
-"""Files over 64 MiB go up in 16 MiB parts, 8 at a time."""
-DELETE_BATCH: Final = 1000
-CONFLICT_RETRIES: Final = 5
 VERIFY_THREADS: Final = 8
-
-
-class _Missing(Exception):
-    """The object is not there."""
-
-
-class Claim(msgspec.Struct, frozen=True):
-    """Who is writing a step: the body of its `.writer` object."""
-
-    host: str
-    pid: int
-    nonce: str
-    time: float
 
 
 def parse_s3_uri(text: str) -> tuple[str, str]:
@@ -94,34 +71,18 @@ def parse_s3_uri(text: str) -> tuple[str, str]:
     return bucket, prefix
 
 
-class _HashingReader:
-    """A file read once, front to back, hashed as boto3 takes its bytes. No seek: boto3 then buffers each part
-    it sends, so a retried part is re-sent from memory, never re-read (and never hashed twice)."""
-
-    def __init__(self, f: Any) -> None:
-        self._f = f
-        self.hasher = Hasher()
-
-    def read(self, size: int = -1) -> bytes:
-        data: bytes = self._f.read(size)
-        self.hasher.update(data)
-        return data
-
-
 class S3Storage:
     """Checkpoints under `s3://bucket/prefix`."""
 
     def __init__(self, bucket: str, prefix: str, client: Any = None) -> None:
         self.bucket = bucket
         self.prefix = prefix
-        self._client = client
+        self.objects = Bucket(bucket, client)
 
     @property
     def client(self) -> Any:
         """The boto3 client, made on first use (from the standard AWS chain)."""
-        if self._client is None:
-            self._client = make_client()
-        return self._client
+        return self.objects.client
 
     @property
     def root(self) -> str:
@@ -134,10 +95,7 @@ class S3Storage:
 
     def step_uri(self, run_id: str, step: int) -> str:
         """The URI of `step` of the run."""
-        return self._uri(self._run_key(run_id) + step_name(step))
-
-    def _uri(self, key_prefix: str) -> str:
-        return f"s3://{self.bucket}/{key_prefix.rstrip('/')}"
+        return self.objects.uri(self._run_key(run_id) + step_name(step))
 
     def _step_key(self, uri: str) -> str:
         """The key prefix (ending in '/') of a step URI of this bucket."""
@@ -145,97 +103,6 @@ class S3Storage:
         if parsed.scheme != "s3" or parsed.netloc != self.bucket or not parsed.path.strip("/"):
             raise StorageError(f"{uri!r} is not a checkpoint in s3://{self.bucket}")
         return parsed.path.strip("/") + "/"
-
-    # -- calls ---------------------------------------------------------------------------------------------
-
-    def _call(self, what: str, fn: Callable[..., T], /, **kwargs: Any) -> T:
-        """One S3 call; a missing object raises _Missing, anything else out of reach StorageUnavailable."""
-        try:
-            return fn(**kwargs)
-        except ClientError as exc:
-            if is_missing(exc) and "Key" in kwargs:
-                raise _Missing(what) from exc
-            raise self._unavailable(what, exc) from exc
-        except BotoCoreError as exc:
-            raise self._unavailable(what, exc) from exc
-
-    def _unavailable(self, what: str, exc: BaseException) -> StorageUnavailable:
-        return StorageUnavailable(f"storage unavailable: s3://{self.bucket}/{what}: {reason(exc)}")
-
-    def _reach(self, prefix: str) -> None:
-        """Raise StorageUnavailable unless the bucket answers a listing (its body names the reason, where a
-        HEAD would only say 404)."""
-        self._call(prefix, self.client.list_objects_v2, Bucket=self.bucket, Prefix=prefix, MaxKeys=1)
-
-    def _get(self, key: str) -> bytes:
-        body = self._call(key, self.client.get_object, Bucket=self.bucket, Key=key)["Body"]
-        try:
-            data: bytes = body.read()
-        except (BotoCoreError, OSError) as exc:
-            raise self._unavailable(key, exc) from exc
-        return data
-
-    def _keys(self, prefix: str) -> list[str]:
-        keys: list[str] = []
-        pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix)
-        try:
-            for page in pages:
-                keys.extend(obj["Key"] for obj in page.get("Contents", ()))
-        except (ClientError, BotoCoreError) as exc:
-            raise self._unavailable(prefix, exc) from exc
-        return keys
-
-    def _children(self, prefix: str) -> list[str]:
-        """Names of the 'directories' directly under `prefix`."""
-        names: list[str] = []
-        pages = self.client.get_paginator("list_objects_v2").paginate(
-            Bucket=self.bucket, Prefix=prefix, Delimiter="/"
-        )
-        try:
-            for page in pages:
-                names.extend(p["Prefix"][len(prefix) :].rstrip("/") for p in page.get("CommonPrefixes", ()))
-        except (ClientError, BotoCoreError) as exc:
-            raise self._unavailable(prefix, exc) from exc
-        return names
-
-    def _delete(self, keys: Sequence[str]) -> None:
-        """Delete in batches (DeleteObjects, 1,000 keys a request); the marker, if listed, goes first alone."""
-        first = [k for k in keys if k.endswith("/" + MARKER)]
-        rest = [k for k in keys if k not in first]
-        for batch in [first] + [rest[i : i + DELETE_BATCH] for i in range(0, len(rest), DELETE_BATCH)]:
-            if not batch:
-                continue
-            result = self._call(
-                batch[0],
-                self.client.delete_objects,
-                Bucket=self.bucket,
-                Delete={"Objects": [{"Key": k} for k in batch], "Quiet": True},
-            )
-            errors = result.get("Errors") or []
-            if errors:
-                err = errors[0]
-                raise StorageUnavailable(
-                    f"storage unavailable: s3://{self.bucket}/{err.get('Key')}: {err.get('Code')}: {err.get('Message')}"
-                )
-
-    def _put_if_absent(self, key: str, body: bytes) -> bool:
-        """Conditional PutObject (`If-None-Match: *`): True if written, False if the object exists (412); a
-        409 conflict (a conditional write in flight) is retried."""
-        for attempt in range(CONFLICT_RETRIES):
-            try:
-                self.client.put_object(Bucket=self.bucket, Key=key, Body=body, IfNoneMatch="*")
-                return True
-            except ClientError as exc:
-                code = error_code(exc)
-                if code in PRECONDITION_FAILED:
-                    return False
-                if code in CONFLICT and attempt + 1 < CONFLICT_RETRIES:
-                    time.sleep(0.05 * 2**attempt)
-                    continue
-                raise self._unavailable(key, exc) from exc
-            except BotoCoreError as exc:
-                raise self._unavailable(key, exc) from exc
-        raise AssertionError("unreachable")
 
     # -- write ---------------------------------------------------------------------------------------------
 
@@ -287,13 +154,14 @@ class S3Storage:
         """Claim `step` of the run for this writer (after removing the run's stale partial work); its URI.
         CheckpointExists when the step is sealed or another writer claimed it."""
         step_key = self._run_key(run_id) + step_name(step) + "/"
-        uri = self._uri(step_key)
-        self._reach(step_key)  # a missing bucket or refused key is named by the server before anything else
-        if self._exists(step_key + MARKER):
+        uri = self.objects.uri(step_key)
+        self.objects.reach(
+            step_key
+        )  # a missing bucket or refused key is named by the server before anything else
+        if self.objects.exists(step_key + MARKER):
             raise CheckpointExists(f"{uri} already exists")
         self.clean(run_id)
-        claim = Claim(socket.gethostname(), os.getpid(), uuid.uuid4().hex[:8], time.time())
-        if not self._put_if_absent(step_key + WRITER_CLAIM, msgspec.json.encode(claim)):
+        if not self.objects.put_if_absent(step_key + WRITER_CLAIM, claim_body()):
             raise CheckpointExists(f"{uri} already exists (another writer claimed it)")
         return uri
 
@@ -306,30 +174,17 @@ class S3Storage:
             raise StorageError(f"checkpoint file name {name!r} is not allowed")
         key = self._step_key(uri) + name
         if isinstance(src, bytes):
-            self._call(key, self.client.put_object, Bucket=self.bucket, Key=key, Body=src)
+            self.objects.put(key, src)
             entry = FileEntry(name, len(src), digest_of(src))
         else:
-            with open(src, "rb") as f:
-                reader = _HashingReader(f)
-                try:
-                    self.client.upload_fileobj(reader, self.bucket, key, Config=TRANSFER)
-                except (ClientError, BotoCoreError) as exc:
-                    raise self._unavailable(key, exc) from exc
-                except Exception as exc:  # s3transfer wraps some failures in its own types
-                    raise StorageUnavailable(f"storage unavailable: s3://{self.bucket}/{key}: {exc}") from exc
-            hashed = reader.hasher.result()
+            hashed = self.objects.upload(key, src)
             entry = FileEntry(name, hashed.size, hashed.digest)
         if known is not None:
             if (entry.size, entry.digest) != (known.size, known.digest):
                 raise StorageError(f"{name} changed between its write and its upload")
-            try:
-                stored = self._call(key, self.client.head_object, Bucket=self.bucket, Key=key)
-            except _Missing:
-                stored = {}
-            if stored.get("ContentLength") != known.size:
-                raise StorageError(
-                    f"s3://{self.bucket}/{key}: stored {stored.get('ContentLength')} bytes, sent {known.size}"
-                )
+            stored = self.objects.size(key)
+            if stored != known.size:
+                raise StorageError(f"s3://{self.bucket}/{key}: stored {stored} bytes, sent {known.size}")
         return entry
 
     def seal(self, uri: str, manifest: Manifest) -> StoredCheckpoint:
@@ -337,12 +192,10 @@ class S3Storage:
         when a marker is there already (the claim was taken from this writer)."""
         step_key = self._step_key(uri)
         raw = encode_manifest(manifest)
-        self._call(
-            step_key + MANIFEST, self.client.put_object, Bucket=self.bucket, Key=step_key + MANIFEST, Body=raw
-        )
+        self.objects.put(step_key + MANIFEST, raw)
         digest = digest_of(raw)
         marker = msgspec.json.encode(Marker(digest, manifest.step, 0))
-        if not self._put_if_absent(step_key + MARKER, marker):
+        if not self.objects.put_if_absent(step_key + MARKER, marker):
             raise CheckpointExists(f"{uri} already exists (another writer sealed it)")
         return StoredCheckpoint(uri, decode_manifest(raw), to_hex(digest))
 
@@ -353,36 +206,29 @@ class S3Storage:
     def _discard(self, step_key: str) -> None:
         """Remove what a failed write of ours left (best effort: `clean` finishes what this cannot)."""
         try:
-            self._delete(self._keys(step_key))
+            self.objects.delete(self.objects.keys(step_key))
         except StorageUnavailable as exc:
             log.warning("partial_step_not_removed", prefix=step_key, error=str(exc))
-
-    def _exists(self, key: str) -> bool:
-        try:
-            self._call(key, self.client.head_object, Bucket=self.bucket, Key=key)
-        except _Missing:
-            return False
-        return True
 
     # -- read ----------------------------------------------------------------------------------------------
 
     def complete(self, run_id: str) -> list[OnDisk]:
         run_key = self._run_key(run_id)
-        self._reach(run_key)
+        self.objects.reach(run_key)
         found: list[OnDisk] = []
-        for name in self._children(run_key):
+        for name in self.objects.children(run_key):
             step = parse_step(name)
             if step is None:
                 continue
             marker = self._marker(run_key + name + "/")
             if isinstance(marker, Marker):
-                found.append(OnDisk(step, self._uri(run_key + name), to_hex(marker.manifest_digest)))
+                found.append(OnDisk(step, self.objects.uri(run_key + name), to_hex(marker.manifest_digest)))
         return sorted(found, key=lambda d: d.step, reverse=True)
 
     def _marker(self, step_key: str) -> Marker | str:
         try:
-            return decode_marker(self._get(step_key + MARKER))
-        except _Missing:
+            return decode_marker(self.objects.get(step_key + MARKER))
+        except ObjectMissing:
             return "completion marker missing"
         except (msgspec.DecodeError, msgspec.ValidationError):
             return "completion marker unreadable"
@@ -402,22 +248,22 @@ class S3Storage:
             or name in (".", "..")
         ):
             return None
-        return self._uri(run_key + name)
+        return self.objects.uri(run_key + name)
 
     def read_manifest(
         self, uri: str, expected_hash: str | None, *, run_id: str | None = None, step: int | None = None
     ) -> Manifest | str:
         """The checkpoint's manifest when its marker and digest check out, else why not (as on a file system)."""
         step_key = self._step_key(uri)
-        self._reach(step_key)
+        self.objects.reach(step_key)
         marker = self._marker(step_key)
         if isinstance(marker, str):
-            if marker == "completion marker missing" and not self._keys(step_key):
+            if marker == "completion marker missing" and not self.objects.keys(step_key):
                 return "directory missing"
             return marker
         try:
-            raw = self._get(step_key + MANIFEST)
-        except _Missing:
+            raw = self.objects.get(step_key + MANIFEST)
+        except ObjectMissing:
             return "manifest missing"
         return judge_manifest(marker, raw, expected_hash, run_id=run_id, step=step)
 
@@ -429,26 +275,12 @@ class S3Storage:
             return manifest
         step_key = self._step_key(uri)
         with ThreadPoolExecutor(min(VERIFY_THREADS, max(1, len(manifest.files)))) as pool:
-            found = list(pool.map(lambda e: self._hash_object(step_key + e.name), manifest.files))
+            found = list(pool.map(lambda e: self.objects.hashed(step_key + e.name), manifest.files))
         for entry, hashed in zip(manifest.files, found, strict=True):
             verdict = f"file {entry.name} missing" if hashed is None else entry_verdict(entry, hashed)
             if verdict:
                 return verdict
         return None
-
-    def _hash_object(self, key: str) -> Hashed | None:
-        """Size and digest of an object, hashed as it streams in; None when it is not there."""
-        try:
-            body = self._call(key, self.client.get_object, Bucket=self.bucket, Key=key)["Body"]
-        except _Missing:
-            return None
-        hasher = Hasher()
-        try:
-            for chunk in body.iter_chunks(CHUNK):
-                hasher.update(chunk)
-        except (BotoCoreError, OSError) as exc:
-            raise self._unavailable(key, exc) from exc
-        return hasher.result()
 
     def fetch(self, uri: str, files: Sequence[FileEntry], into: Path) -> str | None:
         """Download `files` of the checkpoint at `uri` into the private directory `into` (in threads), each
@@ -462,8 +294,8 @@ class S3Storage:
                 return f"file name {entry.name!r} is not allowed"
             key = step_key + entry.name
             try:
-                body = self._call(key, self.client.get_object, Bucket=self.bucket, Key=key)["Body"]
-            except _Missing:
+                body = self.objects.body(key)
+            except ObjectMissing:
                 return f"file {entry.name} missing"
             hasher = Hasher()
             with os.fdopen(open_private(into / entry.name, os.O_WRONLY | os.O_TRUNC), "wb") as out:
@@ -474,7 +306,7 @@ class S3Storage:
                             return f"file {entry.name} is larger than the manifest says ({entry.size} bytes)"
                         out.write(chunk)
                 except (BotoCoreError, OSError) as exc:
-                    raise self._unavailable(key, exc) from exc
+                    raise self.objects.unavailable(key, exc) from exc
             return entry_verdict(entry, hasher.result())
 
         with ThreadPoolExecutor(min(VERIFY_THREADS, max(1, len(files)))) as pool:
@@ -486,7 +318,7 @@ class S3Storage:
         batches); returns the deleted steps. Set-aside prefixes are evidence and never touched."""
         removed = []
         for old in self.complete(run_id)[keep:]:
-            self._delete(self._keys(self._step_key(old.uri)))
+            self.objects.delete(self.objects.keys(self._step_key(old.uri)))
             removed.append(old.step)
             log.info("checkpoint_pruned", step=old.step, uri=old.uri)
         return removed
@@ -495,85 +327,21 @@ class S3Storage:
 
     def quarantine(self, uri: str, kind: SetAsideKind, tag: str) -> str | None:
         step_key = self._step_key(uri)
-        keys = self._keys(step_key)
+        keys = self.objects.keys(step_key)
         if not keys:
             return None
         parent, name = step_key.rstrip("/").rpartition("/")[::2]
         target = (f"{parent}/" if parent else "") + set_aside_name(name, kind, tag) + "/"
         for key in keys:
-            self._call(
-                key,
-                self.client.copy,
-                CopySource={"Bucket": self.bucket, "Key": key},
-                Bucket=self.bucket,
-                Key=target + key[len(step_key) :],
-                Config=TRANSFER,
-            )
-        self._delete(keys)
-        return self._uri(target)
+            self.objects.copy(key, target + key[len(step_key) :])
+        self.objects.delete(keys)
+        return self.objects.uri(target)
 
     def delete(self, uri: str) -> None:
         try:
-            self._delete(self._keys(self._step_key(uri)))
+            self.objects.delete(self.objects.keys(self._step_key(uri)))
         except StorageUnavailable as exc:
             log.warning("checkpoint_not_removed", uri=uri, error=str(exc))
 
     def clean(self, run_id: str) -> list[str]:
-        run_key = self._run_key(run_id)
-        verdicts: dict[str, bool] = {}
-
-        def stale(name: str) -> bool:
-            if name not in verdicts:
-                verdicts[name] = self._stale(run_key + name + "/")
-            return verdicts[name]
-
-        removed = []
-        for name in self._children(run_key):
-            keys = self._keys(run_key + name + "/") if parse_step(name) is not None and stale(name) else []
-            if keys:  # SeaweedFS lists a prefix whose objects are all gone as an (empty) folder
-                self._delete(keys)
-                removed.append(self._uri(run_key + name))
-        for upload in self._uploads(run_key):
-            name = upload["Key"][len(run_key) :].split("/", 1)[0]
-            if parse_step(name) is not None and (stale(name) or self._exists(run_key + name + "/" + MARKER)):
-                self._call(
-                    upload["Key"],
-                    self.client.abort_multipart_upload,
-                    Bucket=self.bucket,
-                    Key=upload["Key"],
-                    UploadId=upload["UploadId"],
-                )
-                removed.append(f"{self._uri(upload['Key'])} (multipart upload {upload['UploadId']})")
-        if removed:
-            log.info("stale_partial_work_removed", run_id=run_id, removed=removed)
-        return removed
-
-    def _stale(self, step_key: str) -> bool:
-        """An unmarked step no live writer owns: no claim, or one by a gone process of this host."""
-        if self._exists(step_key + MARKER):
-            return False
-        try:
-            claim = msgspec.json.decode(self._get(step_key + WRITER_CLAIM), type=Claim)
-        except (_Missing, msgspec.DecodeError, msgspec.ValidationError):
-            return not self._exists(step_key + MARKER)  # sealed meanwhile: a complete step, never stale
-        return claim.host == socket.gethostname() and not _process_exists(claim.pid)
-
-    def _uploads(self, run_key: str) -> Iterator[dict[str, Any]]:
-        pages = self.client.get_paginator("list_multipart_uploads").paginate(
-            Bucket=self.bucket, Prefix=run_key
-        )
-        try:
-            for page in pages:
-                yield from page.get("Uploads", ()) or ()
-        except (ClientError, BotoCoreError) as exc:
-            raise self._unavailable(run_key, exc) from exc
-
-
-def _process_exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        return clean(self.objects, self._run_key(run_id))
