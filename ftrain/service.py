@@ -50,6 +50,7 @@ from projections.lifecycle import (
 from projections.projector import Projector
 from projections.readmodel import ReadModel, damaged
 from projections.run_log import BrokenRun, ContendedRun, RunLog
+from workers import progress
 from workers.checkpoint_dir import OUTSIDE_RUN
 from workers.layout import SetAsideKind
 from workers.storage.errors import CheckpointExists, StorageError, StorageUnavailable
@@ -275,15 +276,16 @@ class RunService:
         except IllegalTransition as exc:
             raise Refused(str(exc)) from exc
         try:
-            written = self.storage.write(
-                run_id=run_id,
-                step=step,
-                epoch=epoch,
-                shards=shards,
-                sources=sources,
-                world_size=state.gpus,
-                dataset_revision=state.launch.dataset_revision,
-            )
+            with progress.shown(f"write step {step}", sum(_size(src) for _, src in sources)):
+                written = self.storage.write(
+                    run_id=run_id,
+                    step=step,
+                    epoch=epoch,
+                    shards=shards,
+                    sources=sources,
+                    world_size=state.gpus,
+                    dataset_revision=state.launch.dataset_revision,
+                )
         except CheckpointExists as exc:
             if any(c.step == step for c in (await self.state_of(run_id)).checkpoints):
                 raise Refused(
@@ -355,11 +357,12 @@ class RunService:
             assert candidate.ref is not None and candidate.digest is not None
             # a URI elsewhere is refused unread and never moved
             uri = storage.confined(candidate.uri, run_id)
-            reason = (
-                storage.verify(uri, candidate.digest, run_id=run_id, step=candidate.step)
-                if uri
-                else OUTSIDE_RUN
-            )
+            with progress.shown(f"verify step {candidate.step}", candidate.ref.recorded.size_bytes):
+                reason = (
+                    storage.verify(uri, candidate.digest, run_id=run_id, step=candidate.step)
+                    if uri
+                    else OUTSIDE_RUN
+                )
             if reason is None:
                 appended = await self._record(run_id, partial(resume_from, ref=candidate.ref, forced=force))
                 if isinstance(appended, Resumed):
@@ -397,6 +400,11 @@ class RunService:
             return plan_resume(state, _run_storage(state).complete(state.run_id), forced=force)
         except IllegalTransition as exc:
             raise Refused(str(exc)) from exc
+
+
+def _size(src: bytes | Path) -> int:
+    """Bytes a checkpoint source holds (for the progress bar)."""
+    return len(src) if isinstance(src, bytes) else src.stat().st_size
 
 
 def _run_storage(state: RunState) -> CheckpointStorage:

@@ -8,9 +8,11 @@ from pathlib import Path
 
 import msgspec
 import pytest
+from botocore.exceptions import ClientError
 
 from tests.s3 import Endpoint, endpoint
 from workers.layout import MARKER, WRITER_CLAIM
+from workers.s3.client import reason
 from workers.storage.errors import CheckpointExists, StorageUnavailable
 from workers.storage.s3_partial import Claim
 from workers.storage.s3_store import S3Storage
@@ -227,15 +229,35 @@ def test_a_stopped_endpoint_is_unavailable_within_the_bound(kind: str, tmp_path:
     assert time.monotonic() - started < 30
 
 
-def test_checksums_only_when_required_are_accepted_by_both_stores(
-    s3: Endpoint, bucket: str, storage: S3Storage
+def test_checksums_go_on_the_wire_and_both_stores_keep_them(
+    s3: Endpoint, bucket: str, storage: S3Storage, tmp_path: Path
 ) -> None:
-    """boto3 ≥ 1.36 would send CRC checksums by default; ftrain's client sends them only when required, and
-    DeleteObjects (which requires one) still goes through."""
-    config = storage.client.meta.config
-    assert config.request_checksum_calculation == "when_required"
-    assert config.response_checksum_validation == "when_required"
+    """boto3's default CRC32 travels with every upload, single-part and multipart (checked by the store on
+    arrival); both stores accept and keep it."""
+    big = tmp_path / "__0_0.distcp"
+    big.write_bytes(bytes(range(256)) * (66 << 12))  # multipart
+    uri = storage.write(
+        run_id="r1", step=10, epoch=1, shards=1, sources=[("state.json", b"{}"), ("__0_0.distcp", big)]
+    ).uri
+    client = s3.client()
+    for name in ("state.json", "__0_0.distcp", "manifest.json", MARKER):
+        head = client.head_object(Bucket=bucket, Key=f"ckpt/r1/step-10/{name}", ChecksumMode="ENABLED")
+        assert head.get("ChecksumCRC32"), name
+    storage.delete(uri)
+    assert _objects(s3, bucket) == []
+
+
+def test_the_standard_switch_turns_wire_checksums_off(
+    s3: Endpoint, bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """For a store that refuses the checksum headers: AWS_REQUEST_CHECKSUM_CALCULATION=when_required (the AWS
+    chain's own setting) sends none, and a save and a delete (DeleteObjects requires one) still go through."""
+    monkeypatch.setenv("AWS_REQUEST_CHECKSUM_CALCULATION", "when_required")
+    storage = s3.storage(bucket)
+    assert storage.client.meta.config.request_checksum_calculation == "when_required"
     uri = _write(storage, 10)
+    head = s3.client().head_object(Bucket=bucket, Key="ckpt/r1/step-10/state.json", ChecksumMode="ENABLED")
+    assert not head.get("ChecksumCRC32")
     storage.delete(uri)
     assert _objects(s3, bucket) == []
 
@@ -243,3 +265,26 @@ def test_checksums_only_when_required_are_accepted_by_both_stores(
 def test_marker_key_is_the_layouts(storage: S3Storage, s3: Endpoint, bucket: str) -> None:
     _write(storage, 10)
     assert f"ckpt/r1/step-10/{MARKER}" in _objects(s3, bucket)
+
+
+@pytest.mark.parametrize(
+    ("code", "message", "hinted"),
+    [
+        ("NotImplemented", "A header you provided implies functionality that is not implemented", True),
+        ("XAmzContentSHA256Mismatch", "", True),
+        ("InvalidArgument", "x-amz-checksum-crc32 header is invalid", True),
+        ("InvalidArgument", "Invalid part number", False),
+        ("BadDigest", "The Content-Md5 you specified did not match what we received.", False),
+        ("NoSuchBucket", "The specified bucket does not exist", False),
+    ],
+)
+def test_a_refusal_of_the_checksum_headers_names_the_standard_switch(
+    code: str, message: str, hinted: bool
+) -> None:
+    """What a store that does not take boto3's checksum headers answers (SeaweedFS and moto both take them,
+    so the answers are written out as botocore parses them): one line with the server's reason, plus the AWS
+    setting that turns the headers off; damaged bytes (BadDigest) are not a setting to change."""
+    error = ClientError({"Error": {"Code": code, "Message": message}}, "PutObject")
+    line = reason(error)
+    assert line.startswith(code) and "\n" not in line
+    assert ("AWS_REQUEST_CHECKSUM_CALCULATION=when_required" in line) == hinted

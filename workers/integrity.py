@@ -13,6 +13,8 @@ from typing import IO, Annotated, Final, NewType
 
 import msgspec
 
+from workers import progress
+
 ALGORITHM: Final = "sha256"
 CHUNK: Final = 8 << 20
 
@@ -44,6 +46,7 @@ class Hasher:
         """Take the next bytes into the digest."""
         self._sha.update(data)
         self.size += len(data)
+        progress.advance(len(data))
 
     def result(self) -> Hashed:
         """Size and digest of everything so far."""

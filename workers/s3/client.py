@@ -1,15 +1,19 @@
 """The boto3 S3 client ftrain uses, and how its errors read.
 
-Endpoint, region and credentials come from the standard AWS chain only (`AWS_ENDPOINT_URL`, `AWS_PROFILE`,
-`AWS_ACCESS_KEY_ID`/`AWS_SECRET_ACCESS_KEY`, `~/.aws/config` and `credentials`, instance roles): nothing of
-ftrain's own. Checksums are sent and checked only where the operation requires them (`when_required`): boto3 ≥
-1.36 otherwise sends CRC checksums some S3-compatible stores reject; ftrain hashes every byte itself. Timeouts
-and retries are bounded, so an unreachable endpoint is reported within seconds, never waited on.
+Endpoint, region, credentials, retries and checksums come from the standard AWS chain only
+(`AWS_ENDPOINT_URL`, `AWS_PROFILE`, `AWS_ACCESS_KEY_ID`/`AWS_SECRET_ACCESS_KEY`, `AWS_MAX_ATTEMPTS`,
+`AWS_REQUEST_CHECKSUM_CALCULATION`, `~/.aws/config` and `credentials`, instance roles): nothing of ftrain's own.
+Where the chain is silent, ftrain bounds the timeouts and retries (an unreachable endpoint is reported within
+seconds, never waited on) and keeps boto3's default checksums on the wire (CRC32 on every upload, checked by
+the store; both stores tested here keep them). A store that rejects them (boto3 ≥ 1.36 sends them by default;
+some S3-compatible stores refuse the headers) is named in the error with the standard switch that turns them
+off: `AWS_REQUEST_CHECKSUM_CALCULATION=when_required`. ftrain's own SHA-256 of every byte stands either way.
 """
 
 from typing import Any, Final
 
 import boto3
+import botocore.session
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
@@ -21,19 +25,23 @@ MISSING: Final = frozenset({"NoSuchKey", "404", "NotFound"})
 """Codes of an object that is not there (in a bucket that is)."""
 PRECONDITION_FAILED: Final = frozenset({"PreconditionFailed", "412"})
 """A conditional write lost: the object exists."""
+CHECKSUM_REFUSED: Final = frozenset({"XAmzContentSHA256Mismatch", "NotImplemented", "MissingContentLength"})
+"""Codes some S3-compatible stores answer to boto3's default checksum headers (a store that understands them
+and finds the bytes damaged answers BadDigest instead: an upload to retry, not a setting to change)."""
+CHECKSUM_HINT: Final = (
+    " (if this store does not accept boto3's checksum headers, set AWS_REQUEST_CHECKSUM_CALCULATION="
+    "when_required and AWS_RESPONSE_CHECKSUM_VALIDATION=when_required)"
+)
 CONFLICT: Final = frozenset({"ConditionalRequestConflict", "OperationAborted", "409"})
 """A conditional write raced another one in flight: retry it."""
 
 
-def client_config(timeout: float = READ_TIMEOUT, attempts: int = ATTEMPTS) -> Config:
-    """Bounded timeouts and retries; checksums only when required."""
-    return Config(
-        connect_timeout=min(CONNECT_TIMEOUT, timeout),
-        read_timeout=timeout,
-        retries={"max_attempts": attempts, "mode": "standard"},
-        request_checksum_calculation="when_required",
-        response_checksum_validation="when_required",
-    )
+def client_config(session: Any, timeout: float = READ_TIMEOUT, attempts: int = ATTEMPTS) -> Config:
+    """Bounded timeouts; retries bounded unless the AWS chain sets them; checksums as the chain says."""
+    retries: Any = {"mode": session.get_config_variable("retry_mode") or "standard"}
+    if session.get_config_variable("max_attempts") is None:
+        retries["max_attempts"] = attempts
+    return Config(connect_timeout=min(CONNECT_TIMEOUT, timeout), read_timeout=timeout, retries=retries)
 
 
 def make_client(
@@ -45,12 +53,14 @@ def make_client(
     attempts: int = ATTEMPTS,
 ) -> Any:
     """An S3 client: from the standard AWS chain, or (the embedded server's own probes) explicit values."""
+    chain = botocore.session.Session()
     session = boto3.session.Session(
+        botocore_session=chain,
         aws_access_key_id=access_key,
         aws_secret_access_key=secret_key,
         region_name="us-east-1" if access_key else None,
     )
-    return session.client("s3", endpoint_url=endpoint, config=client_config(timeout, attempts))
+    return session.client("s3", endpoint_url=endpoint, config=client_config(chain, timeout, attempts))
 
 
 def error_code(exc: BaseException) -> str:
@@ -61,14 +71,18 @@ def error_code(exc: BaseException) -> str:
 
 
 def reason(exc: BaseException) -> str:
-    """The server's reason, one line: `NoSuchBucket: The specified bucket does not exist`, or the transport's."""
+    """The server's reason, one line: `NoSuchBucket: The specified bucket does not exist`, or the transport's;
+    a refusal that may be of the checksum headers says how to turn them off."""
     if isinstance(exc, ClientError):
         err = exc.response.get("Error", {})
         code = str(err.get("Code", "")) or str(
             exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", "")
         )
         message = str(err.get("Message", "")).strip()
-        return f"{code}: {message}" if message and message != code else code or str(exc)
+        line = f"{code}: {message}" if message and message != code else code or str(exc)
+        if code in CHECKSUM_REFUSED or (code == "InvalidArgument" and "checksum" in message.lower()):
+            line += CHECKSUM_HINT
+        return line
     if isinstance(exc, BotoCoreError):
         return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     return f"{type(exc).__name__}: {exc}"
