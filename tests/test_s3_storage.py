@@ -11,9 +11,10 @@ import pytest
 from botocore.exceptions import ClientError
 
 from tests.s3 import Endpoint, endpoint
+from workers.integrity import Hashed, hash_file
 from workers.layout import MARKER, WRITER_CLAIM
 from workers.s3.client import reason
-from workers.storage.errors import CheckpointExists, StorageUnavailable
+from workers.storage.errors import CheckpointExists, StorageError, StorageUnavailable
 from workers.storage.s3_partial import Claim
 from workers.storage.s3_store import S3Storage
 
@@ -288,3 +289,20 @@ def test_a_refusal_of_the_checksum_headers_names_the_standard_switch(
     line = reason(error)
     assert line.startswith(code) and "\n" not in line
     assert ("AWS_REQUEST_CHECKSUM_CALCULATION=when_required" in line) == hinted
+
+
+def test_an_upload_with_its_digest_known_is_sent_whole_and_its_stored_size_checked(
+    s3: Endpoint, bucket: str, storage: S3Storage, tmp_path: Path
+) -> None:
+    """The trainer's upload: the digest computed while DCP wrote the file travels with it (the file is not
+    hashed again); a stored object of another size than the writer's fails the upload, a kept one matches."""
+    shard = tmp_path / "__0_0.distcp"
+    shard.write_bytes(bytes(range(256)) * (66 << 12))  # multipart
+    known = hash_file(shard)
+    uri = storage.begin("r1", 10)
+    entry = storage.upload(uri, "__0_0.distcp", shard, known)
+    assert (entry.size, entry.digest) == (known.size, known.digest)
+    assert storage.objects.hashed("ckpt/r1/step-10/__0_0.distcp") == known
+    (tmp_path / "small").write_bytes(b"x" * 16896)
+    with pytest.raises(StorageError, match="stored 16896 bytes, sent 16897"):
+        storage.upload(uri, "small", tmp_path / "small", Hashed(16897, known.digest))

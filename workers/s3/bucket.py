@@ -194,13 +194,21 @@ class Bucket:
         """Upload a local file (multipart when large), hashing its bytes as they stream (one read)."""
         with open(path, "rb") as f:
             reader = _HashingReader(f)
-            try:
-                self.client.upload_fileobj(reader, self.name, key, Config=TRANSFER)
-            except (ClientError, BotoCoreError) as exc:
-                raise self.unavailable(key, exc) from exc
-            except Exception as exc:  # s3transfer wraps some failures in its own types
-                raise StorageUnavailable(f"storage unavailable: s3://{self.name}/{key}: {exc}") from exc
+            self._transfer(key, self.client.upload_fileobj, reader, self.name, key, Config=TRANSFER)
         return reader.hasher.result()
+
+    def send(self, key: str, path: Path) -> None:
+        """Upload a local file whose digest is already known: its parts read and sent in parallel."""
+        self._transfer(key, self.client.upload_file, str(path), self.name, key, Config=TRANSFER)
+
+    def _transfer(self, key: str, fn: Callable[..., object], /, *args: Any, **kwargs: Any) -> None:
+        """A managed (s3transfer) upload; its failures, in whatever type it wraps them, are StorageUnavailable."""
+        try:
+            fn(*args, **kwargs)
+        except (ClientError, BotoCoreError) as exc:
+            raise self.unavailable(key, exc) from exc
+        except Exception as exc:  # s3transfer wraps some failures in its own types
+            raise StorageUnavailable(f"storage unavailable: s3://{self.name}/{key}: {exc}") from exc
 
     def hashed(self, key: str) -> Hashed | None:
         """Size and digest of an object, hashed as it streams in; None when it is not there."""
