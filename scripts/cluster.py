@@ -1,0 +1,325 @@
+"""Nodes on one machine: Linux network namespaces on a bridge, each with its own address, host name, FTRAIN_HOME
+and processes — the harness the multi-node tests use, and a tool to try a cluster by hand (root only).
+
+    python scripts/cluster.py up --nodes 3 --work /tmp/c     # prints each node's name and address
+    python scripts/cluster.py exec --work /tmp/c node2 -- ftrain status
+    python scripts/cluster.py nats --work /tmp/c               # a 3-server JetStream cluster, one per node
+    python scripts/cluster.py down --work /tmp/c               # also after a crash: removes all it made
+
+A node is a namespace `<tag>-nodeN` joined by a veth pair to the bridge `<tag>-br` (10.77.<net>.0/24, the host
+at .1, node N at .10+N). Commands run in it under their own UTS namespace, so each node has its own host name
+(`nodeN`); the file system and the process table are shared, as on NFS-mounted nodes seen by one root. A
+partition is a link set down (`cut`), healed with `heal`; nothing else (tc netem) is needed. Everything made is
+named by the tag and recorded in `<work>/cluster.json`, so `down` (or `sweep`) removes it even after a failed
+test: processes first (every pid in each namespace), then namespaces, veths and the bridge.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+STATE = "cluster.json"
+NATS_CLIENT_PORT = 4222
+NATS_ROUTE_PORT = 6222
+
+
+def unavailable() -> str | None:
+    """Why namespaces cannot be made here (None: they can)."""
+    if os.geteuid() != 0:
+        return "network namespaces need root"
+    for tool in ("ip", "unshare"):
+        if shutil.which(tool) is None:
+            return f"`{tool}` is not installed"
+    probe = f"ftprobe-{uuid.uuid4().hex[:6]}"
+    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True, check=False)
+    if made.returncode != 0:
+        return f"`ip netns add` failed: {made.stderr.strip()}"
+    subprocess.run(["ip", "netns", "del", probe], capture_output=True, check=False)
+    return None
+
+
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(["ip", *args], capture_output=True, text=True, check=False)
+    if check and done.returncode != 0:
+        raise RuntimeError(f"ip {' '.join(args)}: {done.stderr.strip()}")
+    return done
+
+
+@dataclass
+class Cluster:
+    """`count` nodes under `work` (each node's FTRAIN_HOME is `<work>/<node>/home`)."""
+
+    work: Path
+    count: int
+    tag: str = field(default_factory=lambda: f"ft{uuid.uuid4().hex[:5]}")
+    net: int = field(default_factory=lambda: 100 + int(uuid.uuid4().hex[:2], 16) % 150)
+    nats: dict[str, int] = field(default_factory=dict)
+    """The pid of each node's nats-server, by node."""
+
+    @property
+    def nodes(self) -> list[str]:
+        return [f"node{n}" for n in range(1, self.count + 1)]
+
+    def namespace(self, node: str) -> str:
+        return f"{self.tag}-{node}"
+
+    def address(self, node: str) -> str:
+        return f"10.77.{self.net}.{10 + int(node.removeprefix('node'))}"
+
+    @property
+    def bridge(self) -> str:
+        return f"{self.tag}-br"
+
+    def _veth(self, node: str) -> str:
+        return f"{self.tag}-v{node.removeprefix('node')}"  # at most 15 characters
+
+    def home(self, node: str) -> Path:
+        return self.work / node / "home"
+
+    # -- lifecycle -----------------------------------------------------------------------------------------
+
+    def up(self) -> Cluster:
+        """Make the bridge and the nodes; record them first, so a failure half-way is still cleaned."""
+        self.work.mkdir(parents=True, exist_ok=True)
+        self.save()
+        _ip("link", "add", self.bridge, "type", "bridge")
+        _ip("addr", "add", f"10.77.{self.net}.1/24", "dev", self.bridge)
+        _ip("link", "set", self.bridge, "up")
+        for node in self.nodes:
+            ns, veth = self.namespace(node), self._veth(node)
+            _ip("netns", "add", ns)
+            _ip("link", "add", veth, "type", "veth", "peer", "name", f"{veth}p")
+            _ip("link", "set", f"{veth}p", "netns", ns)
+            _ip("-n", ns, "link", "set", f"{veth}p", "name", "eth0")
+            _ip("-n", ns, "addr", "add", f"{self.address(node)}/24", "dev", "eth0")
+            _ip("-n", ns, "link", "set", "eth0", "up")
+            _ip("-n", ns, "link", "set", "lo", "up")
+            _ip("link", "set", veth, "master", self.bridge)
+            _ip("link", "set", veth, "up")
+            self.home(node).mkdir(parents=True, exist_ok=True)
+        return self
+
+    def down(self) -> None:
+        """Kill every process in the nodes, then remove the namespaces, veths and bridge (what is there)."""
+        for node in self.nodes:
+            ns = self.namespace(node)
+            pids = _ip("netns", "pids", ns, check=False).stdout.split()
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError, ValueError):
+                    os.kill(int(pid), signal.SIGKILL)
+            _ip("netns", "del", ns, check=False)
+            _ip("link", "del", self._veth(node), check=False)
+        _ip("link", "del", self.bridge, check=False)
+        (self.work / STATE).unlink(missing_ok=True)
+
+    def save(self) -> None:
+        (self.work / STATE).write_text(json.dumps({**asdict(self), "work": str(self.work)}))
+
+    @classmethod
+    def load(cls, work: Path) -> Cluster:
+        raw: dict[str, Any] = json.loads((work / STATE).read_text())
+        return cls(Path(raw["work"]), raw["count"], raw["tag"], raw["net"], raw.get("nats", {}))
+
+    # -- running -------------------------------------------------------------------------------------------
+
+    def command(self, node: str, argv: Sequence[str]) -> list[str]:
+        """`argv` run on `node`: in its namespace, under its own host name. A template for `--node-exec`."""
+        return [
+            "ip", "netns", "exec", self.namespace(node),
+            "unshare", "--uts", "sh", "-c", f'hostname {node} && exec "$@"', "sh", *argv,
+        ]  # fmt: skip
+
+    def env(self, node: str, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+        """The environment of a process on `node`: its own FTRAIN_HOME."""
+        return {**os.environ, "FTRAIN_HOME": str(self.home(node)), **(extra or {})}
+
+    def popen(self, node: str, argv: Sequence[str], extra: Mapping[str, str] | None = None, **kw: Any) -> Any:
+        return subprocess.Popen(self.command(node, argv), env=self.env(node, extra), **kw)
+
+    def run(
+        self, node: str, argv: Sequence[str], extra: Mapping[str, str] | None = None, timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            self.command(node, argv),
+            env=self.env(node, extra),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+
+    def cut(self, node: str) -> None:
+        """Partition `node`: its link to the bridge goes down (its processes keep running)."""
+        _ip("link", "set", self._veth(node), "down")
+
+    def heal(self, node: str) -> None:
+        _ip("link", "set", self._veth(node), "up")
+
+    # -- a NATS JetStream cluster, one server per node ---------------------------------------------------------
+
+    def nats_urls(self, nodes: Sequence[str] | None = None) -> str:
+        return ",".join(f"nats://{self.address(n)}:{NATS_CLIENT_PORT}" for n in nodes or self.nodes)
+
+    def nats_seed(self) -> Path:
+        """The user nkey seed every client signs in with (0600), shared as an operator would distribute it."""
+        return self.work / "nats-user.nk"
+
+    def start_nats(self, node: str, timeout: float = 20.0) -> None:
+        """Start (or restart, on the same store) `node`'s nats-server, routed to every other node's."""
+        import nkeys  # nats-py[nkeys]
+
+        seed = self.nats_seed()
+        if not seed.exists():
+            raw = nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER)
+            fd = os.open(seed, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(raw)
+        user = nkeys.from_seed(bytearray(seed.read_bytes())).public_key.decode()
+        directory = self.work / node / "nats"
+        directory.mkdir(parents=True, exist_ok=True)
+        routes = ", ".join(
+            json.dumps(f"nats://{self.address(n)}:{NATS_ROUTE_PORT}") for n in self.nodes if n != node
+        )
+        conf = directory / "server.conf"
+        conf.write_text(
+            "\n".join(
+                [
+                    f"server_name: {json.dumps(node)}",
+                    f"listen: {json.dumps(f'{self.address(node)}:{NATS_CLIENT_PORT}')}",
+                    f"authorization {{ users = [ {{ nkey: {json.dumps(user)} }} ] }}",
+                    "jetstream {",
+                    f"  store_dir: {json.dumps(str(directory / 'store'))}",
+                    "  sync_interval: always",
+                    "}",
+                    "cluster {",
+                    '  name: "ftrain"',
+                    f"  listen: {json.dumps(f'{self.address(node)}:{NATS_ROUTE_PORT}')}",
+                    f"  routes: [{routes}]",
+                    "}",
+                    "",
+                ]
+            )
+        )
+        log = open(directory / "server.log", "ab")  # noqa: SIM115 - the server's for its life
+        binary = Path(sys.executable).with_name("nats-server")
+        proc = self.popen(node, [str(binary if binary.exists() else "nats-server"), "-c", str(conf)],
+                          stdout=log, stderr=log, start_new_session=True)  # fmt: skip
+        self.nats[node] = proc.pid
+        self.save()
+        _wait_port(self.address(node), NATS_CLIENT_PORT, timeout)
+
+    def stop_nats(self, node: str) -> None:
+        """SIGKILL `node`'s nats-server (its store stays for a restart)."""
+        pid = self.nats.pop(node, None)
+        self.save()
+        if pid is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+        _wait_gone(pid)
+
+    def nats_env(self, replicas: int = 3) -> dict[str, str]:
+        """What a client sets to use the cluster: every URL, the seed, replicated streams."""
+        return {
+            "FTRAIN_NATS_URL": self.nats_urls(),
+            "FTRAIN_NATS_NKEY": str(self.nats_seed()),
+            "FTRAIN_STREAM_REPLICAS": str(replicas),
+        }
+
+
+def _wait_port(host: str, port: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=0.5):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{host}:{port} did not answer within {timeout:.0f} s") from None
+            time.sleep(0.1)
+
+
+def _wait_gone(pid: int, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+
+
+def sweep(prefix: str = "ft") -> list[str]:
+    """Remove every namespace and bridge named `<prefix>…-node…`/`<prefix>…-br` left by crashed runs."""
+    removed = []
+    for line in _ip("netns", "list", check=False).stdout.splitlines():
+        ns = line.split()[0] if line.split() else ""
+        if ns.startswith(prefix) and "-node" in ns:
+            for pid in _ip("netns", "pids", ns, check=False).stdout.split():
+                with contextlib.suppress(ProcessLookupError, ValueError):
+                    os.kill(int(pid), signal.SIGKILL)
+            _ip("netns", "del", ns, check=False)
+            removed.append(ns)
+    for line in _ip("-o", "link", "show", "type", "bridge", check=False).stdout.splitlines():
+        name = line.split(":")[1].strip().split("@")[0] if ":" in line else ""
+        if name.startswith(prefix) and name.endswith("-br"):
+            _ip("link", "del", name, check=False)
+            removed.append(name)
+    return removed
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="verb", required=True)
+    up = sub.add_parser("up")
+    up.add_argument("--nodes", type=int, default=3)
+    up.add_argument("--work", type=Path, required=True)
+    for verb in ("down", "nats"):
+        sub.add_parser(verb).add_argument("--work", type=Path, required=True)
+    run = sub.add_parser("exec")
+    run.add_argument("--work", type=Path, required=True)
+    run.add_argument("node")
+    run.add_argument("argv", nargs=argparse.REMAINDER)
+    sub.add_parser("sweep")
+    args = parser.parse_args(argv)
+    if args.verb != "sweep" and (why := unavailable()):
+        print(f"cluster: {why}", file=sys.stderr)
+        return 2
+    if args.verb == "up":
+        cluster = Cluster(args.work.resolve(), args.nodes).up()
+        for node in cluster.nodes:
+            print(f"{node} {cluster.address(node)} FTRAIN_HOME={cluster.home(node)}")
+    elif args.verb == "down":
+        Cluster.load(args.work.resolve()).down()
+    elif args.verb == "nats":
+        cluster = Cluster.load(args.work.resolve())
+        for node in cluster.nodes:
+            cluster.start_nats(node)
+        print(" ".join(f"{k}={v}" for k, v in cluster.nats_env().items()))
+    elif args.verb == "exec":
+        argv_ = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
+        cluster = Cluster.load(args.work.resolve())
+        return subprocess.call(cluster.command(args.node, argv_), env=cluster.env(args.node))
+    else:
+        print("\n".join(sweep()) or "nothing to remove")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

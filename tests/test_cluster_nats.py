@@ -1,0 +1,97 @@
+"""The event log on a 3-node NATS JetStream cluster across network namespaces (`scripts/cluster.py`): one
+server per node, the stream replicated 3 ways, each node with its own FTRAIN_HOME and writer key (the others'
+keys trusted as users would exchange them). The stream's leader killed mid-run: every acknowledged event
+survives, appends go on from another node, and the audit, run from a third node, is intact."""
+
+import asyncio
+import json
+import re
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import nats
+import pytest
+
+from tests.netns import cluster as harness
+from tests.netns import require_netns
+
+RUN = "dist-JPCP-2x2-fsdp"
+FTRAIN = str(Path(sys.executable).with_name("ftrain"))
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(scope="module")
+def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator["harness.Cluster"]:
+    require_netns()
+    found = harness.Cluster(tmp_path_factory.mktemp("cluster"), 3).up()
+    try:
+        for node in found.nodes:
+            found.start_nats(node)
+        keys = {}
+        for node in found.nodes:
+            made = found.run(node, [FTRAIN, "keys", "init"])
+            assert made.returncode == 0, made.stderr
+            keys[node] = made.stdout.split()[0]
+        for node in found.nodes:  # every node trusts every other node's writer key
+            for other, key in keys.items():
+                if other != node:
+                    assert found.run(node, [FTRAIN, "keys", "trust", other, key]).returncode == 0
+        yield found
+    finally:
+        found.down()
+
+
+def ftrain(nodes: "harness.Cluster", node: str, *args: str) -> tuple[int, str, str]:
+    shared = nodes.work / "shared" / "ckpt"
+    done = nodes.run(node, [FTRAIN, *args], {**nodes.nats_env(), "FTRAIN_STORAGE": str(shared)})
+    return done.returncode, done.stdout, done.stderr
+
+
+def checkpoint(nodes: "harness.Cluster", node: str, step: int) -> tuple[int, str, str]:
+    state = json.dumps({"step": step})
+    return ftrain(nodes, node, "checkpoint", RUN, "--step", str(step), "--epoch", "1", "--shards", "4",
+                  "--state", state)  # fmt: skip
+
+
+async def _leader(nodes: "harness.Cluster") -> str:
+    client = await nats.connect(
+        servers=nodes.nats_urls().split(","), nkeys_seed=str(nodes.nats_seed()), connect_timeout=5
+    )
+    try:
+        info = await client.jetstream().stream_info("FTRAIN_EVENTS")
+        assert info.config.num_replicas == 3 and info.cluster is not None
+        return str(info.cluster.leader)
+    finally:
+        await client.close()
+
+
+def test_the_stream_leader_killed_mid_run_loses_no_acknowledged_event(nodes: "harness.Cluster") -> None:
+    code, out, err = ftrain(nodes, "node1", "launch", "JPCP", "--nodes", "2", "--gpus-per-node", "2",
+                            "--nodelist", "node[1-2]")  # fmt: skip
+    assert code == 0 and RUN in out, err
+    acknowledged = []
+    for step in (10, 20):
+        code, out, err = checkpoint(nodes, "node1", step)
+        assert code == 0, err
+        acknowledged.append(step)
+    leader = asyncio.run(_leader(nodes))
+    nodes.stop_nats(leader)
+    writer = next(n for n in nodes.nodes if n not in (leader, "node1")) if leader == "node1" else "node2"
+    for step in (30, 40):  # a new leader is elected; a command may wait for it, never loses its event
+        code, out, err = checkpoint(nodes, writer, step)
+        assert code == 0, err
+        acknowledged.append(step)
+    nodes.start_nats(leader)  # it comes back, catches up from the others
+    auditor = next(n for n in nodes.nodes if n not in ("node1", writer))
+    code, out, err = ftrain(nodes, auditor, "status", RUN)
+    assert code == 0, err
+    assert re.search(r"step\s+40 \(epoch 1\)", out), out
+    code, out, err = ftrain(nodes, auditor, "audit", "verify")
+    assert code == 0, out + err
+    assert "intact" in out, out
+    code, out, err = ftrain(nodes, auditor, "events", "tail", RUN, "--json")
+    assert code == 0, err
+    steps = [json.loads(line)["event"].get("step") for line in out.splitlines()
+             if json.loads(line)["event"]["type"] == "checkpointed"]  # fmt: skip
+    assert steps == acknowledged
