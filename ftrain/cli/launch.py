@@ -23,6 +23,7 @@ from ftrain.service import RunService, checkpoint_storage
 from ftrain.supervise.attempts import attempt_commands, child_env
 from ftrain.supervise.hostlist import HostlistError, resolve_allocation
 from ftrain.supervise.launch_spec import DEFAULT_TRAIN_CMD, LaunchSpec, LaunchSpecError, build_command
+from ftrain.supervise.node_exec import TemplateError, parse_template
 from ftrain.supervise.opening import NotOpened, append_relaunch, open_attempt
 from ftrain.supervise.supervisor import Relaunches, Supervisor
 from projections.lifecycle import IllegalTransition, check_relaunch
@@ -140,11 +141,21 @@ class RunPlan(NamedTuple):
 def prepare_run(args: argparse.Namespace) -> RunPlan:
     """`launch`'s checks, plus the supervisor's: a torchrun to start, and srun when the job spans nodes."""
     launch = prepare_launch(args)
-    slurm = args.nodes > 1
+    if args.node_exec is not None:
+        try:
+            parse_template(args.node_exec)
+        except TemplateError as exc:
+            raise UsageError(str(exc)) from exc
+        if len(launch.hosts) < args.nodes:
+            raise UsageError(
+                f"--node-exec starts one torchrun per host: --nodes {args.nodes} needs as many hosts "
+                f"(--nodelist, or a scheduler's allocation), found {', '.join(launch.hosts)}"
+            )
+    slurm = args.nodes > 1 and args.node_exec is None
     if slurm and not os.environ.get("SLURM_JOB_ID"):
         raise UsageError(
-            f"--nodes {args.nodes} needs a Slurm allocation (SLURM_JOB_ID is not set): ftrain run starts one "
-            "torchrun per node through srun; outside Slurm use --nodes 1"
+            f"--nodes {args.nodes} needs a Slurm allocation (SLURM_JOB_ID is not set) or --node-exec (how to "
+            "start a command on a node, e.g. 'ssh {host}'); outside both use --nodes 1"
         )
     if slurm and shutil.which("srun") is None:
         raise UsageError("srun not found on PATH")
@@ -207,7 +218,9 @@ def supervise(args: argparse.Namespace) -> int:
         if is_object_storage(launched.storage)
         else run_dir(uri_path(launched.storage), run_id)
     )
-    command = attempt_commands(plan.spec(run_id), plan.launch.hosts, plan.torchrun, slurm=plan.slurm)
+    command = attempt_commands(
+        plan.spec(run_id), plan.launch.hosts, plan.torchrun, slurm=plan.slurm, node_exec=args.node_exec
+    )
     env = child_env(os.environ, run_id, ckpt_dir)
     nats = settings.nats(os.environ)
     recorder = Recorder(run_id, nats)

@@ -129,6 +129,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="wait before the first relaunch, doubled per failure up to 60 s (default 5)",
     )
     p.add_argument("--max-restarts", type=_count, default=0, help="torchrun's own in-place worker restarts")
+    p.add_argument(
+        "--node-exec",
+        metavar="TEMPLATE",
+        help="start each node's torchrun through this command, {host} filled in (e.g. 'ssh {host}'); "
+        "without Slurm, what a run over several nodes needs",
+    )
 
     p = sub.add_parser("checkpoint", help="record a checkpoint (writes it under $FTRAIN_STORAGE)")
     p.add_argument("run_id", type=_run_id)

@@ -1,5 +1,6 @@
-"""What each attempt of `ftrain run` runs: torchrun on this host, or one srun step over the allocation, and the
-environment that tells the trainer its run. Pure functions (but for picking a free port); nothing imports torch.
+"""What each attempt of `ftrain run` runs: torchrun on this host, one srun step over the allocation, or torchrun
+on every node through the --node-exec template; and the environment that tells the trainer its run. Pure
+functions (but for picking a free port); nothing imports torch.
 """
 
 import socket
@@ -11,6 +12,7 @@ import msgspec
 from ftrain import settings
 from ftrain.supervise.hostlist import compress_hostlist
 from ftrain.supervise.launch_spec import LaunchSpec, build_command
+from ftrain.supervise.node_exec import each_node_command
 
 
 def local_command(spec: LaunchSpec, torchrun: str, port: int) -> list[str]:
@@ -41,9 +43,12 @@ def srun_command(spec: LaunchSpec, hosts: Sequence[str], torchrun: str) -> list[
 
 
 def attempt_commands(
-    spec: LaunchSpec, hosts: Sequence[str], torchrun: str, *, slurm: bool
+    spec: LaunchSpec, hosts: Sequence[str], torchrun: str, *, slurm: bool, node_exec: str | None = None
 ) -> Callable[[], list[str]]:
-    """The argv of each new attempt (a local one gets a fresh free port every time)."""
+    """The argv of each new attempt: through the --node-exec template on every host, one srun step, or torchrun
+    here alone (a fresh free port every time)."""
+    if node_exec is not None:
+        return lambda: each_node_command(node_exec, hosts, [torchrun, *build_command(spec)[1:]])
     if slurm:
         return lambda: srun_command(spec, hosts, torchrun)
     return lambda: local_command(spec, torchrun, free_port())

@@ -1,0 +1,96 @@
+"""One attempt's command on every node, through the `--node-exec` template, held together as one srun step is.
+
+    python -m ftrain.supervise.each_node --template 'ssh {host}' --host a --host b -- torchrun …
+
+Each node's command starts in a session of its own. The first to exit with a failure (non-zero, or killed by a
+signal) ends the others — SIGTERM, then SIGKILL after the grace period — and its status is this process's
+(128 + N for signal N, as a shell reports it); when all succeed this exits 0. SIGTERM and SIGINT are passed on
+to every node's command, and the runner then waits for them all.
+"""
+
+import argparse
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from types import FrameType
+from typing import Final
+
+import structlog
+
+from ftrain.supervise.node_exec import TemplateError, node_argv, parse_template
+
+GRACE_SECONDS: Final = 10.0
+POLL_SECONDS: Final = 0.1
+log = structlog.get_logger(__name__)
+
+
+def _status(code: int) -> int:
+    return 128 - code if code < 0 else code
+
+
+def _signal_all(procs: Sequence["subprocess.Popen[bytes]"], signum: int) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signum)
+
+
+def run_each(template: Sequence[str], hosts: Sequence[str], command: Sequence[str]) -> int:
+    """Run `command` on every host; the attempt's exit status."""
+    procs = [
+        subprocess.Popen(node_argv(template, host, command, os.environ), start_new_session=True)
+        for host in hosts
+    ]
+
+    def forward(signum: int, _: FrameType | None) -> None:
+        _signal_all(procs, signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, forward)
+    failed: int | None = None
+    deadline: float | None = None
+    while [proc.poll() for proc in procs].count(None):  # every one polled, so each exit is seen
+        if failed is None:
+            bad = next((p for p in procs if p.returncode not in (None, 0)), None)
+            if bad is not None:
+                failed = _status(bad.returncode)
+                host = hosts[procs.index(bad)]
+                log.warning("node_failed", host=host, status=failed)
+                print(
+                    f"each_node: {host} exited with status {failed}; ending the other nodes", file=sys.stderr
+                )
+                _signal_all(procs, signal.SIGTERM)
+                deadline = time.monotonic() + GRACE_SECONDS
+        if deadline is not None and time.monotonic() > deadline:
+            _signal_all(procs, signal.SIGKILL)
+            deadline = None
+        time.sleep(POLL_SECONDS)
+    if failed is None:
+        failed = next((_status(p.returncode) for p in procs if p.returncode != 0), 0)
+    return failed
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="each_node", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--template", required=True)
+    parser.add_argument("--host", action="append", required=True)
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    try:
+        template = parse_template(args.template)
+    except TemplateError as exc:
+        print(f"each_node: {exc}", file=sys.stderr)
+        return 2
+    if not command:
+        print("each_node: no command to run", file=sys.stderr)
+        return 2
+    return run_each(template, args.host, command)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,73 @@
+"""`ftrain run --node-exec TEMPLATE`: one torchrun per node without Slurm, through a per-node command template.
+
+The template is how this site starts a command on a node — `ssh {host}`, `ip netns exec {host}`, a wrapper of
+its own — with `{host}` replaced by each host of the node list. An attempt is then one process, `python -m
+ftrain.supervise.each_node`, which starts the same torchrun command through the template on every node and
+behaves as an srun step with `--kill-on-bad-exit=1` does: the first node whose command fails ends the others,
+and its exit status is the attempt's; a SIGTERM or SIGINT is passed on to every node. The run's own variables
+(FTRAIN_RUN_ID, FTRAIN_CKPT_DIR, FTRAIN_ATTEMPT, none of them secret) travel in the command line through `env`,
+since `ssh` does not carry an environment; everything else a node needs (the log's URL and credentials, the
+storage's) comes from the node's own environment, as it would for any job started there. Pure here; the
+runner is `ftrain.supervise.each_node`.
+"""
+
+import shlex
+import string
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Final
+
+from ftrain import settings
+
+HOST: Final = "{host}"
+CARRIED: Final = (settings.RUN_ID, settings.CKPT_DIR, settings.ATTEMPT)
+"""The run's variables written into each node's command line."""
+
+
+class TemplateError(ValueError):
+    """The template cannot start a command on a node; the message is one CLI error line."""
+
+
+def parse_template(text: str) -> tuple[str, ...]:
+    """The template's words; it must name `{host}` and no other field."""
+    try:
+        words = tuple(shlex.split(text))
+    except ValueError as exc:
+        raise TemplateError(f"--node-exec {text!r}: {exc}") from exc
+    if not words:
+        raise TemplateError("--node-exec is empty")
+    for word in words:
+        try:
+            fields = {name for _, name, _, _ in string.Formatter().parse(word) if name is not None}
+        except ValueError as exc:
+            raise TemplateError(
+                f"--node-exec {text!r}: {exc} (write a literal brace as {{{{ or }}}})"
+            ) from exc
+        if fields - {"host"}:
+            raise TemplateError(f"--node-exec {text!r}: only {HOST} may be filled in, not {sorted(fields)}")
+    if not any(HOST in word for word in words):
+        raise TemplateError(f"--node-exec {text!r} does not name {HOST}")
+    return words
+
+
+def node_argv(
+    template: Sequence[str], host: str, command: Sequence[str], env: Mapping[str, str]
+) -> list[str]:
+    """The argv that runs `command` on `host`, with the run's variables set there."""
+    carried = [f"{name}={env[name]}" for name in CARRIED if name in env]
+    return [*(word.format(host=host) for word in template), "env", *carried, *command]
+
+
+def each_node_command(text: str, hosts: Sequence[str], command: Sequence[str]) -> list[str]:
+    """The one process an attempt runs: the runner, given the template, the hosts and the per-node command."""
+    hosts_args = [arg for host in hosts for arg in ("--host", host)]
+    return [
+        sys.executable,
+        "-m",
+        "ftrain.supervise.each_node",
+        "--template",
+        text,
+        *hosts_args,
+        "--",
+        *command,
+    ]

@@ -1,0 +1,139 @@
+"""`ftrain run --node-exec TEMPLATE`: the template's rules, each node's command line, and the runner that holds
+one attempt's node commands together as an srun step with --kill-on-bad-exit does (real processes here; the
+template `env NODE={host}` stands in for `ssh {host}`, starting each "node" on this machine)."""
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ftrain.supervise.attempts import attempt_commands
+from ftrain.supervise.launch_spec import LaunchSpec
+from ftrain.supervise.node_exec import TemplateError, each_node_command, node_argv, parse_template
+from tests.conftest import ftrain_process
+
+SPEC = LaunchSpec(
+    run_id="r1",
+    nodes=2,
+    gpus_per_node=2,
+    strategy="fsdp",
+    rdzv_host="n1",
+    train_cmd=("-m", "ftrain.examples.train"),
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("ssh {host}", ("ssh", "{host}")),
+        ("ip netns exec ft-{host}", ("ip", "netns", "exec", "ft-{host}")),
+        ("ssh -o 'ProxyJump bastion' {host}", ("ssh", "-o", "ProxyJump bastion", "{host}")),
+    ],
+)
+def test_a_template_names_the_host(text: str, words: tuple[str, ...]) -> None:
+    assert parse_template(text) == words
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("", "is empty"),
+        ("ssh node1", "does not name {host}"),
+        ("ssh {node}", "only {host} may be filled in"),
+        ("ssh {host} {0}", "only {host} may be filled in"),
+        ("ssh '{host}", "No closing quotation"),
+        ("ssh {host", "literal brace"),
+    ],
+)
+def test_a_bad_template_is_refused_in_one_line(text: str, why: str) -> None:
+    with pytest.raises(TemplateError, match="^" + ("--node-exec" if text else "")) as err:
+        parse_template(text)
+    assert why in str(err.value) and "\n" not in str(err.value)
+
+
+def test_each_node_gets_the_template_then_the_runs_variables_then_the_command() -> None:
+    env = {
+        "FTRAIN_RUN_ID": "r1",
+        "FTRAIN_CKPT_DIR": "/c/r1",
+        "FTRAIN_ATTEMPT": "2",
+        "AWS_SECRET_ACCESS_KEY": "x",
+    }
+    argv = node_argv(("ssh", "{host}"), "n2", ["torchrun", "-m", "m"], env)
+    assert argv == ["ssh", "n2", "env", "FTRAIN_RUN_ID=r1", "FTRAIN_CKPT_DIR=/c/r1", "FTRAIN_ATTEMPT=2",
+                    "torchrun", "-m", "m"]  # fmt: skip
+
+
+def test_an_attempt_runs_the_same_torchrun_on_every_host_through_the_runner() -> None:
+    argv = attempt_commands(SPEC, ("n1", "n2"), "/bin/torchrun", slurm=False, node_exec="ssh {host}")()
+    assert argv[:3] == [sys.executable, "-m", "ftrain.supervise.each_node"]
+    assert argv[3:9] == ["--template", "ssh {host}", "--host", "n1", "--host", "n2"]
+    assert argv[9:12] == ["--", "/bin/torchrun", "--nnodes=2"]
+    assert "--rdzv_endpoint=n1:29500" in argv and argv[-2:] == ["-m", "ftrain.examples.train"]
+    assert argv == each_node_command("ssh {host}", ("n1", "n2"), argv[10:])
+
+
+def run_each(*hosts: str, script: str, template: str = "env NODE={host}") -> subprocess.Popen[str]:
+    host_args = [a for h in hosts for a in ("--host", h)]
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "ftrain.supervise.each_node",
+            "--template",
+            template,
+            *host_args,
+            "--",
+            "sh",
+            "-c",
+            script,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "FTRAIN_RUN_ID": "r1"},
+    )
+
+
+def test_every_node_runs_the_command_with_the_runs_variables() -> None:
+    proc = run_each("a", "b", script='echo "$NODE $FTRAIN_RUN_ID"')
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert sorted(out.split("\n")[:2]) == ["a r1", "b r1"]
+
+
+def test_the_first_node_to_fail_ends_the_others_and_gives_its_status(tmp_path: Path) -> None:
+    marker = tmp_path / "a-survived"
+    proc = run_each(
+        "a", "b", script=f'if [ "$NODE" = b ]; then sleep 0.5; exit 3; fi; sleep 20; touch {marker}'
+    )
+    started = time.monotonic()
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 3 and "b exited with status 3; ending the other nodes" in err, err
+    assert time.monotonic() - started < 10 and not marker.exists()
+
+
+def test_a_node_killed_by_a_signal_is_reported_as_a_shell_would() -> None:
+    proc = run_each("a", script="kill -9 $$")
+    proc.communicate(timeout=30)
+    assert proc.returncode == 128 + 9
+
+
+def test_sigterm_reaches_every_node() -> None:
+    proc = run_each("a", "b", script='trap "echo $NODE stopped; exit 0" TERM; sleep 20 & wait')
+    time.sleep(1.5)
+    proc.terminate()
+    out, _ = proc.communicate(timeout=30)
+    assert sorted(out.split()) == ["a", "b", "stopped", "stopped"] and proc.returncode == 0
+
+
+def test_ftrain_run_refuses_a_bad_template_and_too_few_hosts(env: dict[str, str]) -> None:
+    bad = ftrain_process(["run", "P", "--nodes", "2", "--gpus-per-node", "1", "--nodelist", "n[1-2]",
+                          "--node-exec", "ssh node1"], env)  # fmt: skip
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "does not name {host}" in bad.stderr
+    few = ftrain_process(
+        ["run", "P", "--nodes", "2", "--gpus-per-node", "1", "--node-exec", "ssh {host}"], env
+    )
+    assert few.returncode == 2 and "needs as many hosts" in few.stderr, few.stderr
