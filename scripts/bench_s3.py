@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import json
 import logging
 import os
 import platform
@@ -356,6 +357,84 @@ def targets(r: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
     return out
 
 
+# ---------------------------------------------------------------------------------------- async stall
+
+
+def async_stall_figures(args: argparse.Namespace) -> int:
+    """Every rank (``--async``): the training-loop stall of an ftrain async save, what ``save()`` blocks
+    (staging into the host buffers, plus waiting for a save still in flight), to ``s3://`` and to a local
+    ``file://`` directory, on the same state; interleaved per round (order rotated) after a warm-up round that
+    allocates the buffers, each save drained before the next. Also each save's time until it is sealed in the
+    background. Rank 0 prints the medians and the ratio (and writes --json)."""
+    configure_logs(logging.WARNING)
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    state, params = build_state(args.model, args.dir)
+    state_bytes = total(local_bytes(state.state_dict()))
+    work = args.dir / f"async-work-{rank}"
+    managers = {
+        "s3://": CheckpointManager(
+            CheckpointConfig(
+                ckpt_dir=work,
+                object_dir=f"{args.storage.rstrip('/')}/async-{RUN}",
+                async_save=True,
+                stage_dir=work,
+            ),
+            state,
+        ),
+        "file://": CheckpointManager(
+            CheckpointConfig(
+                ckpt_dir=args.dir / "async-file" / RUN, async_save=True, stage_dir=args.dir / "async-stage"
+            ),
+            state,
+        ),
+    }
+    stall: dict[str, list[float]] = {name: [] for name in managers}
+    sealed: dict[str, list[float]] = {name: [] for name in managers}
+    say(
+        f"[async] {args.model}: {state_bytes / GB:.3f} GB in {WORLD} shards, {args.repeats} rounds after a warm-up"
+    )
+    step = 0
+    for round_ in range(args.repeats + 1):
+        names = list(managers)[round_ % len(managers) :] + list(managers)[: round_ % len(managers)]
+        for name in names:
+            step += 1
+            dist.barrier()
+            start = time.perf_counter()
+            managers[name].save(step, 0)
+            blocked = worst(time.perf_counter() - start)
+            managers[name].drain()
+            done = worst(time.perf_counter() - start)
+            if round_:
+                stall[name].append(blocked)
+                sealed[name].append(done)
+            say(
+                f"      {name:<8} stall {blocked * 1e3:8.2f} ms   sealed after {done:7.3f} s"
+                + ("" if round_ else "   (warm-up)")
+            )
+    for manager in managers.values():
+        manager.close()
+    dist.destroy_process_group()
+    if rank == 0:
+        figures = {
+            "model": args.model,
+            "params": params,
+            "state_bytes": state_bytes,
+            "repeats": args.repeats,
+            "stall_s": {name: median(v) for name, v in stall.items()},
+            "sealed_s": {name: median(v) for name, v in sealed.items()},
+        }
+        figures["stall_ratio_s3_to_file"] = figures["stall_s"]["s3://"] / figures["stall_s"]["file://"]
+        print(f"\nasync save, training-loop stall (median of {args.repeats}; the slowest rank)")
+        rows = [("storage", "stall ms", "sealed after s")]
+        rows += [(n, f"{figures['stall_s'][n] * 1e3:.2f}", f"{figures['sealed_s'][n]:.3f}") for n in managers]
+        table(rows)
+        print(f"stall ratio s3:// / file:// = {figures['stall_ratio_s3_to_file']:.2f}")
+        if args.json:
+            args.json.write_text(json.dumps(figures, indent=2))
+    return 0
+
+
 # ------------------------------------------------------------------------------------------------ main
 
 
@@ -430,6 +509,8 @@ def launch(args: argparse.Namespace) -> int:
     argv += ["--storage", args.storage]
     if args.json:
         argv += ["--json", str(args.json.absolute())]
+    if args.async_stall:
+        argv.append("--async")
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={WORLD}"]
     try:
         with throwaway_storage_server(base / "store", bucket=bucket) as proc:
@@ -455,13 +536,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--dir", type=Path, help="local work directories and the store (default /tmp)")
     parser.add_argument("--json", type=Path, help="write the figures here")
+    parser.add_argument(
+        "--async",
+        dest="async_stall",
+        action="store_true",
+        help="instead: the training-loop stall of an ftrain async save to s3:// vs to a local directory",
+    )
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error("--repeats must be >= 1")
     if not args.storage.startswith("s3://"):
         parser.error("--storage must be s3://BUCKET[/PREFIX]")
     if "LOCAL_RANK" in os.environ:
-        return worker(args)
+        return async_stall_figures(args) if args.async_stall else worker(args)
     return launch(args)
 
 

@@ -11,7 +11,6 @@ import pytest
 from tests.builders import SIGNER
 from tests.s3 import Endpoint, seaweedfs
 from tests.test_cli import RUN, Cli, checkpoint, ckpt_args, launch
-from workers.storage.open import ASYNC_FILE_ONLY
 
 
 @pytest.fixture(scope="module")
@@ -115,13 +114,10 @@ def test_a_missing_bucket_is_one_line_naming_the_servers_reason(
     assert cli.last_seq() == before
 
 
-def test_the_reference_trainer_refuses_async_saves_to_s3(capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_reference_trainer_takes_sync_and_async_saves_to_s3() -> None:
     from ftrain.examples.train import parse_args
 
-    with pytest.raises(SystemExit) as exited:
-        parse_args(["--ckpt-dir", "s3://bucket/ckpt/run", "--async-ckpt"])
-    assert exited.value.code == 2
-    err = capsys.readouterr().err
-    assert ASYNC_FILE_ONLY in err and err.count("\n") == 1
-    args = parse_args(["--ckpt-dir", "s3://bucket/ckpt/run"])  # sync saves: accepted
-    assert args.object_dir == "s3://bucket/ckpt/run" and args.ckpt_dir.is_absolute()
+    for extra in ([], ["--async-ckpt"]):
+        args = parse_args(["--ckpt-dir", "s3://bucket/ckpt/run", *extra])
+        assert args.object_dir == "s3://bucket/ckpt/run" and args.ckpt_dir.is_absolute()
+        assert args.async_ckpt == bool(extra)

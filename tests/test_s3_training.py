@@ -101,14 +101,18 @@ def test_a_flipped_byte_in_a_shard_object_is_skipped_and_the_older_step_resumed(
     assert len(aside) == 1, "the corrupt step is kept, set aside"
 
 
-def test_saves_fail_closed_while_the_store_is_down_and_too_many_stop_the_job(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", [(), ("--async-ckpt",)], ids=["sync", "async"])
+def test_saves_fail_closed_while_the_store_is_down_and_too_many_stop_the_job(
+    tmp_path: Path, mode: tuple[str, ...]
+) -> None:
+    """Async: the failure that stops the job is raised in the background and surfaces at the next save."""
     with throwaway_storage_server(tmp_path / "weed") as proc:
         store = Endpoint("seaweedfs", proc.endpoint, proc.access_key, proc.secret_key, True)
         bucket = store.new_bucket()
         uri = f"s3://{bucket}/ckpt/run-c"
         env = {**job_env(store, tmp_path), "FTRAIN_MAX_FAILED_SAVES": "2", "AWS_MAX_ATTEMPTS": "2"}
         job = subprocess.Popen(
-            torchrun_command(uri, "--train-iters", "400", "--save-interval", "5"),
+            torchrun_command(uri, "--train-iters", "400", "--save-interval", "5", *mode),
             env=torchrun_env(env),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

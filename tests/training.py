@@ -90,3 +90,11 @@ def launch_logged(run_id: str, env: dict[str, str]) -> tuple[Path, dict[str, str
     assert launched.returncode == 0, launched.stderr
     ckpt = Path(env["FTRAIN_STORAGE"]) / run_id
     return ckpt, {**env, "FTRAIN_RUN_ID": run_id, "FTRAIN_CKPT_DIR": str(ckpt)}
+
+
+def stopped(pid: int) -> bool:
+    """Whether process `pid` is stopped (SIGSTOP)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("T", "t")
+    except FileNotFoundError:
+        return False

@@ -35,5 +35,10 @@ def claim(run: Path, attempt: int) -> None:
 
 def check(run: Path, attempt: int) -> None:
     """Raise Fenced when a newer attempt than `attempt` has claimed `run`."""
-    if (held := owner(run)) > attempt:
-        raise Fenced(f"attempt {attempt} is superseded by attempt {held} of {run.name}; writing nothing")
+    refuse(attempt, owner(run), run.name)
+
+
+def refuse(attempt: int, held: int, run: str) -> None:
+    """Raise Fenced when `held`, the attempt that last claimed the run, is newer than `attempt` (any storage)."""
+    if held > attempt:
+        raise Fenced(f"attempt {attempt} is superseded by attempt {held} of {run}; writing nothing")

@@ -8,7 +8,8 @@
 On an object store (no directories, no rename) the same names are key prefixes under `<prefix>/<run_id>/`:
 `step-<N>/<file>`, `step-<N>/manifest.json`, `step-<N>/.complete` (one conditional put, last), and
 `step-<N>/.writer`, the claim a writer puts (conditionally) before anything else; a quarantined step is copied
-to `step-<N>.<kind>-<tag>/` and deleted.
+to `step-<N>.<kind>-<tag>/` and deleted. The attempt fence is the object `<prefix>/<run_id>/.attempt`, beside the
+steps: an object, not a key prefix, so a listing of the run's steps never sees it, and no step name either.
 
 Writers, the trainer's resume, retention and the experiment's analysis all name and list through here, so a
 set-aside name written by one is the name the others look for.
@@ -26,6 +27,9 @@ MANIFEST: Final = "manifest.json"
 WRITER_CLAIM: Final = ".writer"
 """On an object store: the object a writer claims a step with (conditionally, first), naming itself."""
 MARKER: Final = ".complete"
+ATTEMPT: Final = ".attempt"
+"""The attempt that owns a run's checkpoints: a file in its directory (`workers.fence`), or an object directly
+under its key prefix (`workers.storage.s3_fence`)."""
 PARTIAL: Final = ".partial"
 RESERVED: Final = frozenset({MANIFEST, MARKER})
 """Names a checkpoint's data files may not take."""
@@ -70,7 +74,17 @@ def assembly_dir(run: Path, step: int, writer: str = "") -> Path:
 
 def attempt_file(run: Path) -> Path:
     """The file naming the attempt that owns the run's directory (`workers.fence`)."""
-    return run / ".attempt"
+    return run / ATTEMPT
+
+
+def run_key(prefix: str, run_id: str) -> str:
+    """On an object store: the key prefix (ending in '/') of a run's objects under the storage prefix."""
+    return f"{prefix}/{run_id}/" if prefix else f"{run_id}/"
+
+
+def attempt_key(prefix: str, run_id: str) -> str:
+    """On an object store: the key of the object naming the attempt that owns the run's checkpoints."""
+    return run_key(prefix, run_id) + ATTEMPT
 
 
 def partial_path(path: Path) -> Path:

@@ -42,7 +42,7 @@ from ftrain.train.metrics import MetricsWriter, process_start_time, reached_step
 from ftrain.train.resume import NoValidCheckpoint, ResumeFailed, ResumeRefused, ResumeStopped
 from workers.fence import Fenced
 from workers.stage_dir import UnsafeDirectory, default_stage_dir
-from workers.storage.open import ASYNC_FILE_ONLY, is_object_storage
+from workers.storage.open import is_object_storage
 
 META_INIT_AUTO_PARAMS = 6_000_000_000  # the seed's threshold: dense init stays exact for smaller models
 PROCESS_START = process_start_time()
@@ -93,8 +93,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         _usage(f"--ckpt-dir is required (or {settings.CKPT_DIR})")
     args.object_dir = None
     if is_object_storage(args.ckpt_dir):
-        if args.async_ckpt:
-            _usage(f"--ckpt-dir {args.ckpt_dir}: {ASYNC_FILE_ONLY}")
         args.object_dir = args.ckpt_dir.rstrip("/")
         args.ckpt_dir = args.object_dir.rpartition("/")[2]  # the run's name, for the work directory's
     args.ckpt_dir = Path(args.ckpt_dir)

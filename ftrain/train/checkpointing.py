@@ -6,16 +6,14 @@ gathers the file digests, seals the directory (manifest, then the completion mar
 training. All checkpoint collectives run on a dedicated gloo group, never on the training group: the async
 pipeline runs them from a background thread, where a training-group collective would deadlock.
 
-On object storage (`s3://`, sync saves) rank 0 first claims the step; each rank writes its shards to a private
-node-local directory (hashing as they are written), uploads its own files with those digests, and reports to
-rank 0, which seals the step (manifest, then the conditional marker) only when every upload is in. A failed
-save fails closed (nothing sealed, nothing recorded, one warning line) and training goes on; after
-`max_failed_saves` failures in a row every rank raises SavesFailing.
+On object storage (`s3://`) a save, sync or async, is handed to `ObjectSaver` (`ftrain.train.object_save`):
+the live state, or the staged copy from the background thread. It fails closed and training goes on; too
+many failures in a row, or a newer attempt, stop the job: an async save's error surfaces at the next save,
+drain or close.
 """
 
 import os
 import shutil
-import sys
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime
@@ -34,7 +32,7 @@ from ftrain import settings
 from ftrain.train.config import CheckpointConfig
 from ftrain.train.faults import fault_point
 from ftrain.train.lifeline import die_with_launcher
-from ftrain.train.object_store import run_storage, write_dir
+from ftrain.train.object_save import ObjectSaver, SavesFailing
 from ftrain.train.resume import ResumePoint, cleanup_stale, resume
 from ftrain.train.state import TrainState
 from projections.lifecycle import CheckpointIntent
@@ -42,16 +40,12 @@ from workers.checkpoint_dir import CheckpointExists, WrittenCheckpoint, seal_che
 from workers.dcp_writer import HashingWriter
 from workers.fanout import fan_out
 from workers.fence import check as check_fence
-from workers.integrity import Hashed
 from workers.layout import assembly_dir, rank_stage_dir, step_dir
 from workers.manifest import FileEntry, Manifest
 from workers.recorder import Recorder
 from workers.retention import prune
 from workers.stage_dir import safe_stage_dir
 from workers.staging import StagingBuffers
-from workers.storage.errors import CheckpointExists as StepTaken
-from workers.storage.errors import StorageError, StorageUnavailable
-from workers.storage.s3_store import S3Storage
 from workers.unpickle import allow_pickled
 
 __all__ = [
@@ -63,9 +57,6 @@ __all__ = [
     "allow_pickled",
 ]
 log = structlog.get_logger(__name__)
-SAVE_ERRORS = (StorageError, StorageUnavailable, OSError)
-"""What makes a save to object storage fail (closed), not the job: a location refused, the store out of
-reach, a step taken, a local file that changed."""
 
 
 class SaveTimes(msgspec.Struct, frozen=True):
@@ -74,10 +65,6 @@ class SaveTimes(msgspec.Struct, frozen=True):
     save_seconds: float = 0.0
     stage_seconds: float = 0.0
     drain_seconds: float = 0.0
-
-
-class SavesFailing(RuntimeError):
-    """Too many saves in a row failed (object storage out of reach): the job stops on every rank."""
 
 
 class CheckpointManager:
@@ -103,11 +90,9 @@ class CheckpointManager:
         self._inflight: Future[None] | None = None
         self.attempt = 0
         """The run's attempt this job records in (set by `load`; 0: no log to say)."""
-        self.storage: S3Storage | None = None
-        self._run_name = ""
-        if config.object_dir:
-            self.storage, self._run_name = run_storage(config.object_dir)
-        self._failed_saves = 0
+        self._objects = (
+            ObjectSaver(config, self.group, self._manifest, self._record) if config.object_dir else None
+        )
 
     @property
     def stage_root(self) -> Path:
@@ -123,7 +108,7 @@ class CheckpointManager:
         when the staging directory is not private to this user."""
         if self.config.stage_dir is not None and self.config.async_save:
             safe_stage_dir(self.config.stage_dir)
-        if self.storage is not None:  # ckpt_dir is this node's work directory, not the storage
+        if self._objects is not None:  # ckpt_dir is this node's work directory, not the storage
             safe_stage_dir(self.config.ckpt_dir)
             cleanup_stale(self.config.ckpt_dir, rank_stage_dir(self.config.ckpt_dir, self.rank), 1)
         else:
@@ -155,8 +140,8 @@ class CheckpointManager:
         self._last_save = time.monotonic()
         if not self.config.async_save:
             start = time.perf_counter()
-            if self.storage is not None:
-                self._save_object(step, epoch)
+            if self._objects is not None:
+                self._objects.save(step, epoch, self.state, self.attempt)
             else:
                 self._save_sync(step, epoch)
             return SaveTimes(save_seconds=time.perf_counter() - start)
@@ -165,7 +150,10 @@ class CheckpointManager:
         staged = self._buffers.stage(self.state.state_dict())
         stage = time.perf_counter() - start
         fault_point("stage", step)
-        self._inflight = self._worker.submit(self._save_async, step, epoch, staged)
+        if self._objects is not None:
+            self._inflight = self._worker.submit(self._objects.save, step, epoch, staged, self.attempt)
+        else:
+            self._inflight = self._worker.submit(self._save_async, step, epoch, staged)
         return SaveTimes(stage_seconds=stage, drain_seconds=drain)
 
     def drain(self) -> float:
@@ -195,103 +183,6 @@ class CheckpointManager:
         dcp_save({"app": self.state}, storage_writer=writer, process_group=self.group)
         fault_point("write", step)
         self._finalize(step, epoch, tmp, writer.entries())
-
-    def _save_object(self, step: int, epoch: int) -> None:
-        """A sync save to object storage: claim (rank 0), write locally and upload (every rank), seal (rank 0)
-        when every upload is in. Fails closed: any failure leaves no marker and records nothing."""
-        uri, failure = _broadcast_one(self._claim(step) if self.rank == 0 else (None, None), self.group)
-        if uri is not None:
-            entries, mine = self._write_and_upload(step, uri)
-            gathered: list[tuple[list[FileEntry], str | None]] | None = (
-                [([], None)] * self.world if self.rank == 0 else None
-            )
-            dist.gather_object((entries, mine), gathered, dst=0, group=self.group)
-            if gathered is not None:
-                failure = self._seal_object(step, epoch, uri, gathered)
-            failure = _broadcast_one((failure, None), self.group)[0]
-        self._count(step, failure)
-
-    def _claim(self, step: int) -> tuple[str | None, str | None]:
-        """Rank 0: the claimed step's URI, or why the save cannot start. A sealed step of that name was never
-        recorded by this attempt, which is past every step it resumed from: it is set aside, as on a file
-        system."""
-        assert self.storage is not None
-        try:
-            try:
-                return self.storage.begin(self._run_name, step), None
-            except StepTaken:
-                uri = self.storage.step_uri(self._run_name, step)
-                log.warning("older_attempts_checkpoint_set_aside", uri=uri)
-                self.storage.quarantine(uri, "unrecorded", f"{int(time.time())}")
-                return self.storage.begin(self._run_name, step), None
-        except SAVE_ERRORS as exc:
-            return None, str(exc) or type(exc).__name__
-
-    def _write_and_upload(self, step: int, uri: str) -> tuple[list[FileEntry], str | None]:
-        """This rank's shards written to its private work directory (hashed as written), then uploaded with
-        those digests; the entries, and why the upload failed (None: all in)."""
-        assert self.storage is not None
-        local = step_dir(write_dir(self.config.ckpt_dir, self.rank), step)
-        shutil.rmtree(local, ignore_errors=True)
-        private_dir(local, tighten=False)
-        try:
-            writer = HashingWriter(local, sync_files=False)
-            dcp_save({"app": self.state}, storage_writer=writer, process_group=self.group)
-            entries = writer.entries()
-            fault_point("write", step)
-            try:
-                for entry in entries:
-                    self.storage.upload(uri, entry.name, local / entry.name, Hashed(entry.size, entry.digest))
-            except SAVE_ERRORS as exc:
-                return entries, str(exc) or type(exc).__name__
-        finally:
-            shutil.rmtree(local, ignore_errors=True)
-        fault_point("fanout", step)
-        return entries, None
-
-    def _seal_object(
-        self, step: int, epoch: int, uri: str, gathered: list[tuple[list[FileEntry], str | None]]
-    ) -> str | None:
-        """Rank 0: seal and record when every rank's upload is in; else discard the step. Why it failed."""
-        assert self.storage is not None
-        failure = next((error for _, error in gathered if error), None)
-        if failure is None:
-            fault_point("finalize", step)
-            manifest = self._manifest(step, epoch, [e for entries, _ in gathered for e in entries])
-            try:
-                written = self.storage.seal(uri, manifest)
-            except SAVE_ERRORS as exc:
-                failure = str(exc) or type(exc).__name__
-        if failure is not None:
-            self.storage.discard(uri)
-            return failure
-        self._record(step, epoch, written.uri, written.checkpoint_hash, manifest)
-        log.info("checkpoint_finalized", step=step, uri=written.uri, bytes=manifest.size_bytes)
-        try:
-            self.storage.prune(self._run_name, self.config.keep)
-        except SAVE_ERRORS as exc:  # the next save prunes again; training goes on
-            log.warning("prune_failed", step=step, error=str(exc))
-        return None
-
-    def _count(self, step: int, failure: str | None) -> None:
-        """Every rank: reset the count of failed saves, or count this one (and stop past the limit)."""
-        if failure is None:
-            self._failed_saves = 0
-            return
-        self._failed_saves += 1
-        limit = self.config.max_failed_saves
-        if self._failed_saves >= limit:
-            raise SavesFailing(
-                f"{self._failed_saves} checkpoint saves in a row failed (limit {limit}), the last at step "
-                f"{step}: {failure}"
-            )
-        if self.rank == 0:
-            print(
-                f"train: warning: checkpoint at step {step} not saved ({self._failed_saves} of {limit} "
-                f"failures in a row allowed before stopping): {failure}",
-                file=sys.stderr,
-                flush=True,
-            )
 
     def _save_async(self, step: int, epoch: int, staged: dict[str, Any]) -> None:
         """The background half: rank-local write to the stage dir, fan-out to durable storage, finalize."""
@@ -328,7 +219,8 @@ class CheckpointManager:
 
     def _manifest(self, step: int, epoch: int, entries: list[FileEntry]) -> Manifest:
         return Manifest(
-            run_id=self.config.run_id or self._run_name or self.config.ckpt_dir.name,
+            run_id=self.config.run_id
+            or (self._objects.run_name if self._objects else self.config.ckpt_dir.name),
             step=step,
             epoch=epoch,
             shards=self.world,
@@ -368,12 +260,3 @@ class CheckpointManager:
             log.warning("older_attempts_checkpoint_set_aside", path=str(final))
             set_aside(final, "unrecorded", f"{int(time.time())}")
             return seal_checkpoint(tmp, final, manifest, self.attempt)
-
-
-def _broadcast_one(
-    value: tuple[str | None, str | None], group: dist.ProcessGroup
-) -> tuple[str | None, str | None]:
-    """Rank 0's `value` (a URI and a reason, either None) on every rank."""
-    box = [value]
-    dist.broadcast_object_list(box, src=0, group=group)
-    return box[0]

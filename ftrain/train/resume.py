@@ -60,6 +60,7 @@ from workers.layout import assemblies, run_dir
 from workers.manifest import FileEntry, Manifest
 from workers.nofollow import remove_dir
 from workers.recorder import Recorder
+from workers.storage import s3_fence
 from workers.storage.open import is_object_storage
 from workers.storage.s3_store import S3Storage
 from workers.unpickle import ForbiddenPickle
@@ -432,8 +433,8 @@ def _plan_object(
     config: CheckpointConfig, recorder: Recorder | None, state: RunState | None
 ) -> StartDecision:
     """Rank 0 on object storage: the same plan, from the log or the bucket's sealed steps; what it sets aside
-    is copied out of the step names (kept). No attempt fence here: a superseded attempt is refused by the log's
-    fold, and a step it sealed late is set aside as unrecorded."""
+    is copied out of the step names (kept), once the run is claimed for the attempt (`s3_fence`, as on a file
+    system)."""
     assert config.object_dir is not None
     location = config.object_dir.rstrip("/")
     if state is not None and f"{state.launch.storage.rstrip('/')}/{state.run_id}" != location:
@@ -457,8 +458,10 @@ def _plan_object(
                 attempt=opened or state.attempt,
             )
         )
-    current = state.attempt if state is not None else 0
+    current = state.attempt if state is not None else s3_fence.owner(storage, run_name)  # log out of reach
     attempt = opened or ((current + (1 if plan.candidates or plan.restart else 0)) if config.run_id else 0)
+    if attempt:
+        s3_fence.claim(storage, run_name, attempt)
     stamp = str(int(time.time()))
     for unrecorded in plan.unrecorded:
         log.warning("unrecorded_checkpoint_set_aside", uri=unrecorded.uri)

@@ -1,17 +1,11 @@
 """The one factory of the storage port: the backend a storage URI names, by scheme."""
 
-from typing import Final
 from urllib.parse import urlparse
 
 from workers.checkpoint_dir import storage_root
 from workers.storage.errors import StorageError
 from workers.storage.file_store import FileStorage
 from workers.storage.port import CheckpointStorage
-
-ASYNC_FILE_ONLY: Final = (
-    "async saves (--async-ckpt) write to file:// storage only for now; on s3:// storage the trainer saves "
-    "synchronously (drop --async-ckpt)"
-)
 
 
 def open_storage(text: str) -> CheckpointStorage:

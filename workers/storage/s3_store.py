@@ -43,6 +43,7 @@ from workers.layout import (
     WRITER_CLAIM,
     SetAsideKind,
     parse_step,
+    run_key,
     set_aside_name,
     step_name,
 )
@@ -91,7 +92,7 @@ class S3Storage:
     # -- names ---------------------------------------------------------------------------------------------
 
     def _run_key(self, run_id: str) -> str:
-        return f"{self.prefix}/{run_id}/" if self.prefix else f"{run_id}/"
+        return run_key(self.prefix, run_id)
 
     def step_uri(self, run_id: str, step: int) -> str:
         """The URI of `step` of the run."""
