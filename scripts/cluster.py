@@ -8,7 +8,8 @@ and processes — the harness the multi-node tests use, and a tool to try a clus
 
 A node is a namespace `<tag>-nodeN` joined by a veth pair to the bridge `<tag>-br` (10.77.<net>.0/24, the host
 at .1, node N at .10+N). Commands run in it under their own UTS namespace, so each node has its own host name
-(`nodeN`); the file system and the process table are shared, as on NFS-mounted nodes seen by one root. A
+(`nodeN`), and with an /etc/hosts of its own (`/etc/netns/<ns>/hosts`) naming every node; the file system and
+the process table are shared, as on NFS-mounted nodes seen by one root. A
 partition is a link set down (`cut`), healed with `heal`; nothing else (tc netem) is needed. Everything made is
 named by the tag and recorded in `<work>/cluster.json`, so `down` (or `sweep`) removes it even after a failed
 test: processes first (every pid in each namespace), then namespaces, veths and the bridge.
@@ -20,6 +21,7 @@ import argparse
 import contextlib
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -111,6 +113,11 @@ class Cluster:
             _ip("link", "set", veth, "master", self.bridge)
             _ip("link", "set", veth, "up")
             self.home(node).mkdir(parents=True, exist_ok=True)
+            hosts = Path("/etc/netns") / ns / "hosts"  # `ip netns exec` mounts it over /etc/hosts
+            hosts.parent.mkdir(parents=True, exist_ok=True)
+            hosts.write_text(
+                "127.0.0.1 localhost\n" + "".join(f"{self.address(n)} {n}\n" for n in self.nodes)
+            )
         return self
 
     def down(self) -> None:
@@ -123,6 +130,7 @@ class Cluster:
                     os.kill(int(pid), signal.SIGKILL)
             _ip("netns", "del", ns, check=False)
             _ip("link", "del", self._veth(node), check=False)
+            shutil.rmtree(Path("/etc/netns") / ns, ignore_errors=True)
         _ip("link", "del", self.bridge, check=False)
         (self.work / STATE).unlink(missing_ok=True)
 
@@ -136,12 +144,14 @@ class Cluster:
 
     # -- running -------------------------------------------------------------------------------------------
 
+    def node_exec(self) -> str:
+        """The `ftrain run --node-exec` template that starts a command on a node of this cluster (node names
+        resolve there: each namespace has its own /etc/hosts)."""
+        return f"ip netns exec {self.tag}-{{host}} unshare --uts sh -c 'hostname {{host}} && exec \"$@\"' sh"
+
     def command(self, node: str, argv: Sequence[str]) -> list[str]:
-        """`argv` run on `node`: in its namespace, under its own host name. A template for `--node-exec`."""
-        return [
-            "ip", "netns", "exec", self.namespace(node),
-            "unshare", "--uts", "sh", "-c", f'hostname {node} && exec "$@"', "sh", *argv,
-        ]  # fmt: skip
+        """`argv` run on `node`: in its namespace, under its own host name (the template, filled in)."""
+        return [*(shlex.split(self.node_exec().replace("{host}", node))), *argv]
 
     def env(self, node: str, extra: Mapping[str, str] | None = None) -> dict[str, str]:
         """The environment of a process on `node`: its own FTRAIN_HOME."""
@@ -275,6 +285,7 @@ def sweep(prefix: str = "ft") -> list[str]:
                 with contextlib.suppress(ProcessLookupError, ValueError):
                     os.kill(int(pid), signal.SIGKILL)
             _ip("netns", "del", ns, check=False)
+            shutil.rmtree(Path("/etc/netns") / ns, ignore_errors=True)
             removed.append(ns)
     for line in _ip("-o", "link", "show", "type", "bridge", check=False).stdout.splitlines():
         name = line.split(":")[1].strip().split("@")[0] if ":" in line else ""
