@@ -1,4 +1,5 @@
-"""Shared fixtures: a real nats-server per test, an environment pointing ftrain at it, and the service."""
+"""Shared fixtures: a real nats-server per test, an environment pointing ftrain at it, and the service; and the
+multi-node tests' cluster of network-namespace nodes (`nodes`, one per session)."""
 
 import json
 import os
@@ -13,6 +14,7 @@ import pytest
 from events.jetstream.server import ServerProcess, throwaway_server
 from events.jetstream.store import STREAM
 from ftrain.service import RunService
+from tests.netns import nodes as nodes
 
 
 @pytest.fixture

@@ -5,9 +5,13 @@ failure."""
 import importlib.util
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+FTRAIN = str(Path(sys.executable).with_name("ftrain"))
 
 _spec = importlib.util.spec_from_file_location(
     "cluster", Path(__file__).resolve().parent.parent / "scripts" / "cluster.py"
@@ -26,3 +30,26 @@ def require_netns() -> None:
     if os.environ.get("FTRAIN_REQUIRE_NETNS") == "1":
         pytest.fail(f"multi-node tests required (FTRAIN_REQUIRE_NETNS=1) but {why}")
     pytest.skip(f"multi-node tests: {why}")
+
+
+@pytest.fixture(scope="session")
+def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """Three nodes, shared by the multi-node tests: a NATS server on each (one JetStream cluster), each node's
+    writer key made and trusted by the others, as users would exchange them."""
+    require_netns()
+    found = cluster.Cluster(tmp_path_factory.mktemp("cluster"), 3).up()
+    try:
+        for node in found.nodes:
+            found.start_nats(node)
+        keys = {}
+        for node in found.nodes:
+            made = found.run(node, [FTRAIN, "keys", "init"])
+            assert made.returncode == 0, made.stderr
+            keys[node] = made.stdout.split()[0]
+        for node in found.nodes:  # every node trusts every other node's writer key
+            for other, key in keys.items():
+                if other != node:
+                    assert found.run(node, [FTRAIN, "keys", "trust", other, key]).returncode == 0
+        yield found
+    finally:
+        found.down()

@@ -9,39 +9,15 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import nats
 import pytest
 
+from tests.netns import FTRAIN
 from tests.netns import cluster as harness
-from tests.netns import require_netns
 
 RUN = "dist-JPCP-2x2-fsdp"
-FTRAIN = str(Path(sys.executable).with_name("ftrain"))
 pytestmark = pytest.mark.timeout(300)
-
-
-@pytest.fixture(scope="module")
-def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator["harness.Cluster"]:
-    require_netns()
-    found = harness.Cluster(tmp_path_factory.mktemp("cluster"), 3).up()
-    try:
-        for node in found.nodes:
-            found.start_nats(node)
-        keys = {}
-        for node in found.nodes:
-            made = found.run(node, [FTRAIN, "keys", "init"])
-            assert made.returncode == 0, made.stderr
-            keys[node] = made.stdout.split()[0]
-        for node in found.nodes:  # every node trusts every other node's writer key
-            for other, key in keys.items():
-                if other != node:
-                    assert found.run(node, [FTRAIN, "keys", "trust", other, key]).returncode == 0
-        yield found
-    finally:
-        found.down()
 
 
 def ftrain(nodes: "harness.Cluster", node: str, *args: str) -> tuple[int, str, str]:
