@@ -31,6 +31,7 @@ from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from events.private import private_dir
 from events.schema import Checkpointed
 from ftrain import settings
+from ftrain.train.attempt_clock import AttemptClock
 from ftrain.train.config import CheckpointConfig
 from ftrain.train.faults import fault_point
 from ftrain.train.lifeline import die_with_launcher
@@ -108,6 +109,9 @@ class CheckpointManager:
         if config.object_dir:
             self.storage, self._run_name = run_storage(config.object_dir)
         self._failed_saves = 0
+        self.clock = AttemptClock()
+        """What the `checkpointed` events report for goodput; `clock.lost(n)` when the script knows how many
+        steps the previous attempt trained past the checkpoint this one resumed from."""
 
     @property
     def stage_root(self) -> Path:
@@ -132,6 +136,7 @@ class CheckpointManager:
             )
         dist.barrier(group=self.group)
         point, self.attempt = resume(self.config, self.state, self.recorder, self.group)
+        self.clock.start()
         return point
 
     # -- saving --------------------------------------------------------------------------------------------
@@ -153,18 +158,22 @@ class CheckpointManager:
         """Checkpoint the state at `step`: synchronously, or staged and handed to the background pipeline."""
         self.state.step, self.state.epoch = step, epoch
         self._last_save = time.monotonic()
+        self.clock.began(step)
         if not self.config.async_save:
             start = time.perf_counter()
             if self.storage is not None:
                 self._save_object(step, epoch)
             else:
                 self._save_sync(step, epoch)
-            return SaveTimes(save_seconds=time.perf_counter() - start)
+            times = SaveTimes(save_seconds=time.perf_counter() - start)
+            self.clock.ended(step, times.save_seconds)
+            return times
         drain = self.drain()
         start = time.perf_counter()
         staged = self._buffers.stage(self.state.state_dict())
         stage = time.perf_counter() - start
         fault_point("stage", step)
+        self.clock.ended(step, stage + drain)
         self._inflight = self._worker.submit(self._save_async, step, epoch, staged)
         return SaveTimes(stage_seconds=stage, drain_seconds=drain)
 
@@ -344,15 +353,18 @@ class CheckpointManager:
         if self.recorder is not None:
             self.recorder.record(
                 CheckpointIntent(
-                    checkpointed=Checkpointed(
-                        run_id=self.recorder.run_id,
-                        step=step,
-                        epoch=epoch,
-                        shards=self.world,
-                        uri=uri,
-                        checkpoint_hash=checkpoint_hash,
-                        size_bytes=manifest.size_bytes,
-                        attempt=self.attempt,
+                    checkpointed=self.clock.measured(
+                        step,
+                        Checkpointed(
+                            run_id=self.recorder.run_id,
+                            step=step,
+                            epoch=epoch,
+                            shards=self.world,
+                            uri=uri,
+                            checkpoint_hash=checkpoint_hash,
+                            size_bytes=manifest.size_bytes,
+                            attempt=self.attempt,
+                        ),
                     )
                 )
             )
