@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 import msgspec
 import pytest
 
-from events.schema import AnyEvent, Completed, Failed, Resumed
+from events.schema import AnyEvent, Checkpointed, Completed, Failed, Resumed
 from ftrain.experiments.analysis import analyze, analyze_phase
 from ftrain.experiments.config import Kill, parse_injection
 from ftrain.experiments.readings import PhaseInput, Record
@@ -41,19 +41,31 @@ def steps(first: int, last: int, start: float) -> list[Record]:
     return out
 
 
+def saved(step: int, seconds: float, train: float, loop_start: float, **lost: int) -> AnyEvent:
+    """`checkpointed` at `seconds`, as the trainer reports it: 0.2 s stall, `train` seconds of steps, its loop
+    started at `loop_start`."""
+    measured = {"stall_seconds": 0.2, "train_seconds": train, "loop_seconds": seconds - loop_start, **lost}
+    return at(msgspec.structs.replace(checkpointed(RUN, step), **measured), seconds)
+
+
+COMPLETED = Completed(run_id=RUN, cost_gpu_hours=0.0, running_seconds=50, cost_source="wall-time")
+
+
 def phase(
     *, resume_step: int = 20, complete: tuple[int, ...] = (20, 10), stdout_step: int = 20
 ) -> PhaseInput:
-    """Killed at 25.5 s after step 25, resumed from step 20 (5 steps lost), first step after it at 35 s."""
+    """Killed at 25.5 s after step 25, resumed from step 20 (5 steps lost), first step after it at 35 s. The
+    trainer's goodput fields agree with its metrics: 0.5 s of `train/dt` a step, its loops start at -0.5 s and
+    34.5 s."""
     restart = Record(time=T0 + 35, iter=resume_step + 1, loss=1.0, dt=0.5, restart_seconds=5.0, lost_steps=5)
     events = [
         at(launched(RUN), -5),
-        at(checkpointed(RUN, 10), 9.2),
-        at(checkpointed(RUN, 20), 19.2),
+        saved(10, 9.2, 5.0, -0.5),
+        saved(20, 19.2, 10.0, -0.5),
         at(Failed(run_id=RUN, reason="signal", exit_code=137), 27),
         at(resumed(resume_step), 33),
-        at(checkpointed(RUN, 30), 44.2),
-        at(Completed(run_id=RUN, cost_gpu_hours=0.0, running_seconds=50, cost_source="wall-time"), 46),
+        saved(30, 44.2, 5.0, 34.5, lost_steps=5),
+        at(COMPLETED, 46),
     ]
     return PhaseInput(
         phase="sync",
@@ -110,7 +122,7 @@ def test_the_overhead_over_the_baseline_and_the_report() -> None:
     baseline = msgspec.structs.replace(
         base,
         phase="baseline",
-        events=[e for e in base.events if not isinstance(e, Failed | Resumed)],
+        events=[*base.events[:3], saved(30, 29.2, 15.0, -0.5), at(COMPLETED, 31)],
         records=steps(1, 30, 0),
         kills=[],
         stdout=f"FINAL step=30 params_sha256={DIGEST}\n",
@@ -130,6 +142,71 @@ def test_the_overhead_over_the_baseline_and_the_report() -> None:
     assert "No mismatch." in text and "MISMATCH" not in text
     broken = analyze("t", [], [baseline, phase(stdout_step=10)])
     assert "- MISMATCH sync: `resumed` events from steps [20]" in markdown(broken)
+
+
+def test_the_goodput_from_the_log_alone_equals_the_metrics_within_rounding() -> None:
+    result = analyze_phase(phase())
+    assert result.goodput is not None and result.goodput.measured is not None
+    log, metrics = result.goodput.log, result.goodput.measured
+    # wall -5 → 46; productive: steps 1-20 and 21-30 at 0.5 s; three 0.2 s stalls; start-up -5 → -0.5;
+    # restart 33 → 34.5; recomputed: steps 21-25 of the killed attempt; down: failed at 27 → resumed at 33
+    expected = (51.0, 15.0, 0.6, 4.5, 1.5, 2.5, 5)
+    assert (log.wall, log.productive, log.checkpoint_stall, log.startup, log.restart, log.recomputed,
+            log.lost_steps) == pytest.approx(expected)  # fmt: skip
+    assert (metrics.wall, metrics.productive, metrics.checkpoint_stall, metrics.startup, metrics.restart,
+            metrics.recomputed, metrics.lost_steps) == pytest.approx(expected)  # fmt: skip
+    assert (log.down, log.other) == pytest.approx((6.0, 51.0 - 15.0 - 0.6 - 4.5 - 1.5 - 6.0 - 2.5))
+    row = "| sync | 29.4 % / 29.4 % | 15.0 / 15.0 | 0.6 / 0.6 | 4.5 / 4.5 | 1.5 / 1.5 | 2.5 / 2.5 | 5 / 5 | 6.0 | 20.9 | 51.0 |"
+    assert row in markdown(analyze("t", [], [phase()])).splitlines()
+
+
+def with_event(data: PhaseInput, index: int, **changes: object) -> PhaseInput:
+    events = list(data.events)
+    events[index] = msgspec.structs.replace(events[index], **changes)
+    return msgspec.structs.replace(data, events=events)
+
+
+def test_every_goodput_difference_beyond_rounding_is_reported() -> None:
+    data = phase()
+    assert analyze_phase(with_event(data, 1, stall_seconds=0.3)).problems == []  # 0.1 s off: within rounding
+    assert analyze_phase(with_event(data, 1, stall_seconds=0.31)).problems == [
+        "goodput: checkpoint_stall 0.71 s from the log, 0.60 s from the metrics"
+    ]
+    assert analyze_phase(with_event(data, 5, loop_seconds=msgspec.UNSET)).problems == [
+        "goodput: restart is unknown from the log"
+    ]
+    assert analyze_phase(with_event(data, 5, lost_steps=6)).problems == [
+        "goodput: recomputed 3.00 s from the log, 2.50 s from the metrics",
+        "goodput: 6 lost steps in the log, 5 in the metrics",
+    ]
+    assert analyze_phase(with_event(data, 5, train_seconds=5.04)).problems == []  # 0.08 % of the wall
+    off = analyze_phase(with_event(data, 5, train_seconds=5.06))
+    assert off.problems == ["goodput: 29.53% from the log, 29.41% from the metrics"]  # each term within 0.1 s
+    no_first_step = msgspec.structs.replace(data, records=[r for r in data.records if r.iter != 1])
+    assert analyze_phase(no_first_step).problems == [
+        "goodput: productive 15.00 s from the log, 14.50 s from the metrics",
+        "goodput: startup 4.50 s from the log, 5.50 s from the metrics",
+        "goodput: 29.41% from the log, 28.43% from the metrics",
+    ]
+
+
+def test_a_log_from_before_the_goodput_fields_is_shown_not_checked() -> None:
+    data = phase()
+    fields = {"stall_seconds": msgspec.UNSET, "train_seconds": msgspec.UNSET, "loop_seconds": msgspec.UNSET,
+              "lost_steps": msgspec.UNSET}  # fmt: skip
+    old = msgspec.structs.replace(
+        data,
+        events=[
+            msgspec.structs.replace(e, **fields) if isinstance(e, Checkpointed) else e for e in data.events
+        ],
+    )
+    result = analyze_phase(old)
+    assert result.problems == [] and result.goodput is not None and result.goodput.measured is None
+    assert result.goodput.log.ratio is None
+    assert (
+        "| sync | — / — | — / — | — / — | — / — | — / — | — / — | — / — | 6.0 | 45.0 | 51.0 |"
+        in markdown(analyze("t", [], [old])).splitlines()
+    )
 
 
 def test_injection_specs() -> None:
