@@ -96,8 +96,9 @@ class Checkpointed(Event, frozen=True, kw_only=True, tag="checkpointed"):
     # What the trainer measured for goodput (`projections.goodput`). Unset (absent from the payload) when the
     # writer did not measure it: an operator's `ftrain checkpoint`, a trainer from before goodput.
     stall_seconds: Amount | UnsetType = UNSET
-    """How long this save held the training loop: a sync save from its start to this event, an async one its
-    copy to host memory plus the wait for the previous save."""
+    """How long saves held the training loop since the attempt's previous `checkpointed`: this save's (a sync
+    save from its start to this event, an async one its copy to host memory plus its wait for the previous),
+    and what earlier saves held it after their events or without one (recording, pruning, a failed save)."""
     train_seconds: Amount | UnsetType = UNSET
     """The attempt's training before this save: its loop's time from its start, less earlier saves' stalls."""
     loop_seconds: Amount | UnsetType = UNSET

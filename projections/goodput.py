@@ -8,7 +8,8 @@ when each attempt opened and closed. The terms, in seconds, sum to the wall time
 - wall: `launched` → `completed` (or now, while the run is running or failed).
 - productive: per attempt, the `train_seconds` of its newest checkpoint no resume refused (0 for an attempt
   without one): the training time of the steps the run kept.
-- checkpoint stall: `stall_seconds` summed over every checkpoint.
+- checkpoint stall: `stall_seconds` summed over every checkpoint (each reports the stall since the attempt's
+  previous one).
 - start-up: `launched` → the first attempt's training-loop start (its checkpoint's `time − loop_seconds`):
   launching the processes, imports, process group, model build.
 - restart: each later attempt's opening `resumed` → its training-loop start: launching, start-up, verifying

@@ -40,16 +40,16 @@ def started(at: float) -> tuple[AttemptClock, Hand]:
     return clock, hand
 
 
-def test_a_sync_save_reports_its_stall_up_to_its_event_and_the_training_before_it() -> None:
+def test_a_sync_save_reports_its_stall_up_to_its_event_and_the_next_one_what_it_stalled_after() -> None:
     clock, hand = started(5.0)
     hand.now = 11.0
     clock.began(10)
     assert measure(clock, hand, 10, 12.0) == (1.0, 6.0, 7.0, UNSET)
     hand.now = 12.2
-    clock.ended(10, 1.2)  # the whole save, pruning included: training time excludes all of it
-    hand.now = 18.2
+    clock.ended(10, 1.25)  # the whole save, recording and pruning included: training time excludes all of it
+    hand.now = 18.25
     clock.began(20)
-    assert measure(clock, hand, 20, 19.2) == (1.0, 12.0, 14.2, UNSET)
+    assert measure(clock, hand, 20, 19.25) == (1.25, 12.0, 14.25, UNSET)  # its 1 s, and step 10's last 0.25 s
 
 
 def test_an_async_save_reports_the_stall_the_loop_saw_not_the_time_to_its_event() -> None:
@@ -65,7 +65,17 @@ def test_an_async_save_reports_the_stall_the_loop_saw_not_the_time_to_its_event(
     assert measure(clock, hand, 20, 16.0) == (0.25, 7.5, 11.0, UNSET)
     hand.now = 17.0
     clock.began(30)  # every stall so far is out of the training time
-    assert measure(clock, hand, 30, 17.5)[1] == 17.0 - 5.0 - 0.75
+    assert measure(clock, hand, 30, 17.5)[:2] == (0.5, 17.0 - 5.0 - 0.75)  # a save still holding the loop
+
+
+def test_a_save_of_a_step_measured_before_is_measured_afresh() -> None:
+    clock, hand = started(0.0)
+    clock.began(10)
+    clock.ended(10, 0.5)  # async: gave the loop back
+    assert measure(clock, hand, 10, 2.0)[0] == 0.5
+    hand.now = 3.0
+    clock.began(10)  # the same step again, sync this time: still holding the loop at its event
+    assert measure(clock, hand, 10, 3.5)[0] == 0.5
 
 
 def test_the_steps_the_previous_attempt_lost_are_reported_on_every_save_within_bounds() -> None:
@@ -93,8 +103,10 @@ def test_the_loop_starts_at_construction_until_start_says_otherwise() -> None:
 def test_an_event_built_without_a_save_begun_stalled_nothing() -> None:
     clock, hand = started(1.0)
     hand.now = 2.0
-    clock.ended(7, 0.5)  # a save whose event was never built (it failed closed) counts as stall only
-    assert measure(clock, hand, 9, 4.0) == (0.0, 2.5, 3.0, UNSET)
+    clock.ended(7, 0.5)  # a save whose event was never built (it failed closed): the next event reports it
+    assert measure(clock, hand, 9, 4.0) == (0.5, 2.5, 3.0, UNSET)
+    clock.began(11)
+    assert measure(clock, hand, 11, 4.0)[0] == 0.0  # reported once
 
 
 def test_what_it_reports_is_always_within_the_schemas_bounds() -> None:

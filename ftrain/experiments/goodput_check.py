@@ -4,14 +4,20 @@
 Measured, with the log's `launched`, opening `resumed` and `completed` times as the only shared anchors (wall
 and down time are the log's own, on both sides):
 
-- productive: `train/dt` of every step that counts (one a failure did not throw away), up to the last checkpoint;
-- checkpoint stall: the stall lines (sync save, or async stage + drain) of the saves the log recorded;
+- productive: the loop time of every step that counts (one a failure did not throw away), up to the last
+  checkpoint: from the previous step's line to its own, less the stall lines between (an attempt's first step:
+  its `train/dt`);
+- checkpoint stall: the stall lines (sync save, or async stage + drain) up to each attempt's last save the log
+  recorded;
 - start-up: `launched` → the start of the first step (its line's time − its `train/dt`);
 - restart: each opening `resumed` → the start of the first step after it;
-- recomputed: `train/dt` of the steps each failure threw away;
+- recomputed: the loop time of the steps each failure threw away;
 - lost steps: `train/lost_steps` summed over the resumes.
 
-They agree when every term is equal within rounding (0.1 s) and the goodput within 0.1 % of the wall time.
+They agree when every term is equal within rounding (0.1 s; then so is the goodput, over the same wall time)
+and the lost steps exactly, except recomputed: the log estimates it (lost steps × the attempt's mean seconds per
+step) and the steps a failure throws away are not average ones (an async save's background work slows the steps
+right after it), so its time need only be within half the measured, or 0.1 s.
 """
 
 from collections.abc import Sequence
@@ -25,7 +31,7 @@ from ftrain.experiments.readings import Record, segments
 from projections.goodput import Goodput, measure
 
 ROUNDING_S: Final = 0.1
-ROUNDING_RATIO: Final = 0.001
+ESTIMATE_SHARE: Final = 0.5
 COMPARED: Final = ("productive", "checkpoint_stall", "startup", "restart", "recomputed")
 
 
@@ -74,6 +80,27 @@ def _attempt_steps(events: Sequence[AnyEvent], openings: Sequence[Resumed]) -> l
     return out
 
 
+def _attempt(
+    part: Sequence[Record], upto: int, recorded: set[int], failed: bool
+) -> tuple[float, float, float]:
+    """(productive, recomputed, stall) of one attempt's lines; `upto`: its last step the run kept."""
+    last_recorded = max((i for i, r in enumerate(part) if r.is_save and r.iter in recorded), default=-1)
+    productive = recomputed = stall = held = 0.0
+    previous: float | None = None
+    for i, r in enumerate(part):
+        if r.is_save:
+            held += r.stall
+            stall += r.stall if i <= last_recorded else 0.0
+        elif r.is_step:
+            loop = (r.dt or 0.0) if previous is None else r.time - previous - held
+            previous, held = r.time, 0.0
+            if (r.iter or 0) <= upto:
+                productive += loop
+            elif failed:
+                recomputed += loop
+    return productive, recomputed, stall
+
+
 def _start(part: Sequence[Record]) -> float | None:
     first = next((r for r in part if r.is_step), None)
     return None if first is None or first.dt is None else first.time - first.dt
@@ -89,17 +116,11 @@ def measured(events: Sequence[AnyEvent], records: Sequence[Record]) -> Measured 
     if launched is None or completed is None or not saves or len(parts) != len(openings) + 1:
         return None
     kept_to = [o.step for o in openings] + [saves[-1]]
-    productive = recomputed = stall = 0.0
-    for i, (part, upto, recorded) in enumerate(
-        zip(parts, kept_to, _attempt_steps(events, openings), strict=True)
-    ):
-        for r in part:
-            if r.is_step and (r.iter or 0) <= upto:
-                productive += r.dt or 0.0
-            elif r.is_step and i < len(openings):
-                recomputed += r.dt or 0.0
-            elif r.is_save and r.iter in recorded:
-                stall += r.stall
+    attempts = zip(parts, kept_to, _attempt_steps(events, openings), strict=True)
+    figures = [
+        _attempt(part, upto, steps, i < len(openings)) for i, (part, upto, steps) in enumerate(attempts)
+    ]
+    productive, recomputed, stall = (sum(f[k] for f in figures) for k in range(3))
     starts = [_start(part) for part in parts]
     restarts = [
         None if s is None else s - o.time.timestamp() for s, o in zip(starts[1:], openings, strict=True)
@@ -141,14 +162,8 @@ def disagreements(check: GoodputCheck) -> list[str]:
         a, b = getattr(log, term), getattr(metrics, term)
         if a is None or b is None:
             problems.append(f"goodput: {term} is unknown from the {'log' if a is None else 'metrics'}")
-        elif abs(a - b) > ROUNDING_S:
+        elif abs(a - b) > max(ROUNDING_S, ESTIMATE_SHARE * b if term == "recomputed" else 0.0):
             problems.append(f"goodput: {term} {a:.2f} s from the log, {b:.2f} s from the metrics")
-    if (
-        log.ratio is not None
-        and metrics.ratio is not None
-        and abs(log.ratio - metrics.ratio) > ROUNDING_RATIO
-    ):
-        problems.append(f"goodput: {log.ratio:.2%} from the log, {metrics.ratio:.2%} from the metrics")
     if log.lost_steps != metrics.lost_steps:
         problems.append(
             f"goodput: {log.lost_steps} lost steps in the log, {metrics.lost_steps} in the metrics"

@@ -2,7 +2,7 @@
 
 from collections.abc import Sequence
 
-from ftrain.experiments.goodput_check import COMPARED, ROUNDING_RATIO, ROUNDING_S
+from ftrain.experiments.goodput_check import COMPARED, ESTIMATE_SHARE, ROUNDING_S
 from ftrain.experiments.results import ExperimentResult, Overhead, PhaseResult
 
 PLOT = "restart_plot.png"
@@ -168,11 +168,12 @@ def _goodput(result: ExperimentResult) -> list[str]:
             "recomputed (s)", "lost steps", "down (s)", "other (s)", "wall (s)")  # fmt: skip
     return [
         "Each cell: from the event log alone (what `ftrain cost --run RUN` prints) / measured from rank 0's "
-        "metrics: `train/dt` of the steps kept, the stall lines of the recorded saves, the first step's start "
-        "after `launched` and after each opening `resumed`, `train/dt` of the steps thrown away, "
-        "`train/lost_steps`. Down, other and wall are the log's (wall: `launched` → `completed`). They must be "
-        f"equal within rounding: {ROUNDING_S:g} s a term, {ROUNDING_RATIO * 100:g} % the goodput; the lost "
-        "steps exactly.",
+        "metrics: the loop time of the steps kept (line to line, less the save stalls between), the stall lines "
+        "up to each attempt's last recorded save, the first step's start after `launched` and after each "
+        "opening `resumed`, the loop time of the steps thrown away, `train/lost_steps`. Down, other and wall "
+        "are the log's (wall: `launched` → `completed`), so the goodput agrees when productive does. They must "
+        f"be equal within rounding ({ROUNDING_S:g} s a term) and the lost steps exactly; recomputed, which the "
+        f"log estimates from the mean seconds per step, within {ESTIMATE_SHARE:.0%} of the measured.",
         "",
         *_table(head, [_goodput_row(p) for p in result.phases]),
     ]

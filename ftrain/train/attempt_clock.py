@@ -3,9 +3,11 @@ this attempt's training loop began, its training time before each save, how long
 the steps its resume re-did. Torch-free, and the clock is injectable, so it is tested without a job.
 
 `CheckpointManager` owns one: `start()` once resume is done, `began(step)` and `ended(step, stall)` around each
-save, and `measured(step, event)` where the event is built. A sync save builds its event inside the save, so
-its stall runs to the event (the pruning after it is not counted); an async save builds it on the save worker
-after `ended`, with the stall the loop saw (the copy to host memory plus the wait for the previous save).
+save, and `measured(step, event)` where the event is built. Each event reports the stall not reported yet, so
+the events' stalls add up to every stall before the newest: a sync save builds its event inside the save (its
+stall up to the event; what it stalls after, recording the event and pruning, goes on the next event), an async
+save builds it on the save worker after `ended` (the copy to host memory plus the wait for the previous save),
+and a save that failed without an event hands its stall to the next one.
 """
 
 import time
@@ -28,10 +30,13 @@ class AttemptClock:
         self._clock = clock
         self._loop_start = clock()
         self._stalled = 0.0
+        """Every save's stall so far, as `ended` was told it."""
+        self._reported = 0.0
+        """The stall the events built so far reported."""
         self._saves: dict[int, tuple[float, float]] = {}
         """Saves whose event is still to be built: step → (when it began, training time before it)."""
-        self._stalls: dict[int, float] = {}
-        """Stalls of saves that gave the loop back before their event was built (async)."""
+        self._ended: set[int] = set()
+        """Those of them that gave the loop back already (async)."""
         self._lost: int | None = None
 
     def start(self) -> None:
@@ -50,14 +55,17 @@ class AttemptClock:
     def ended(self, step: int, stall: float) -> None:
         """The save of `step` gave the loop back after `stall` seconds."""
         self._stalled += stall
-        if step in self._saves:  # its event is still to be built: it reports this stall
-            self._stalls[step] = stall
+        if step in self._saves:  # its event is still to be built
+            self._ended.add(step)
 
     def measured(self, step: int, event: Checkpointed) -> Checkpointed:
         """`event` (the save of `step`) with what this clock measured."""
         now = self._clock()
         began, trained = self._saves.pop(step, (now, now - self._loop_start - self._stalled))
-        stall = self._stalls.pop(step, now - began)
+        running = 0.0 if step in self._ended else now - began  # a sync save: still holding the loop
+        self._ended.discard(step)
+        stall = self._stalled - self._reported + running
+        self._reported += stall
         return msgspec.structs.replace(
             event,
             stall_seconds=_amount(stall),
