@@ -27,6 +27,7 @@ when each attempt opened and closed. The terms, in seconds, sum to the wall time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from itertools import pairwise
 
 import msgspec
 from msgspec import UNSET, UnsetType
@@ -158,11 +159,11 @@ class _Fold:
 
     def down(self, end: datetime) -> float:
         """`failed` → the next attempt's opening, each time; and → `end` while the run is failed."""
-        down = 0.0
-        for before, after in zip(self.attempts, [*self.attempts[1:], None], strict=True):
-            if before.failed_at is not None:
-                down += _seconds(before.failed_at, after.opened if after else end)
-        return down
+        down = sum(
+            _seconds(b.failed_at, a.opened) for b, a in pairwise(self.attempts) if b.failed_at is not None
+        )
+        last = self.attempts[-1].failed_at
+        return down + (0.0 if last is None else _seconds(last, end))
 
     def step_seconds(self) -> float | None:
         """The run's mean seconds per step over the attempts that measured it."""
@@ -174,7 +175,7 @@ class _Fold:
         """Each restart's lost steps × the seconds per step of the attempt that lost them."""
         mean = self.step_seconds()
         parts: list[float | None] = []
-        for before, after in zip(self.attempts, self.attempts[1:], strict=False):
+        for before, after in pairwise(self.attempts):
             lost = after.lost_steps
             pace = before.pace()
             per_step = pace[0] / pace[1] if pace else mean
@@ -182,7 +183,7 @@ class _Fold:
         return _sum(parts)
 
     def result(self, now: datetime) -> Goodput:
-        end = self.completed or now
+        end = now if self.completed is None else self.completed
         first, *later = self.attempts
         lost = [a.lost_steps for a in later]
         productive = _sum([a.kept(self.refused) for a in self.attempts])

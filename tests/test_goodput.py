@@ -181,6 +181,25 @@ def test_a_forced_resume_opens_an_attempt_without_down_time() -> None:
     assert (g.attempts, g.failures, g.down, g.restart, g.recomputed) == (2, 0, 0.0, 5.0, 0.0)
 
 
+def test_forced_resumes_in_a_row_each_open_an_attempt() -> None:
+    log = Log()
+    newest = first_attempt(log)
+    log.resume(newest, 25, attempt=2, count=1)
+    log.resume(newest, 26, attempt=3, count=2)
+    assert log.measure(now=30).attempts == 3
+
+
+def test_a_fallback_within_the_first_attempt_moves_where_it_trained_from() -> None:
+    log = Log()
+    older = log.save(10, 12, stall_seconds=1.0, train_seconds=6.0, loop_seconds=7.0)
+    newest = log.save(20, 19, stall_seconds=1.0, train_seconds=12.0, loop_seconds=14.0)
+    log.add(CorruptSkipped(run_id=RUN, checkpoint_seq=newest.seq, step=20, uri=newest.uri, reason="bad"), 20)
+    log.resume(older, 20.5, attempt=1, count=1)  # e.g. a trainer started by hand, falling back at start-up
+    log.save(20, 27, stall_seconds=1.0, train_seconds=6.0, loop_seconds=7.0)
+    g = log.measure(now=30)
+    assert (g.attempts, g.step_seconds) == (1, 6.0 / 10)
+
+
 def test_a_restart_in_place_after_a_failure_is_a_new_start_of_the_processes() -> None:
     log = Log()
     newest = first_attempt(log)

@@ -9,9 +9,12 @@ import msgspec
 import pytest
 
 from events.chain import ChainHead
+from events.jetstream.server import ServerProcess
+from events.record import run_subject
 from events.schema import AnyEvent
 from ftrain.service import RunService
 from tests.test_cli import Cli
+from tests.test_failures import raw_publish
 from tests.test_goodput import RUN, Log, failed_and_resumed
 
 
@@ -120,3 +123,23 @@ def test_bad_input_is_one_line_exit_2(
     store(env, failed_and_resumed().events)
     code, out, err = cli(*args)
     assert (code, out) == (2, "") and err.startswith(message) and err.count("\n") == 1
+
+
+def test_a_broken_run_shows_its_break_first_and_the_goodput_as_far_as_it_holds_exit_1(
+    cli: Cli, env: dict[str, str], server: ServerProcess
+) -> None:
+    store(env, failed_and_resumed().events)
+    seq = asyncio.run(raw_publish(server, run_subject(RUN, "failed"), b"not an event"))
+    code, out, _ = cli("cost", "--run", RUN)  # stderr: the projector's warning about the break
+    lines = out.splitlines()
+    assert code == 1
+    assert lines[0].startswith(f"BROKEN run {RUN}: ") and f"stream seq {seq}" in lines[0]
+    assert lines[1] == f"Goodput of {RUN} (completed): 47.4 % of its wall time trained steps it kept"
+    code, out, _ = cli("cost", "--run", RUN, "--json")
+    doc = json.loads(out)
+    assert (code, doc["state"], doc["broken"]["stream_seq"], doc["goodput"]["ratio"]) == (
+        1,
+        "broken",
+        seq,
+        0.473684,
+    )

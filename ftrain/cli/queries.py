@@ -126,10 +126,13 @@ async def _run_goodput(app: RunService, args: argparse.Namespace) -> int:
     view = await app.view(args.run)
     state, goodput = view.state, view.goodput
     if args.json:
-        doc: dict[str, Any] = {"run_id": view.run_id, "state": "broken" if view.broken else None}
+        doc: dict[str, Any] = {"run_id": view.run_id}
         if state is not None and goodput is not None:
-            doc.update(state=doc["state"] or state.status, gpus=state.gpus, **_hours(state),
-                       goodput=goodput_view.document(goodput))  # fmt: skip
+            doc.update(
+                state=state.status, gpus=state.gpus, **_hours(state), goodput=goodput_view.document(goodput)
+            )
+        if view.broken is not None:
+            doc["state"] = "broken"
         render.emit_json({**doc, "broken": view.broken})
         return 0 if view.broken is None else 1
     if view.broken is not None:
