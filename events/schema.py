@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from typing import Annotated, Literal
 
 import msgspec
+from msgspec import UNSET, UnsetType
 
 EVENT_TYPES = ("launched", "checkpointed", "failed", "resumed", "corrupt_skipped", "completed")
 FAILURE_REASONS: tuple[str, ...] = ("preempted", "node-failure", "oom", "exit-code", "signal", "unknown")
@@ -92,6 +93,18 @@ class Checkpointed(Event, frozen=True, kw_only=True, tag="checkpointed"):
     size_bytes: Count
     attempt: Count = 0
     """The attempt that wrote it (0: written before attempts existed, or by no attempt's process)."""
+    # What the trainer measured for goodput (`projections.goodput`). Unset (absent from the payload) when the
+    # writer did not measure it: an operator's `ftrain checkpoint`, a trainer from before goodput.
+    stall_seconds: Amount | UnsetType = UNSET
+    """How long saves held the training loop since the attempt's previous `checkpointed`: this save's (a sync
+    save from its start to this event, an async one its copy to host memory plus its wait for the previous),
+    and what earlier saves held it after their events or without one (recording, pruning, a failed save)."""
+    train_seconds: Amount | UnsetType = UNSET
+    """The attempt's training before this save: its loop's time from its start, less earlier saves' stalls."""
+    loop_seconds: Amount | UnsetType = UNSET
+    """Seconds from the attempt's training-loop start (start-up and restore done) to this event's `time`."""
+    lost_steps: Count | UnsetType = UNSET
+    """Steps the previous attempt had trained past the checkpoint this attempt resumed from (re-done here)."""
 
 
 class Failed(Event, frozen=True, kw_only=True, tag="failed"):

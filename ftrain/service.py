@@ -37,6 +37,7 @@ from ftrain import settings as ftrain_settings
 from ftrain.errors import Refused, UsageError
 from ftrain.history import AuditReport, TimelineEntry, timeline, verify
 from projections.audit import Finding
+from projections.goodput import Goodput, measure
 from projections.lifecycle import (
     IllegalTransition,
     ResumePlan,
@@ -69,6 +70,8 @@ class RunView(msgspec.Struct, frozen=True):
     run_id: str
     state: RunState | None
     broken: Finding | None = None
+    goodput: Goodput | None = None
+    """Its goodput as of now, from its own events (None with no accepted event)."""
 
 
 class ResumeOutcome(msgspec.Struct, frozen=True):
@@ -167,7 +170,7 @@ class RunService:
                 await RunLog(self.store, run_id).state()
             except BrokenRun as exc:
                 broken = exc.finding
-        return RunView(run_id, state, broken)
+        return RunView(run_id, state, broken, await self.goodput(run_id) if state else None)
 
     async def views(self, project: str | None = None) -> list[RunView]:
         """Every run, or one project's, with its chain break; broken runs without any accepted event are
@@ -180,6 +183,11 @@ class RunService:
     async def states(self, project: str | None = None) -> list[RunState]:
         """Every run, or one project's, caught up."""
         return await self._caught_up(lambda: self.model.runs(project))
+
+    async def goodput(self, run_id: str) -> Goodput:
+        """A run's goodput as of now, folded from its own events as the chain walk accepts them (the read
+        model keeps no per-save figures). The run must have an accepted `launched`."""
+        return measure([e.event async for e in timeline(self.store, run_id) if e.event is not None], now())
 
     async def _caught_up(self, read: Callable[[], Awaitable[T]]) -> T:
         """Catch the model up, then `read` it; a damaged model file ("malformed") is set aside, rebuilt from

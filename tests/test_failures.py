@@ -130,6 +130,8 @@ def stable_status(stdout: str) -> dict[str, Any]:
     doc: dict[str, Any] = json.loads(stdout)
     doc.pop("gpu_hours")
     doc.pop("running_seconds")
+    for grows in ("ratio", "wall_seconds", "other_seconds"):
+        doc["goodput"].pop(grows)
     return doc
 
 

@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 import msgspec
 import pytest
 
-from events.schema import AnyEvent, Completed, Failed, Resumed
+from events.schema import AnyEvent, Checkpointed, Completed, Failed, Resumed
 from ftrain.experiments.analysis import analyze, analyze_phase
 from ftrain.experiments.config import Kill, parse_injection
 from ftrain.experiments.readings import PhaseInput, Record
@@ -41,19 +41,31 @@ def steps(first: int, last: int, start: float) -> list[Record]:
     return out
 
 
+def saved(step: int, seconds: float, train: float, loop_start: float, **lost: int) -> AnyEvent:
+    """`checkpointed` at `seconds`, as the trainer reports it: 0.2 s stall, `train` seconds of steps, its loop
+    started at `loop_start`."""
+    measured = {"stall_seconds": 0.2, "train_seconds": train, "loop_seconds": seconds - loop_start, **lost}
+    return at(msgspec.structs.replace(checkpointed(RUN, step), **measured), seconds)
+
+
+COMPLETED = Completed(run_id=RUN, cost_gpu_hours=0.0, running_seconds=50, cost_source="wall-time")
+
+
 def phase(
     *, resume_step: int = 20, complete: tuple[int, ...] = (20, 10), stdout_step: int = 20
 ) -> PhaseInput:
-    """Killed at 25.5 s after step 25, resumed from step 20 (5 steps lost), first step after it at 35 s."""
+    """Killed at 25.5 s after step 25, resumed from step 20 (5 steps lost), first step after it at 35 s. The
+    trainer's goodput fields agree with its metrics: a step a second (0.5 s of it `train/dt`), its loops start at
+    -0.5 s and 34.5 s, each save starts at its step's line and holds the loop 0.2 s."""
     restart = Record(time=T0 + 35, iter=resume_step + 1, loss=1.0, dt=0.5, restart_seconds=5.0, lost_steps=5)
     events = [
         at(launched(RUN), -5),
-        at(checkpointed(RUN, 10), 9.2),
-        at(checkpointed(RUN, 20), 19.2),
+        saved(10, 9.2, 9.5, -0.5),
+        saved(20, 19.2, 19.3, -0.5),
         at(Failed(run_id=RUN, reason="signal", exit_code=137), 27),
         at(resumed(resume_step), 33),
-        at(checkpointed(RUN, 30), 44.2),
-        at(Completed(run_id=RUN, cost_gpu_hours=0.0, running_seconds=50, cost_source="wall-time"), 46),
+        saved(30, 44.2, 9.5, 34.5, lost_steps=5),
+        at(COMPLETED, 46),
     ]
     return PhaseInput(
         phase="sync",
@@ -110,7 +122,7 @@ def test_the_overhead_over_the_baseline_and_the_report() -> None:
     baseline = msgspec.structs.replace(
         base,
         phase="baseline",
-        events=[e for e in base.events if not isinstance(e, Failed | Resumed)],
+        events=[*base.events[:3], saved(30, 29.2, 29.1, -0.5), at(COMPLETED, 31)],
         records=steps(1, 30, 0),
         kills=[],
         stdout=f"FINAL step=30 params_sha256={DIGEST}\n",
@@ -130,6 +142,77 @@ def test_the_overhead_over_the_baseline_and_the_report() -> None:
     assert "No mismatch." in text and "MISMATCH" not in text
     broken = analyze("t", [], [baseline, phase(stdout_step=10)])
     assert "- MISMATCH sync: `resumed` events from steps [20]" in markdown(broken)
+
+
+def test_the_goodput_from_the_log_alone_equals_the_metrics_within_rounding() -> None:
+    result = analyze_phase(phase())
+    assert result.goodput is not None and result.goodput.measured is not None
+    log, metrics = result.goodput.log, result.goodput.measured
+    # wall -5 → 46; productive: -0.5 → 19 less a stall, 34.5 → 44; three 0.2 s stalls; start-up -5 → -0.5;
+    # restart 33 → 34.5; down: failed at 27 → resumed at 33; recomputed: steps 21-25 of the killed attempt,
+    # 4.8 s (19 → 24 less a stall), which the log estimates at 5 × 19.3 / 20
+    expected = (51.0, 19.3 + 9.5, 0.6, 4.5, 1.5, 5)
+    assert (log.wall, log.productive, log.checkpoint_stall, log.startup, log.restart,
+            log.lost_steps) == pytest.approx(expected)  # fmt: skip
+    assert (metrics.wall, metrics.productive, metrics.checkpoint_stall, metrics.startup, metrics.restart,
+            metrics.lost_steps) == pytest.approx(expected)  # fmt: skip
+    assert (log.recomputed, metrics.recomputed) == pytest.approx((5 * 19.3 / 20, 4.8))
+    assert (log.down, log.other) == pytest.approx((6.0, 51.0 - 28.8 - 0.6 - 4.5 - 1.5 - 6.0 - 4.825))
+    row = "| sync | 56.5 % / 56.5 % | 28.8 / 28.8 | 0.6 / 0.6 | 4.5 / 4.5 | 1.5 / 1.5 | 4.8 / 4.8 | 5 / 5 | 6.0 | 4.8 | 51.0 |"
+    assert row in markdown(analyze("t", [], [phase()])).splitlines()
+
+
+def with_event(data: PhaseInput, index: int, **changes: object) -> PhaseInput:
+    events = list(data.events)
+    events[index] = msgspec.structs.replace(events[index], **changes)
+    return msgspec.structs.replace(data, events=events)
+
+
+def test_every_goodput_difference_beyond_rounding_is_reported() -> None:
+    data = phase()
+    assert analyze_phase(with_event(data, 1, stall_seconds=0.3)).problems == []  # 0.1 s off: within rounding
+    assert analyze_phase(with_event(data, 1, stall_seconds=0.31)).problems == [
+        "goodput: checkpoint_stall 0.71 s from the log, 0.60 s from the metrics"
+    ]
+    assert analyze_phase(with_event(data, 5, loop_seconds=msgspec.UNSET)).problems == [
+        "goodput: restart is unknown from the log"
+    ]
+    # recomputed is an estimate: within half the measured 4.8 s (7 × 0.965 s), not beyond (8 × 0.965 s)
+    assert analyze_phase(with_event(data, 5, lost_steps=7)).problems == [
+        "goodput: 7 lost steps in the log, 5 in the metrics"
+    ]
+    assert analyze_phase(with_event(data, 5, lost_steps=8)).problems == [
+        "goodput: recomputed 7.72 s from the log, 4.80 s from the metrics",
+        "goodput: 8 lost steps in the log, 5 in the metrics",
+    ]
+    assert analyze_phase(with_event(data, 5, train_seconds=9.6)).problems == []
+    assert analyze_phase(with_event(data, 5, train_seconds=9.61)).problems == [
+        "goodput: productive 28.91 s from the log, 28.80 s from the metrics"
+    ]
+    no_first_step = msgspec.structs.replace(data, records=[r for r in data.records if r.iter != 1])
+    assert analyze_phase(no_first_step).problems == [
+        "goodput: productive 28.80 s from the log, 27.80 s from the metrics",
+        "goodput: startup 4.50 s from the log, 5.50 s from the metrics",
+    ]
+
+
+def test_a_log_from_before_the_goodput_fields_is_shown_not_checked() -> None:
+    data = phase()
+    fields = {"stall_seconds": msgspec.UNSET, "train_seconds": msgspec.UNSET, "loop_seconds": msgspec.UNSET,
+              "lost_steps": msgspec.UNSET}  # fmt: skip
+    old = msgspec.structs.replace(
+        data,
+        events=[
+            msgspec.structs.replace(e, **fields) if isinstance(e, Checkpointed) else e for e in data.events
+        ],
+    )
+    result = analyze_phase(old)
+    assert result.problems == [] and result.goodput is not None and result.goodput.measured is None
+    assert result.goodput.log.ratio is None
+    assert (
+        "| sync | — / — | — / — | — / — | — / — | — / — | — / — | — / — | 6.0 | 45.0 | 51.0 |"
+        in markdown(analyze("t", [], [old])).splitlines()
+    )
 
 
 def test_injection_specs() -> None:

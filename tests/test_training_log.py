@@ -6,6 +6,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from events.jetstream.server import ServerProcess
@@ -49,6 +50,7 @@ async def test_kill_corrupt_skip_resume_and_a_broker_outage_all_reach_the_log(
         events = await run_events(app)
         report = await app.verify(RUN)
         state = await app.state_of(RUN)
+        goodput = await app.goodput(RUN)
     assert report.ok and report.events == len(events)
     assert isinstance(events[0], Launched)
     assert [(type(e).__name__, getattr(e, "step", None)) for e in events[1:]] == [
@@ -61,6 +63,11 @@ async def test_kill_corrupt_skip_resume_and_a_broker_outage_all_reach_the_log(
     last = events[-1]
     assert isinstance(last, Checkpointed) and last.uri == (ckpt / "step-200").as_uri()
     assert (state.step, state.status) == (200, "running")
+    saves = [e for e in events if isinstance(e, Checkpointed)]
+    assert all(msgspec.UNSET not in (e.stall_seconds, e.train_seconds, e.loop_seconds) for e in saves)
+    assert [e.lost_steps for e in saves] == [msgspec.UNSET] * 2 + [30] * 9  # reached 50, resumed from 20
+    assert (goodput.attempts, goodput.lost_steps, goodput.unknown) == (2, 30, [])
+    assert goodput.productive is not None and 0 < goodput.productive < goodput.wall
 
 
 def run_through_an_outage(

@@ -164,9 +164,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_id", type=_run_id)
     p.add_argument("--json", action="store_true")
 
-    for name, text in (("list", "runs, optionally of one project"), ("cost", "GPU-hours per run")):
+    for name, text in (("list", "runs, optionally of one project"), ("cost", "GPU-hours per run; goodput")):
         p = sub.add_parser(name, help=text)
-        p.add_argument("project", nargs="?", type=lambda t: _run_id_as(t, "project"))
+        which = p.add_mutually_exclusive_group()
+        which.add_argument("project", nargs="?", type=lambda t: _run_id_as(t, "project"))
+        if name == "cost":
+            which.add_argument("--run", type=_run_id, help="one run: its goodput, term by term")
         p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("audit", help="verify the hash chains")

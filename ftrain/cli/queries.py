@@ -1,4 +1,4 @@
-"""The read-only commands: status, list, cost, audit verify, replay."""
+"""The read-only commands: status, list, cost (per project, or one run's goodput), audit verify, replay."""
 
 import argparse
 from typing import Any
@@ -6,7 +6,7 @@ from typing import Any
 import msgspec
 
 from events.schema import now
-from ftrain.cli import render
+from ftrain.cli import goodput_view, render
 from ftrain.errors import UsageError
 from ftrain.service import RunService, RunView
 from projections.lifecycle import CheckpointRef, RunState
@@ -29,6 +29,8 @@ def view_document(view: RunView) -> dict[str, Any]:
     if view.broken is not None:
         doc["state"] = "broken"
     doc["broken"] = view.broken
+    if view.goodput is not None:
+        doc["goodput"] = goodput_view.document(view.goodput)
     return doc
 
 
@@ -63,7 +65,10 @@ async def run_status(app: RunService, args: argparse.Namespace, _: None) -> int:
         if view.broken is not None:  # first: what the rest shows is only the state before the break
             render.emit(render.finding(view.broken))
         if view.state is not None:
-            render.emit(render.status(view.state, now()))
+            *lines, head = render.status(view.state, now())
+            if view.goodput is not None:
+                lines.append(goodput_view.status_line(view.goodput))
+            render.emit([*lines, head])
     return 0 if view.broken is None else 1
 
 
@@ -93,7 +98,9 @@ async def run_list(app: RunService, args: argparse.Namespace, _: None) -> int:
 
 
 async def run_cost(app: RunService, args: argparse.Namespace, _: None) -> int:
-    """GPU-hours per run and in total."""
+    """GPU-hours per run and in total; with --run, that run's goodput and GPU-hours."""
+    if args.run is not None:
+        return await _run_goodput(app, args)
     states = await app.states(args.project)
     moment = now()
     per_run = [
@@ -112,6 +119,33 @@ async def run_cost(app: RunService, args: argparse.Namespace, _: None) -> int:
     render.emit(render.table(("RUN", "STATE", "GPUS", "GPU-HOURS", "SOURCE"), rows))
     render.emit(f"total {total:.2f} GPU-hours over {len(per_run)} run(s)")
     return 0
+
+
+async def _run_goodput(app: RunService, args: argparse.Namespace) -> int:
+    """One run's goodput breakdown; exit 1 when its chain is broken (shown as far as it holds, as `status`)."""
+    view = await app.view(args.run)
+    state, goodput = view.state, view.goodput
+    if args.json:
+        doc: dict[str, Any] = {"run_id": view.run_id}
+        if state is not None and goodput is not None:
+            doc.update(
+                state=state.status, gpus=state.gpus, **_hours(state), goodput=goodput_view.document(goodput)
+            )
+        if view.broken is not None:
+            doc["state"] = "broken"
+        render.emit_json({**doc, "broken": view.broken})
+        return 0 if view.broken is None else 1
+    if view.broken is not None:
+        render.emit(render.finding(view.broken))
+    if state is not None and goodput is not None:
+        hours = _hours(state)
+        render.emit(goodput_view.breakdown(state.run_id, state.status, goodput))
+        render.emit(f"GPU-hours {hours['gpu_hours']:.2f} over {state.gpus} GPU(s) ({hours['source']})")
+    return 0 if view.broken is None else 1
+
+
+def _hours(state: RunState) -> dict[str, Any]:
+    return {"gpu_hours": round(state.gpu_hours_at(now()), 6), "source": state.cost_source or "so far"}
 
 
 async def run_audit(app: RunService, args: argparse.Namespace, _: None) -> int:

@@ -235,6 +235,9 @@ def _loop(
     point = manager.load()
     metrics = MetricsWriter(args.metrics_dir, rank)
     step = point.step if point else 0
+    lost = max((reached or step) - step, 0)
+    if point is not None and reached is not None:
+        manager.clock.lost(lost)  # for the log's goodput; unknown without the previous attempt's metrics
     first_after_resume = point is not None
     model, loader, optimizer = state.model, state.loader, state.optimizer
     assert isinstance(loader, ResumableLoader)
@@ -256,7 +259,7 @@ def _loop(
             if first_after_resume:
                 assert point is not None
                 record["train/restart_seconds"] = time.time() - PROCESS_START
-                record["train/lost_steps"] = max((reached or point.step) - point.step, 0)
+                record["train/lost_steps"] = lost
                 first_after_resume = False
             metrics.write(record)
             fault_point("step", step)

@@ -18,7 +18,8 @@ from typing import Final
 from events.schema import AnyEvent, Checkpointed, Completed, Failed, Launched, Resumed
 from ftrain.experiments.checks import count_problems, failure_problems
 from ftrain.experiments.config import Kill
-from ftrain.experiments.readings import PhaseInput, Record
+from ftrain.experiments.goodput_check import check_goodput, disagreements
+from ftrain.experiments.readings import PhaseInput, Record, segments
 from ftrain.experiments.results import ExperimentResult, Failure, Overhead, PhaseResult, Stall
 
 FINAL_LINE: Final = re.compile(r"^FINAL step=(\d+) params_sha256=([0-9a-f]{64})", re.MULTILINE)
@@ -30,17 +31,6 @@ def _unix(moment: datetime) -> float:
 
 def _median(values: Sequence[float]) -> float | None:
     return statistics.median(values) if values else None
-
-
-def segments(records: Sequence[Record]) -> list[list[Record]]:
-    """Rank 0's records split into attempts: each resume's first step (it carries `restart_seconds`) opens
-    one. An attempt that died before its first step leaves no segment."""
-    out: list[list[Record]] = [[]]
-    for record in records:
-        if record.restart_seconds is not None and out[-1]:
-            out.append([])
-        out[-1].append(record)
-    return out
 
 
 def _done_at(segment: Sequence[Record], step: int) -> float | None:
@@ -125,6 +115,8 @@ def analyze_phase(data: PhaseInput) -> PhaseResult:
         problems.append("the run did not complete (no `completed` event)")
     if data.stdout is not None and not final:
         problems.append("no `FINAL step=… params_sha256=…` line in the supervisor's output")
+    goodput = check_goodput(events, records)
+    problems += disagreements(goodput) if goodput else []
     return PhaseResult(
         phase=data.phase,
         run_id=data.run_id,
@@ -142,6 +134,7 @@ def analyze_phase(data: PhaseInput) -> PhaseResult:
         copy_window_steps=window,
         curve=[(r.time - origin, r.iter) for r in steps if r.iter is not None],
         problems=problems,
+        goodput=goodput,
     )
 
 

@@ -1,5 +1,7 @@
 """What the restart-cost analysis reads: rank 0's metrics lines, and everything gathered for one phase."""
 
+from collections.abc import Sequence
+
 import msgspec
 
 from events.schema import AnyEvent
@@ -65,3 +67,14 @@ class PhaseInput(msgspec.Struct, frozen=True, kw_only=True):
     kills: list[Kill] | None
     set_aside: list[int]
     """Steps of checkpoints the trainer set aside as sealed but never recorded (a kill between the two)."""
+
+
+def segments(records: Sequence[Record]) -> list[list[Record]]:
+    """Rank 0's records split into attempts: each resume's first step (it carries `restart_seconds`) opens
+    one. An attempt that died before its first step leaves no segment."""
+    out: list[list[Record]] = [[]]
+    for record in records:
+        if record.restart_seconds is not None and out[-1]:
+            out.append([])
+        out[-1].append(record)
+    return out

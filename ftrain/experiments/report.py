@@ -2,6 +2,7 @@
 
 from collections.abc import Sequence
 
+from ftrain.experiments.goodput_check import COMPARED, ESTIMATE_SHARE, ROUNDING_S
 from ftrain.experiments.results import ExperimentResult, Overhead, PhaseResult
 
 PLOT = "restart_plot.png"
@@ -147,6 +148,37 @@ def _costs(overheads: Sequence[Overhead]) -> list[str]:
     ]
 
 
+def _pct(ratio: float | None) -> str:
+    return DASH if ratio is None else f"{ratio * 100:.1f} %"
+
+
+def _goodput_row(p: PhaseResult) -> tuple[str, ...]:
+    """`log / metrics` for each compared term; the log's own for the rest."""
+    if p.goodput is None:
+        return (p.phase, *(DASH for _ in range(len(COMPARED) + 5)))
+    log, m = p.goodput.log, p.goodput.measured
+    pairs = [f"{_pct(log.ratio)} / {_pct(m.ratio if m else None)}"]
+    pairs += [f"{_s(getattr(log, t))} / {_s(getattr(m, t) if m else None)}" for t in COMPARED]
+    lost = (DASH if v is None else str(v) for v in (log.lost_steps, m.lost_steps if m else None))
+    return (p.phase, *pairs, " / ".join(lost), _s(log.down), _s(log.other), _s(log.wall))
+
+
+def _goodput(result: ExperimentResult) -> list[str]:
+    head = ("phase", "goodput", "productive (s)", "checkpoint stall (s)", "start-up (s)", "restart (s)",
+            "recomputed (s)", "lost steps", "down (s)", "other (s)", "wall (s)")  # fmt: skip
+    return [
+        "Each cell: from the event log alone (what `ftrain cost --run RUN` prints) / measured from rank 0's "
+        "metrics: the loop time of the steps kept (line to line, less the save stalls between), the stall lines "
+        "up to each attempt's last recorded save, the first step's start after `launched` and after each "
+        "opening `resumed`, the loop time of the steps thrown away, `train/lost_steps`. Down, other and wall "
+        "are the log's (wall: `launched` → `completed`), so the goodput agrees when productive does. They must "
+        f"be equal within rounding ({ROUNDING_S:g} s a term) and the lost steps exactly; recomputed, which the "
+        f"log estimates from the mean seconds per step, within {ESTIMATE_SHARE:.0%} of the measured.",
+        "",
+        *_table(head, [_goodput_row(p) for p in result.phases]),
+    ]
+
+
 def markdown(result: ExperimentResult) -> str:
     """The whole report."""
     lines = [
@@ -161,6 +193,7 @@ def markdown(result: ExperimentResult) -> str:
     lines += ["## Failures", "", *(line for p in result.phases for line in _failures(p))]
     lines += ["## Stall per save", "", *_stalls(result), ""]
     lines += ["## Cost per failure", "", *_costs(result.overheads), ""]
+    lines += ["## Goodput: the log alone × the metrics", "", *_goodput(result), ""]
     lines += ["## Final parameters", ""]
     lines += [f"- {p.phase}: `{p.digest or DASH}` (step {p.final_step})" for p in result.phases]
     verdict = "equal to the baseline's" if result.digests_equal else "NOT all equal to the baseline's"

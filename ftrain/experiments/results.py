@@ -2,6 +2,8 @@
 
 import msgspec
 
+from ftrain.experiments.goodput_check import GoodputCheck
+
 
 class Failure(msgspec.Struct, frozen=True, kw_only=True):
     """One failure and its resume. Times are seconds since the phase's first step began."""
@@ -59,6 +61,8 @@ class PhaseResult(msgspec.Struct, frozen=True, kw_only=True):
     curve: list[tuple[float, int]]
     """(seconds since the first step began, step) of rank 0's every step."""
     problems: list[str]
+    goodput: GoodputCheck | None = None
+    """The goodput `ftrain cost --run` derives from the log, beside the same terms from the metrics."""
 
     @property
     def lost_bound(self) -> int | None:

@@ -29,6 +29,7 @@ from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from events.private import private_dir
 from events.schema import Checkpointed
 from ftrain import settings
+from ftrain.train.attempt_clock import AttemptClock
 from ftrain.train.config import CheckpointConfig
 from ftrain.train.faults import fault_point
 from ftrain.train.lifeline import die_with_launcher
@@ -93,6 +94,9 @@ class CheckpointManager:
         self._objects = (
             ObjectSaver(config, self.group, self._manifest, self._record) if config.object_dir else None
         )
+        self.clock = AttemptClock()
+        """What the `checkpointed` events report for goodput; `clock.lost(n)` when the script knows how many
+        steps the previous attempt trained past the checkpoint this one resumed from."""
 
     @property
     def stage_root(self) -> Path:
@@ -117,6 +121,7 @@ class CheckpointManager:
             )
         dist.barrier(group=self.group)
         point, self.attempt = resume(self.config, self.state, self.recorder, self.group)
+        self.clock.start()
         return point
 
     # -- saving --------------------------------------------------------------------------------------------
@@ -138,18 +143,22 @@ class CheckpointManager:
         """Checkpoint the state at `step`: synchronously, or staged and handed to the background pipeline."""
         self.state.step, self.state.epoch = step, epoch
         self._last_save = time.monotonic()
+        self.clock.began(step)
         if not self.config.async_save:
             start = time.perf_counter()
             if self._objects is not None:
                 self._objects.save(step, epoch, self.state, self.attempt)
             else:
                 self._save_sync(step, epoch)
-            return SaveTimes(save_seconds=time.perf_counter() - start)
+            times = SaveTimes(save_seconds=time.perf_counter() - start)
+            self.clock.ended(step, times.save_seconds)
+            return times
         drain = self.drain()
         start = time.perf_counter()
         staged = self._buffers.stage(self.state.state_dict())
         stage = time.perf_counter() - start
         fault_point("stage", step)
+        self.clock.ended(step, stage + drain)
         if self._objects is not None:
             self._inflight = self._worker.submit(self._objects.save, step, epoch, staged, self.attempt)
         else:
@@ -236,15 +245,18 @@ class CheckpointManager:
         if self.recorder is not None:
             self.recorder.record(
                 CheckpointIntent(
-                    checkpointed=Checkpointed(
-                        run_id=self.recorder.run_id,
-                        step=step,
-                        epoch=epoch,
-                        shards=self.world,
-                        uri=uri,
-                        checkpoint_hash=checkpoint_hash,
-                        size_bytes=manifest.size_bytes,
-                        attempt=self.attempt,
+                    checkpointed=self.clock.measured(
+                        step,
+                        Checkpointed(
+                            run_id=self.recorder.run_id,
+                            step=step,
+                            epoch=epoch,
+                            shards=self.world,
+                            uri=uri,
+                            checkpoint_hash=checkpoint_hash,
+                            size_bytes=manifest.size_bytes,
+                            attempt=self.attempt,
+                        ),
                     )
                 )
             )
