@@ -20,7 +20,7 @@ from torch.distributed.checkpoint.metadata import Metadata
 
 from ftrain import settings
 from ftrain.train.config import CheckpointConfig
-from ftrain.train.object_store import fetch_dir, run_storage, stale_caches
+from ftrain.train.object_store import fetch_dir, stale_caches
 from ftrain.train.resume_load import Verdict, combined, load_verified, owned
 from ftrain.train.state import TrainState
 from projections.lifecycle import (
@@ -44,7 +44,11 @@ log = structlog.get_logger(__name__)
 
 
 def plan_object(
-    config: CheckpointConfig, recorder: Recorder | None, state: RunState | None
+    config: CheckpointConfig,
+    recorder: Recorder | None,
+    state: RunState | None,
+    storage: S3Storage,
+    run_name: str,
 ) -> tuple[ResumePlan, int] | str:
     """Rank 0: the lifecycle's plan from the log or the bucket's sealed steps, and the attempt; or why the
     start is refused. What it sets aside is copied out of the step names (kept). No attempt fence here: a
@@ -56,7 +60,6 @@ def plan_object(
             f"checkpoint location {location} is not run {state.run_id}'s "
             f"({state.launch.storage.rstrip('/')}/{state.run_id}, under the storage root it was launched with)"
         )
-    storage, run_name = run_storage(location)
     restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
     in_place = state is not None and state.status == "running" and restarts > 0 and config.resume
     plan = plan_resume(

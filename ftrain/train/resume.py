@@ -57,6 +57,7 @@ from workers.manifest import Manifest
 from workers.nofollow import remove_dir
 from workers.recorder import Recorder
 from workers.storage.open import is_object_storage
+from workers.storage.s3_store import S3Storage
 
 FLUSH_TIMEOUT = 15.0
 LOG_TIMEOUT = 15.0
@@ -115,13 +116,16 @@ def resume(
     """Load the newest valid checkpoint into `state` on every rank; returns where training continues (None:
     from the start) and the attempt this job records in (0: no log to say)."""
     rank = dist.get_rank()
-    decision = _broadcast(_safe_plan(config, recorder) if rank == 0 else None, group)
+    located = run_storage(config.object_dir) if config.object_dir else None
+    if located is not None:
+        _ = located[0].client  # every rank makes its client (tenths of a second) while rank 0 plans
+    decision = _broadcast(_safe_plan(config, recorder, located) if rank == 0 else None, group)
     if decision.refused:
         raise ResumeRefused(decision.refused)
     if decision.stopped:
         raise ResumeStopped(decision.stopped)
     plan, attempt, run = decision.plan, decision.attempt, Path(decision.run_dir)
-    objects = run_storage(config.object_dir)[0] if config.object_dir else None
+    objects = located[0] if located is not None else None
     for candidate in plan.candidates:
         header = cast(
             Manifest | str | StorageUnavailable,
@@ -217,10 +221,12 @@ def _skip(candidate: Candidate, reason: str, recorder: Recorder | None, path: Pa
     print(skipped_line(candidate.step, reason), flush=True)
 
 
-def _safe_plan(config: CheckpointConfig, recorder: Recorder | None) -> StartDecision:
+def _safe_plan(
+    config: CheckpointConfig, recorder: Recorder | None, located: tuple[S3Storage, str] | None
+) -> StartDecision:
     """Rank 0's plan; a refusal travels to every rank (raising here alone would leave the others waiting)."""
     try:
-        return _plan(config, recorder)
+        return _plan(config, recorder, located)
     except RunBroken as exc:
         return StartDecision(stopped=str(exc))
     except StorageUnavailable as exc:
@@ -229,13 +235,16 @@ def _safe_plan(config: CheckpointConfig, recorder: Recorder | None) -> StartDeci
         return StartDecision(refused=str(exc))
 
 
-def _plan(config: CheckpointConfig, recorder: Recorder | None) -> StartDecision:
-    """Rank 0: the lifecycle's plan, from the log when it answers, else from the directory alone; the
-    directories it sets aside are moved here (kept, never deleted), and the directory is claimed for the
-    attempt (an older attempt that wakes up then writes nothing more)."""
+def _plan(
+    config: CheckpointConfig, recorder: Recorder | None, located: tuple[S3Storage, str] | None
+) -> StartDecision:
+    """Rank 0: the lifecycle's plan, from the log when it answers, else from the directory (or, on object
+    storage `located`, the bucket) alone; the directories it sets aside are moved here (kept, never
+    deleted), and the directory is claimed for the attempt (an older attempt that wakes up then writes
+    nothing more)."""
     state = _run_state(config, recorder)
-    if config.object_dir is not None:
-        planned = plan_object(config, recorder, state)
+    if config.object_dir is not None and located is not None:
+        planned = plan_object(config, recorder, state, *located)
         if isinstance(planned, str):
             return StartDecision(refused=planned)
         return StartDecision(*planned, run_dir=config.object_dir.rstrip("/"), start=uuid.uuid4().hex[:12])

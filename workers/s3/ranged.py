@@ -32,8 +32,9 @@ RANGE: Final = 16 << 20
 """Bytes per ranged GET."""
 THREADS: Final = 8
 """Ranged GETs in flight at once, over all the files of one call (the client's pool holds 10 connections)."""
-FILES: Final = 4
-"""Files downloaded at once; each hashes in its own thread (hashlib releases the GIL)."""
+FILES: Final = 2
+"""Files downloaded at once, each hashed in its own thread (hashlib releases the GIL): with each file's
+window, at most FILES × window × size bytes (256 MiB) are held."""
 INVALID_RANGE: Final = frozenset({"InvalidRange", "416"})
 
 
@@ -42,7 +43,7 @@ class Ranges(msgspec.Struct, frozen=True):
 
     size: int = RANGE
     threads: int = THREADS
-    window: int = THREADS + 2
+    window: int = THREADS
     """Ranges of one file fetched or waiting to be hashed ahead of its hash cursor: at most this many
     buffers of `size` bytes per file are held in memory."""
 
