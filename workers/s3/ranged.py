@@ -130,10 +130,17 @@ def _fetch_range(
     ranged = {"Range": f"bytes={start}-{start + length - 1}"} if length else {}
     try:
         response = client.get_object(Bucket=bucket, Key=key, **ranged)
-        total = _total(response) if length else int(response.get("ContentLength", 0))
+        answered = int(response.get("ContentLength", 0))
+        # a ranged answer names the object's size; a whole-object one (no range asked, or ignored) is it
+        total = _total(response) if "ContentRange" in response else answered
         if total is not None and total != entry.size:
             response["Body"].close()
             raise _Defect(_size_verdict(entry, total))
+        if answered != length:  # a store that ignored the range: its bytes are not read
+            response["Body"].close()
+            raise StorageUnavailable(
+                f"storage unavailable: {where}: {answered} bytes answered a range of {length}"
+            )
         data: bytes = response["Body"].read()
     except ClientError as exc:
         if is_missing(exc):
@@ -143,10 +150,6 @@ def _fetch_range(
         raise StorageUnavailable(f"storage unavailable: {where}: {reason(exc)}") from exc
     except (BotoCoreError, OSError) as exc:
         raise StorageUnavailable(f"storage unavailable: {where}: {reason(exc)}") from exc
-    if len(data) != length:
-        raise StorageUnavailable(
-            f"storage unavailable: {where}: {len(data)} bytes answered a range of {length}"
-        )
     view = memoryview(data)
     while view:  # a local disk error is raised as OSError and reported by the caller
         view = view[os.pwrite(fd, view, start + len(data) - len(view)) :]
