@@ -11,16 +11,18 @@ import os
 from pathlib import Path
 
 from workers.layout import rank_stage_dir
+from workers.s3.client import shared_client
 from workers.storage.s3_store import S3Storage, parse_s3_uri
 
 _CACHE = "download-"
 
 
 def run_storage(location: str) -> tuple[S3Storage, str]:
-    """The backend of `s3://bucket[/prefix]/<run>` and the run's name (the last segment)."""
+    """The backend of `s3://bucket[/prefix]/<run>` (on the process's shared client) and the run's name (the
+    last segment)."""
     root, _, run = location.rstrip("/").rpartition("/")
     bucket, prefix = parse_s3_uri(root)
-    return S3Storage(bucket, prefix), run
+    return S3Storage(bucket, prefix, shared_client()), run
 
 
 def write_dir(work: Path, rank: int) -> Path:

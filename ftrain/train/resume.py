@@ -117,8 +117,6 @@ def resume(
     from the start) and the attempt this job records in (0: no log to say)."""
     rank = dist.get_rank()
     located = run_storage(config.object_dir) if config.object_dir else None
-    if located is not None:
-        _ = located[0].client  # every rank makes its client (tenths of a second) while rank 0 plans
     decision = _broadcast(_safe_plan(config, recorder, located) if rank == 0 else None, group)
     if decision.refused:
         raise ResumeRefused(decision.refused)
