@@ -153,9 +153,8 @@ def load_object(
         return load_verified(cache, manifest, state, group, metadata, fetch)
     finally:
         _remove(scratch.parent, [scratch.name])
-        with suppress(
-            OSError
-        ):  # the rank's staging directory, made for the scratch, when nothing else is in it
+        # the rank's directory the scratch was made in goes too, unless something else is in it
+        with suppress(OSError):
             scratch.parent.rmdir()
         if created:
             _remove(work, [cache_name])
