@@ -16,10 +16,12 @@ reference trainer's FSDP2 model after one AdamW step; ``85m`` ≈ 1 GB) and meas
      seal;
    - ``s3torchconnector``'s DCP ``S3StorageWriter`` (path-style addressing; endpoint from AWS_ENDPOINT_URL);
    every save goes to a fresh prefix, deleted once measured (the last of each kind is kept for the resume);
-2. resume, interleaved the same way: ftrain ``CheckpointManager.load()`` (marker, manifest, every rank
-   downloads the step into its private cache hashing as it arrives, then ``dcp.load`` from there) vs raw boto3
-   (each rank ``download_file`` of every object of the step, the same TransferConfig, then ``dcp.load`` with
-   the file-system reader) vs ``S3StorageReader`` (``dcp.load`` straight from S3).
+2. resume, interleaved the same way: ftrain ``CheckpointManager.load()`` as the trainer calls it, both ranks
+   with one work directory as on one node (marker, manifest, each rank downloads only the files it owns into
+   the node's cache in parallel ranged reads, hashing as they arrive, then ``dcp.load`` from there through the
+   verified reader) vs raw boto3 (each rank ``download_file`` of every object of the step, the same
+   TransferConfig, then ``dcp.load`` with the file-system reader) vs ``S3StorageReader`` (``dcp.load``
+   straight from S3).
 
 The store runs on this machine, on the same cores as the ranks: the figures compare the clients, not the
 network. Figures are medians over the rounds, barrier to barrier, so the slowest rank counts.
@@ -221,8 +223,8 @@ class Bench:
     def resume(self, repeats: int) -> dict[str, list[float]]:
         """Each kept checkpoint loaded `repeats` times per method, interleaved; seconds barrier to barrier."""
         ft_step = self.kept[FT_SAVE][0]
-        manager = CheckpointManager(
-            CheckpointConfig(ckpt_dir=self.base / f"load-{self.rank}", object_dir=self.object_dir), self.state
+        manager = CheckpointManager(  # one work directory for both ranks, as the trainer's on one node
+            CheckpointConfig(ckpt_dir=self.base / "load", object_dir=self.object_dir), self.state
         )
 
         def ftrain_load() -> None:

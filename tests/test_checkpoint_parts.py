@@ -27,7 +27,8 @@ from events.chain import ChainHead
 from ftrain.experiments.inputs import set_aside_steps
 from ftrain.settings import KILL_POINTS
 from ftrain.train.metrics import last_iter, process_start_time, reached_step
-from ftrain.train.resume import cleanup_stale, owned, set_aside_planned
+from ftrain.train.resume import cleanup_stale, set_aside_planned
+from ftrain.train.resume_load import owned
 from projections.lifecycle import apply, plan_resume
 from tests.builders import checkpointed, launched
 from workers.checkpoint_dir import (

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from workers.stage_dir import UnsafeDirectory, default_stage_dir, safe_stage_dir
+from workers.stage_dir import UnsafeDirectory, claim_dir, default_stage_dir, safe_stage_dir
 
 NOBODY = 65534
 
@@ -57,3 +57,16 @@ def test_another_users_or_a_shared_writable_directory_is_refused(tmp_path: Path)
         safe_stage_dir(shared / "job")
     shared.chmod(0o1777)  # sticky, like /tmp: others cannot move our entry
     assert mode(safe_stage_dir(shared / "job")) == 0o700
+
+
+def test_a_shared_cache_is_made_by_exactly_one_of_the_processes_that_claim_it(tmp_path: Path) -> None:
+    assert claim_dir(tmp_path, "download-x") is True
+    assert mode(tmp_path / "download-x") == 0o700
+    assert claim_dir(tmp_path, "download-x") is False, "a sibling finds it made, and leaves its removal"
+    (tmp_path / "download-y").symlink_to(tmp_path / "download-x")
+    with pytest.raises(UnsafeDirectory, match=r"download-y is a symbolic link; refusing to follow it$"):
+        claim_dir(tmp_path, "download-y")
+    (tmp_path / "download-z").mkdir(mode=0o700)
+    os.chmod(tmp_path / "download-z", 0o770)
+    with pytest.raises(UnsafeDirectory, match=r"writable by group or others"):
+        claim_dir(tmp_path, "download-z")

@@ -11,7 +11,7 @@ allowlist. Tensors DCP already loads with `weights_only=True`.
 import io
 import os
 import pickle
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +19,13 @@ from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.filesystem import FileSystemReader
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
-from torch.distributed.checkpoint.planner import ReadItem
+from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem
+from torch.futures import Future
 
 from workers.checkpoint_dir import file_verdict
 from workers.integrity import Hashed, digest_of
 from workers.manifest import FileEntry
+from workers.storage.verdict import entry_verdict
 from workers.unpickle import ForbiddenPickle, restricted_loads, torch_load
 
 METADATA = ".metadata"
@@ -39,7 +41,16 @@ def load_metadata(path: Path, files: Sequence[FileEntry]) -> Metadata | str:
         raw = (path / METADATA).read_bytes()
     except OSError as exc:
         return file_verdict(path, entry, exc) or f"file {METADATA} unreadable"
-    if reason := file_verdict(path, entry, Hashed(len(raw), digest_of(raw))):
+    return parse_metadata(raw, files)
+
+
+def parse_metadata(raw: bytes, files: Sequence[FileEntry]) -> Metadata | str:
+    """`raw`, the bytes of `.metadata` (read here or received from the rank that downloaded them), parsed
+    through the allowlist once they match the manifest entry; else why not."""
+    entry = next((f for f in files if f.name == METADATA), None)
+    if entry is None:
+        return f"manifest lists no {METADATA}"
+    if reason := entry_verdict(entry, Hashed(len(raw), digest_of(raw))):
         return reason
     try:
         metadata = restricted_loads(raw, f"`{METADATA}`")
@@ -53,13 +64,29 @@ def load_metadata(path: Path, files: Sequence[FileEntry]) -> Metadata | str:
     return metadata
 
 
+class Rejected(Exception):
+    """A file a load needs failed verification when it was fetched for the load: the checkpoint is corrupt
+    (DCP hands it to every rank, so all skip the checkpoint together)."""
+
+
 class VerifiedReader(FileSystemReader):
     """A FileSystemReader handed metadata already verified and parsed (`load_metadata`): it never reads
-    `.metadata` itself."""
+    `.metadata` itself. With `fetch`, each file the rank's plan reads is first handed to it by name: a file
+    that is not in the verified directory yet is fetched and verified there (it raises Rejected or
+    StorageUnavailable otherwise) before any of its bytes is parsed."""
 
-    def __init__(self, path: str | os.PathLike[str], metadata: Metadata) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], metadata: Metadata, fetch: Callable[[str], None] | None = None
+    ) -> None:
         super().__init__(path)
         self.metadata = metadata
+        self.fetch = fetch
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        if self.fetch is not None:
+            for name in sorted({self.storage_data[item.storage_index].relative_path for item in plan.items}):
+                self.fetch(name)
+        return super().read_data(plan, planner)
 
     def read_metadata(self, *args: Any) -> Metadata:
         if self.metadata.storage_meta is None:

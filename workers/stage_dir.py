@@ -38,6 +38,21 @@ def safe_stage_dir(path: Path) -> Path:
     return path
 
 
+def claim_dir(parent: Path, name: str) -> bool:
+    """The directory `name` under `parent` (a checked private directory), made 0700 by whichever of the
+    processes sharing `parent` gets there first: True for that one (it removes the directory after), False
+    for the others. Raises UnsafeDirectory unless what is there is a real directory of this user's that
+    no one else can write to."""
+    path = parent / name
+    try:
+        os.mkdir(path, 0o700)
+        created = True
+    except FileExistsError:
+        created = False
+    _check(path, os.lstat(path), leaf=True)
+    return created
+
+
 def _check_above(directory: Path) -> None:
     """Check `directory` and every one above it; links among them are fine when they land somewhere safe."""
     real = directory.resolve()

@@ -21,7 +21,6 @@ else — an unreachable endpoint, a timeout, 5xx, AccessDenied, bad credentials,
 `StorageUnavailable`, naming the server's reason.
 """
 
-import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
@@ -31,11 +30,9 @@ from urllib.parse import urlparse
 
 import msgspec
 import structlog
-from botocore.exceptions import BotoCoreError
 
-from events.private import open_private
 from projections.lifecycle import OnDisk
-from workers.integrity import CHUNK, Hashed, Hasher, digest_of, to_hex
+from workers.integrity import Hashed, digest_of, to_hex
 from workers.layout import (
     MANIFEST,
     MARKER,
@@ -49,6 +46,7 @@ from workers.layout import (
 )
 from workers.manifest import FileEntry, Manifest, Marker, decode_manifest, decode_marker, encode_manifest
 from workers.s3.bucket import Bucket, ObjectMissing
+from workers.s3.ranged import fetch_files
 from workers.storage.errors import CheckpointExists, StorageError, StorageUnavailable
 from workers.storage.port import Source, StoredCheckpoint
 from workers.storage.s3_partial import claim_body, clean
@@ -289,35 +287,11 @@ class S3Storage:
         return None
 
     def fetch(self, uri: str, files: Sequence[FileEntry], into: Path) -> str | None:
-        """Download `files` of the checkpoint at `uri` into the private directory `into` (in threads), each
-        hashed as its bytes arrive and written as they pass (never read twice); None when every file matches
-        its manifest entry, else the first reason it does not. No byte is parsed here. Raises
-        StorageUnavailable."""
-        step_key = self._step_key(uri)
-
-        def one(entry: FileEntry) -> str | None:
-            if "/" in entry.name or entry.name in ("", ".", ".."):
-                return f"file name {entry.name!r} is not allowed"
-            key = step_key + entry.name
-            try:
-                body = self.objects.body(key)
-            except ObjectMissing:
-                return f"file {entry.name} missing"
-            hasher = Hasher()
-            with os.fdopen(open_private(into / entry.name, os.O_WRONLY | os.O_TRUNC), "wb") as out:
-                try:
-                    for chunk in body.iter_chunks(CHUNK):
-                        hasher.update(chunk)
-                        if hasher.size > entry.size:  # a swollen object fills no disk
-                            return f"file {entry.name} is larger than the manifest says ({entry.size} bytes)"
-                        out.write(chunk)
-                except (BotoCoreError, OSError) as exc:
-                    raise self.objects.unavailable(key, exc) from exc
-            return entry_verdict(entry, hasher.result())
-
-        with ThreadPoolExecutor(min(VERIFY_THREADS, max(1, len(files)))) as pool:
-            verdicts = list(pool.map(one, files))
-        return next((v for v in verdicts if v), None)
+        """Download `files` of the checkpoint at `uri` into the private directory `into` in parallel ranged
+        reads (`workers.s3.ranged`), each file hashed in order as its bytes arrive and written as they pass
+        (never read twice); None when every file matches its manifest entry, else the first reason one does
+        not. No byte is parsed here. Raises StorageUnavailable."""
+        return fetch_files(self.client, self.bucket, self._step_key(uri), files, into)
 
     def prune(self, run_id: str, keep: int) -> list[int]:
         """Retention: delete the run's sealed steps beyond the newest `keep` (marker first, then the rest in

@@ -1,0 +1,124 @@
+"""Loading one candidate checkpoint on every rank: the verdicts combined, then DCP through the verified reader.
+
+Each rank judges the files it owns (its own shards; rank 0 also `.metadata` and the rest), so each byte is
+checked once in the job; the verdicts are combined so all ranks take the same way: storage out of reach stops
+the job, a defect skips the candidate, and only when every verdict is clean does DCP load, never parsing an
+unverified byte, its pickles through the allowlist. The file-system and the object-storage paths share this.
+"""
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import structlog
+import torch.distributed as dist
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.metadata import Metadata
+from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+
+from ftrain.train.state import TrainState
+from workers.checkpoint_dir import StorageUnavailable, verify_files
+from workers.dcp_reader import Rejected, RestrictedLoadPlanner, VerifiedReader, load_metadata
+from workers.manifest import FileEntry, Manifest
+from workers.unpickle import ForbiddenPickle
+
+_SHARD = re.compile(r"__(\d+)_\d+\.distcp$")
+log = structlog.get_logger(__name__)
+
+Verdict = str | StorageUnavailable | None
+"""One rank's judgement: None (clean), why the checkpoint is refused, or the storage out of reach."""
+
+
+class ResumeStopped(RuntimeError):
+    """The log or the storage cannot be trusted right now (a broken chain, storage out of reach): stop on
+    every rank, recording nothing and setting nothing aside; a later start, once it is fixed, resumes."""
+
+
+class ResumeFailed(RuntimeError):
+    """Loading a checkpoint failed for a reason outside it (memory, I/O): stop, and skip nothing."""
+
+
+def owned(files: tuple[FileEntry, ...], rank: int, world: int) -> list[FileEntry]:
+    """The files `rank` verifies: the shards `__<r>_*.distcp` it wrote (r mod world), rank 0 the rest."""
+    mine = []
+    for entry in files:
+        match = _SHARD.search(entry.name)
+        owner = int(match.group(1)) % world if match else 0
+        if owner == rank:
+            mine.append(entry)
+    return mine
+
+
+def local_verdict(path: Path, manifest: Manifest) -> Metadata | str | StorageUnavailable:
+    """This rank's verdict on the files it owns in the directory `path`, then its own verified parse of
+    `.metadata`; storage out of reach is returned, not raised, so all ranks stop together."""
+    mine = owned(manifest.files, dist.get_rank(), dist.get_world_size())
+    try:
+        return verify_files(path, mine) or load_metadata(path, manifest.files)
+    except StorageUnavailable as exc:
+        return exc
+
+
+def load_verified(
+    path: Path,
+    manifest: Manifest,
+    state: TrainState,
+    group: dist.ProcessGroup,
+    metadata: Metadata | str | StorageUnavailable,
+    fetch: Callable[[str], None] | None = None,
+) -> str | None:
+    """Combine every rank's `metadata` verdict (the parsed metadata: its files are clean); only when all are
+    clean does DCP load from `path`, through `fetch` for a file `path` may lack. Returns the combined
+    verdict, the same on every rank (None: loaded)."""
+    world = dist.get_world_size()
+    if reason := combined(None if isinstance(metadata, Metadata) else metadata, group):
+        return reason
+    assert isinstance(metadata, Metadata)
+    if manifest.world_size != world:
+        log.warning("world_size_changed", saved=manifest.world_size, now=world)
+    state.restore_rng = manifest.world_size == world  # per-rank RNG streams exist for the ranks that saved
+    refused = None
+    try:
+        dcp_load(
+            {"app": state},
+            storage_reader=VerifiedReader(path, metadata, fetch),
+            planner=RestrictedLoadPlanner(),
+            process_group=group,
+        )
+    except CheckpointException as exc:  # raised on every rank, with every rank's failure
+        return load_failure(path, exc)
+    except ForbiddenPickle as exc:  # this rank's own state (an old RNG pickle): the others must hear of it
+        refused = str(exc)
+    finally:
+        state.restore_rng = True
+    return combined(refused, group)
+
+
+def combined(verdict: Verdict, group: dist.ProcessGroup) -> str | None:
+    """Every rank's verdict, combined the same way on each: storage out of reach stops the job, else the
+    first rank's reason (None: all clean)."""
+    verdicts: list[Verdict] = [None] * dist.get_world_size()
+    dist.all_gather_object(verdicts, verdict, group=group)
+    if unavailable := next((v for v in verdicts if isinstance(v, StorageUnavailable)), None):
+        raise stopped(unavailable)
+    return next((r for r in verdicts if isinstance(r, str)), None)
+
+
+def stopped(exc: StorageUnavailable) -> ResumeStopped:
+    """What every rank raises (each saw the same verdict) when the storage was out of reach."""
+    return ResumeStopped(f"{exc}; nothing recorded, the checkpoints are untouched")
+
+
+def load_failure(path: Path, exc: CheckpointException) -> str:
+    """What a failed DCP load means, the same on every rank (each holds every rank's failure): a file
+    fetched for the load out of reach stops the job, one that failed its check or a pickle refused by the
+    allowlist skips the checkpoint, anything else is a failure outside it (ResumeFailed)."""
+    failures = [exc.failures[rank][0] for rank in sorted(exc.failures)]
+    if unavailable := next((f for f in failures if isinstance(f, StorageUnavailable)), None):
+        raise stopped(unavailable) from exc
+    if refused := next((f for f in failures if isinstance(f, ForbiddenPickle | Rejected)), None):
+        return str(refused)
+    first = failures[0]
+    raise ResumeFailed(
+        f"loading {path} failed, not a corrupt checkpoint: {type(first).__name__}: {first}"
+    ) from exc

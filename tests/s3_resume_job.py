@@ -1,0 +1,68 @@
+"""A 2-rank job for the S3 resume tests, run under torchrun: it saves the reference trainer's state (debug
+model, FSDP2, one AdamW step) to `s3://…`, then loads it into a state built from another seed, and prints
+both parameter digests. `--layout per-rank` gives each rank a work directory of its own, as two nodes with
+one rank each would have: a rank's load then needs files only the other rank's node holds."""
+
+import argparse
+import logging
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from ftrain.examples.data import ResumableLoader, synthetic_tokens
+from ftrain.examples.train import build_model, model_config, params_digest, parse_args
+from ftrain.logs import configure
+from ftrain.train.checkpointing import CheckpointManager
+from ftrain.train.config import CheckpointConfig
+from ftrain.train.state import TrainState
+
+
+def state(seed: int) -> TrainState:
+    """The reference trainer's state after one AdamW step from `seed`."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    args = parse_args(["--ckpt-dir", "unused", "--model", "debug", "--seed", str(seed)])
+    config = model_config(args)
+    model = build_model(config, args, torch.device("cpu"), rank)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+    loader = ResumableLoader(
+        synthetic_tokens(64, config["seq"] + 1, config["vocab"], seed), 4, rank, world, seed
+    )
+    inputs, targets = loader.next()
+    model(inputs, targets).backward()
+    optimizer.step()
+    scheduler.step()
+    return TrainState(model, optimizer, scheduler, loader, rank)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--object-dir", required=True)
+    parser.add_argument("--work", type=Path, required=True)
+    parser.add_argument("--layout", choices=("shared", "per-rank"), required=True)
+    args = parser.parse_args()
+    configure(logging.INFO)
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    work = args.work / (f"node-{rank}" if args.layout == "per-rank" else "node")
+    config = CheckpointConfig(ckpt_dir=work, object_dir=args.object_dir)
+    saved = state(seed=1)
+    saved.step = 7
+    manager = CheckpointManager(config, saved)
+    manager.save(7, 0)
+    manager.close()
+    before = params_digest(saved.model)
+
+    loaded = state(seed=2)
+    manager = CheckpointManager(config, loaded)
+    point = manager.load()
+    manager.close()
+    after = params_digest(loaded.model)
+    if rank == 0:
+        print(f"SAVED {before} LOADED {after} STEP {point.step if point else None}", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
