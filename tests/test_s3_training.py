@@ -163,7 +163,7 @@ def test_ftrain_run_on_s3_relaunches_after_a_sigkill_and_resumes_from_the_newest
     assert result.returncode == 0, f"{out}\n{result.stderr[-3000:]}"
     assert re.search(r"Attempt 1 of 3 failed \(killed by SIGKILL\) .* — checkpoint step 20;", out), out
     assert "RESUMED from step=20 (epoch=0)" in out
-    assert "Attempt 2 of 3 succeeded" in out and "checkpoint step 30" in out
+    assert "Attempt 2 of 3 succeeded" in out and "checkpoint step 30" in out, out + result.stderr[-4000:]
     assert final_digest(result) == reference
     assert sealed(weed, bucket, "s3-run") == [30, 25, 20]
 
