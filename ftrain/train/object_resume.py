@@ -21,11 +21,17 @@ from torch.distributed.checkpoint.metadata import Metadata
 from ftrain import settings
 from ftrain.train.config import CheckpointConfig
 from ftrain.train.object_store import fetch_dir, stale_caches
-from ftrain.train.resume_load import Verdict, combined, load_verified, owned
+from ftrain.train.resume_load import (
+    Verdict,
+    combined,
+    in_place_restarts,
+    load_verified,
+    owned,
+    record_in_place,
+)
 from ftrain.train.state import TrainState
 from projections.lifecycle import (
     Candidate,
-    FailIntent,
     ResumePlan,
     RunState,
     SkipIntent,
@@ -62,21 +68,16 @@ def plan_object(
             f"checkpoint location {location} is not run {state.run_id}'s "
             f"({state.launch.storage.rstrip('/')}/{state.run_id}, under the storage root it was launched with)"
         )
-    restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
-    in_place = state is not None and state.status == "running" and restarts > 0 and config.resume
+    restarts = in_place_restarts(state, config)
     plan = plan_resume(
-        state, storage.complete(run_name), forced=True, fresh=not config.resume, failed_in_place=in_place
+        state,
+        storage.complete(run_name),
+        forced=True,
+        fresh=not config.resume,
+        failed_in_place=bool(restarts),
     )
     opened = settings.attempt()
-    if in_place and recorder is not None:
-        assert state is not None
-        recorder.record(
-            FailIntent(
-                reason="exit-code",
-                message=f"torchrun restarted the workers (TORCHELASTIC_RESTART_COUNT={restarts})",
-                attempt=opened or state.attempt,
-            )
-        )
+    record_in_place(recorder, state, restarts, opened)
     current = state.attempt if state is not None else s3_fence.owner(storage, run_name)  # log out of reach
     attempt = opened or ((current + (1 if plan.candidates or plan.restart else 0)) if config.run_id else 0)
     if attempt:

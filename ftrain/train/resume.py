@@ -25,12 +25,11 @@ from ftrain.train.object_resume import header_object, load_object, plan_object, 
 from ftrain.train.object_store import cache_name, run_storage
 from ftrain.train.resume_load import ResumeFailed as ResumeFailed
 from ftrain.train.resume_load import ResumeStopped as ResumeStopped
-from ftrain.train.resume_load import load_verified, local_verdict, stopped
+from ftrain.train.resume_load import in_place_restarts, load_verified, local_verdict, record_in_place, stopped
 from ftrain.train.run_log import RunBroken, RunUnknown, read_run
 from ftrain.train.state import TrainState
 from projections.lifecycle import (
     Candidate,
-    FailIntent,
     IllegalTransition,
     ResumeIntent,
     ResumePlan,
@@ -257,25 +256,16 @@ def _plan(
             refused=f"checkpoint directory {config.ckpt_dir} is not run {config.run_id}'s directory {run} "
             "(under the storage root it was launched with)"
         )
-    restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
-    in_place = state is not None and state.status == "running" and restarts > 0 and config.resume
+    restarts = in_place_restarts(state, config)
     plan = plan_resume(
-        state, on_disk(config.ckpt_dir), forced=True, fresh=not config.resume, failed_in_place=in_place
+        state, on_disk(config.ckpt_dir), forced=True, fresh=not config.resume, failed_in_place=bool(restarts)
     )
     opened = settings.attempt()
     if state is None and config.run_id and config.resume and opened != 1:
         # No log to ask and no checkpoint found: a first start, or storage that is not mounted right now.
         # Only a first attempt may start from nothing; any other stops until the run directory is back.
         require_listable(config.ckpt_dir)
-    if in_place and recorder is not None:
-        assert state is not None
-        recorder.record(
-            FailIntent(
-                reason="exit-code",
-                message=f"torchrun restarted the workers (TORCHELASTIC_RESTART_COUNT={restarts})",
-                attempt=opened or state.attempt,
-            )
-        )
+    record_in_place(recorder, state, restarts, opened)
     attempt = opened or (_attempt(state, plan, config.ckpt_dir) if config.run_id else 0)
     if attempt:
         if plan.candidates:  # the log expects checkpoints there: claiming must not recreate a missing root
