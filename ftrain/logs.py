@@ -1,5 +1,6 @@
 """structlog set-up: key-value lines on stderr for a terminal, JSON otherwise; quiet unless asked."""
 
+import contextlib
 import sys
 
 import structlog
@@ -8,13 +9,19 @@ from ftrain import settings
 
 
 class _Stderr:
-    """Whatever sys.stderr is at the moment of writing (it is replaced by test harnesses and daemons)."""
+    """Whatever sys.stderr is at the moment of writing (it is replaced by test harnesses and daemons). A line
+    that cannot be written is dropped: when whoever read our stderr is gone (a killed launcher, a broken ssh
+    connection), logging must not raise into the code that logs, such as the recorder's delivery."""
 
     def write(self, text: str) -> int:
-        return sys.stderr.write(text)
+        try:
+            return sys.stderr.write(text)
+        except (OSError, ValueError):  # a broken pipe; a closed stream
+            return 0
 
     def flush(self) -> None:
-        sys.stderr.flush()
+        with contextlib.suppress(OSError, ValueError):
+            sys.stderr.flush()
 
 
 def configure(level: int | None = None) -> None:

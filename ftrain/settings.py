@@ -40,6 +40,7 @@ ANCHOR_MIRROR: Final = "FTRAIN_ANCHOR_MIRROR"
 """A directory (another file system) that receives a copy of every anchor note."""
 LOG_LEVEL: Final = "FTRAIN_LOG_LEVEL"
 KILL_AT: Final = "FTRAIN_KILL_AT"
+STOP_AT: Final = "FTRAIN_STOP_AT"
 KILL_ONCE: Final = "FTRAIN_KILL_ONCE"
 RUN_ID: Final = "FTRAIN_RUN_ID"
 """Set by `ftrain run` for the trainer: the run it records into."""
@@ -50,8 +51,8 @@ ATTEMPT: Final = "FTRAIN_ATTEMPT"
 MAX_FAILED_SAVES: Final = "FTRAIN_MAX_FAILED_SAVES"
 """How many saves in a row may fail (object storage out of reach) before the trainer stops; default 3."""
 
-KILL_POINTS: Final = ("step", "stage", "write", "fanout", "finalize")
-"""Where FTRAIN_KILL_AT may kill: after the optimizer step, or at a phase of a save."""
+KILL_POINTS: Final = ("step", "stage", "write", "fanout", "finalize", "sealed")
+"""Where FTRAIN_KILL_AT may kill (and FTRAIN_STOP_AT stop): after the optimizer step, or at a phase of a save."""
 MAX_REPLICAS: Final = 5
 NATS_SCHEMES: Final = ("nats", "tls", "ws", "wss")
 LOG_LEVELS: Final = ("debug", "info", "warning", "error", "critical")
@@ -190,7 +191,16 @@ def log_level(env: Env = os.environ) -> int:
 def kill_targets(env: Env = os.environ) -> frozenset[tuple[str, int]]:
     """The injected kills, `<point>:<step>[,…]`, as (point, step) pairs; none unless set. A typo is an
     error, never a silently disabled fault."""
-    text = _get(env, KILL_AT)
+    return _fault_targets(env, KILL_AT)
+
+
+def stop_targets(env: Env = os.environ) -> frozenset[tuple[str, int]]:
+    """The injected stops (SIGSTOP: a node frozen or cut off), in FTRAIN_KILL_AT's form."""
+    return _fault_targets(env, STOP_AT)
+
+
+def _fault_targets(env: Env, name: str) -> frozenset[tuple[str, int]]:
+    text = _get(env, name)
     targets = set()
     for item in (text or "").split(","):
         if not item.strip():
@@ -198,7 +208,7 @@ def kill_targets(env: Env = os.environ) -> frozenset[tuple[str, int]]:
         point, _, step = item.strip().partition(":")
         if point not in KILL_POINTS or not step.isdigit():
             raise InvalidSetting(
-                f"{KILL_AT}={text!r}: use <point>:<step>[,…] with point one of {', '.join(KILL_POINTS)}"
+                f"{name}={text!r}: use <point>:<step>[,…] with point one of {', '.join(KILL_POINTS)}"
             )
         targets.add((point, int(step)))
     return frozenset(targets)

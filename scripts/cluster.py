@@ -90,6 +90,7 @@ class Cluster:
         return f"{self.tag}-v{node.removeprefix('node')}"  # at most 15 characters
 
     def home(self, node: str) -> Path:
+        """`node`'s FTRAIN_HOME (what `node_exec` sets there)."""
         return self.work / node / "home"
 
     # -- lifecycle -----------------------------------------------------------------------------------------
@@ -124,10 +125,7 @@ class Cluster:
         """Kill every process in the nodes, then remove the namespaces, veths and bridge (what is there)."""
         for node in self.nodes:
             ns = self.namespace(node)
-            pids = _ip("netns", "pids", ns, check=False).stdout.split()
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError, ValueError):
-                    os.kill(int(pid), signal.SIGKILL)
+            _kill_all(ns)
             _ip("netns", "del", ns, check=False)
             _ip("link", "del", self._veth(node), check=False)
             shutil.rmtree(Path("/etc/netns") / ns, ignore_errors=True)
@@ -146,8 +144,13 @@ class Cluster:
 
     def node_exec(self) -> str:
         """The `ftrain run --node-exec` template that starts a command on a node of this cluster (node names
-        resolve there: each namespace has its own /etc/hosts)."""
-        return f"ip netns exec {self.tag}-{{host}} unshare --uts sh -c 'hostname {{host}} && exec \"$@\"' sh"
+        resolve there: each namespace has its own /etc/hosts), with that node's own FTRAIN_HOME, as a login on
+        the node would have it (`ip netns exec` would pass on the caller's)."""
+        home = shlex.quote(f"FTRAIN_HOME={self.work}/{{host}}/home")
+        return (
+            f"ip netns exec {self.tag}-{{host}} unshare --uts sh -c 'hostname {{host}} && exec \"$@\"' sh "
+            f"env {home}"
+        )
 
     def command(self, node: str, argv: Sequence[str]) -> list[str]:
         """`argv` run on `node`: in its namespace, under its own host name (the template, filled in)."""
@@ -178,6 +181,18 @@ class Cluster:
 
     def heal(self, node: str) -> None:
         _ip("link", "set", self._veth(node), "up")
+
+    def pids(self, node: str) -> list[int]:
+        """Every process on `node` (in its network namespace), its NATS server included."""
+        return _pids(self.namespace(node))
+
+    def crash(self, node: str) -> None:
+        """`node` fails as a machine does: its link goes down, then every process on it is SIGKILLed (its NATS
+        server too: `start_nats` brings that back on its store, once `heal` has brought the link up)."""
+        self.cut(node)
+        self.nats.pop(node, None)
+        self.save()
+        _kill_all(self.namespace(node))
 
     # -- a NATS JetStream cluster, one server per node ---------------------------------------------------------
 
@@ -211,6 +226,10 @@ class Cluster:
                     f"server_name: {json.dumps(node)}",
                     f"listen: {json.dumps(f'{self.address(node)}:{NATS_CLIENT_PORT}')}",
                     f"authorization {{ users = [ {{ nkey: {json.dumps(user)} }} ] }}",
+                    # a peer cut off without closing its routes is dropped after a few seconds, not minutes:
+                    # until then requests may still be routed to its subscribers (its stream replica's)
+                    'ping_interval: "2s"',
+                    "ping_max: 2",
                     "jetstream {",
                     f"  store_dir: {json.dumps(str(directory / 'store'))}",
                     "  sync_interval: always",
@@ -251,6 +270,19 @@ class Cluster:
         }
 
 
+def _pids(ns: str) -> list[int]:
+    return [int(pid) for pid in _ip("netns", "pids", ns, check=False).stdout.split() if pid.isdigit()]
+
+
+def _kill_all(ns: str) -> None:
+    """SIGKILL every process in namespace `ns`, and wait until none is left (the dead reaped by their parents)."""
+    for pid in _pids(ns):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    for pid in _pids(ns):
+        _wait_gone(pid)
+
+
 def _wait_port(host: str, port: int, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while True:
@@ -264,13 +296,15 @@ def _wait_port(host: str, port: int, timeout: float) -> None:
 
 
 def _wait_gone(pid: int, timeout: float = 10.0) -> None:
+    """Until `pid` is dead: reaped (ours are reaped here), or a zombie its parent has yet to reap."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         with contextlib.suppress(ChildProcessError):
             os.waitpid(pid, os.WNOHANG)
         try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                return
+        except (FileNotFoundError, ProcessLookupError):
             return
         time.sleep(0.05)
 
@@ -281,9 +315,7 @@ def sweep(prefix: str = "ft") -> list[str]:
     for line in _ip("netns", "list", check=False).stdout.splitlines():
         ns = line.split()[0] if line.split() else ""
         if ns.startswith(prefix) and "-node" in ns:
-            for pid in _ip("netns", "pids", ns, check=False).stdout.split():
-                with contextlib.suppress(ProcessLookupError, ValueError):
-                    os.kill(int(pid), signal.SIGKILL)
+            _kill_all(ns)
             _ip("netns", "del", ns, check=False)
             shutil.rmtree(Path("/etc/netns") / ns, ignore_errors=True)
             removed.append(ns)

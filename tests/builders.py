@@ -8,7 +8,7 @@ import msgspec
 from events.chain import ChainHead
 from events.jetstream.store import process_actor
 from events.schema import AnyEvent, Checkpointed, Launched
-from projections.lifecycle import RunState, apply
+from projections.lifecycle import CompleteIntent, FailIntent, RunState, apply
 from workers.checkpoint_dir import write_checkpoint
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -46,3 +46,17 @@ def fold(*events: AnyEvent) -> RunState:
         state = apply(state, stamped, ChainHead(n, f"{n:064x}", n))
     assert state is not None
     return state
+
+
+class Intents:
+    """A supervisor's recorder that keeps what it was given."""
+
+    def __init__(self) -> None:
+        self.intents: list[FailIntent | CompleteIntent] = []
+
+    def record(self, intent: FailIntent | CompleteIntent) -> str:
+        self.intents.append(intent)
+        return str(len(self.intents))
+
+    def flush(self, timeout: float) -> bool:
+        return True

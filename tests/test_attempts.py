@@ -11,14 +11,21 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from ftrain.supervise.procs import children, signal_job
 from tests.conftest import ftrain_process
-from tests.training import alive, final_digest, launch_logged, torchrun, torchrun_command, torchrun_env
+from tests.training import (
+    alive,
+    final_digest,
+    launch_logged,
+    torchrun,
+    torchrun_command,
+    torchrun_env,
+    wait_for,
+)
 from workers.fence import owner
 from workers.layout import MARKER, complete_steps
 from workers.manifest import decode_marker
@@ -44,14 +51,6 @@ def start(ckpt: Path, out: Path, env: dict[str, str] | None = None) -> subproces
         text=True,
         start_new_session=True,
     )
-
-
-def wait_for(condition: Callable[[], bool], job: subprocess.Popen[str], what: str) -> None:
-    deadline = time.monotonic() + 120
-    while not condition():
-        assert job.poll() is None, f"the job ended (rc={job.returncode}) before {what}"
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
 
 
 def tree(root: Path) -> list[tuple[str, int]]:

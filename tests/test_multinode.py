@@ -1,16 +1,28 @@
 """Training across nodes for real: `ftrain run --node-exec` over two network-namespace nodes (2 CPU processes
 each, gloo, the reference trainer's debug model), the log on the 3-node NATS cluster, checkpoints on a directory
-both nodes share (as NFS would), each node with its own FTRAIN_HOME and writer key."""
+both nodes share (as NFS would), each node with its own FTRAIN_HOME and writer key. An uninterrupted run; a node
+lost mid-run and back; an old attempt frozen on a node cut off, continued while its relaunch trains, with rank 0
+on a node the supervisor does not run on. Each test leaves the cluster as it found it."""
 
+import contextlib
 import json
+import os
+import signal
+import subprocess
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from ftrain.supervise.procs import attempt_processes, end_attempt
 from tests.netns import FTRAIN
-from tests.training import final_digest, torchrun
+from tests.training import alive, final_digest, stopped, torchrun, wait_for
+from workers.fence import owner
+from workers.layout import MARKER, complete_steps, set_asides
+from workers.manifest import decode_marker
+from workers.outbox import Outbox, outbox_path
 
 pytestmark = pytest.mark.timeout(600)
 TRAIN = ("-m", "ftrain.examples.train", "--train-iters", "20", "--save-interval", "5")
@@ -46,3 +58,214 @@ def test_a_two_node_run_completes_with_the_one_node_digest(nodes: Any, one_node_
     assert [e["type"] for e in seen] == ["launched", *["checkpointed"] * 4, "completed"]
     assert [e["step"] for e in seen if e["type"] == "checkpointed"] == [5, 10, 15, 20]
     print(f"2-node run: {wall:.1f} s wall")
+
+
+def supervisor(
+    nodes: Any, node: str, argv: list[str], env: dict[str, str], out: Path
+) -> subprocess.Popen[bytes]:
+    """`ftrain run …` on `node`, in a session of its own, its output in `out`.{out,err}."""
+    return nodes.popen(node, argv, env, stdout=out.with_suffix(".out").open("wb"),
+                       stderr=out.with_suffix(".err").open("wb"), start_new_session=True)  # fmt: skip
+
+
+def ftrain_run(nodes: Any, project: str, hosts: str, *options: str) -> list[str]:
+    return [FTRAIN, "run", project, "--nodes", "2", "--gpus-per-node", "2", "--nodelist", hosts,
+            "--node-exec", nodes.node_exec(), *options, "--", *TRAIN]  # fmt: skip
+
+
+def on(nodes: Any, node: str, run: str, attempt: int) -> list[int]:
+    """The processes of `attempt` of `run` on `node` (found by their network namespace and environment)."""
+    return sorted(set(nodes.pids(node)) & set(attempt_processes(run, attempt)))
+
+
+def trained(ckpt: Path) -> list[dict[str, Any]]:
+    """Rank 0's metrics so far (a line being written is left for the next look)."""
+    path = ckpt / "metrics" / "metrics-0.jsonl"
+    lines = path.read_bytes().splitlines() if path.exists() else []
+    return [json.loads(line) for line in lines if line.endswith(b"}")]
+
+
+def reached(ckpt: Path) -> int:
+    return max((m["train/iter"] for m in trained(ckpt)), default=0)
+
+
+def restarts(ckpt: Path) -> list[dict[str, Any]]:
+    return [m for m in trained(ckpt) if "train/restart_seconds" in m]
+
+
+def summary(seen: list[dict[str, Any]]) -> str:
+    """`launched@1 checkpointed:5@1 failed:node-failure@1 …` (type, step or reason, attempt)."""
+    words = []
+    for e in seen:
+        detail = e.get("step") if e["type"] in ("checkpointed", "resumed") else e.get("reason")
+        words.append(e["type"] + (f":{detail}" if detail is not None else "") + f"@{e.get('attempt', 1)}")
+    return " ".join(words)
+
+
+def since(event: dict[str, Any], moment: float) -> float:
+    """Seconds from `moment` (time.time()) to the event's time."""
+    return datetime.fromisoformat(event["time"]).timestamp() - moment
+
+
+def end_run(nodes: Any, run: str, *procs: subprocess.Popen[bytes]) -> None:
+    """Leave the cluster as the fixture made it: every process of the run gone, links up, NATS on every node."""
+    for proc in procs:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    for attempt in (1, 2):
+        assert not end_attempt(run, attempt, 10)  # stopped ones too
+    for node in nodes.nodes:
+        nodes.heal(node)
+        if node not in nodes.nats:
+            nodes.start_nats(node)
+
+
+def test_a_lost_node_is_recorded_and_the_run_resumes_on_both_nodes_when_it_returns(
+    nodes: Any, one_node_digest: str, tmp_path: Path
+) -> None:
+    """Node 2 fails as a machine does (link down, every process on it SIGKILLed, its NATS server too): the
+    supervisor on node 1 records `failed` (node-failure, naming node2) and relaunches on both nodes; the
+    rendezvous waits until node 2 is back, and the run ends with the uninterrupted digest."""
+    run, ckpt_root = "dist-L-2x2-fsdp", nodes.work / "shared" / "ckpt-lost"
+    ckpt, env = ckpt_root / run, run_env(nodes, ckpt_root)
+    started = time.monotonic()
+    job = supervisor(nodes, "node1", ftrain_run(nodes, "L", "node[1-2]", "--max-retries", "1", "--backoff", "1"),
+                     env, tmp_path / "supervisor")  # fmt: skip
+    try:
+        wait_for(lambda: reached(ckpt) >= 7, job, "step 7")
+        crashed, crashed_at = time.monotonic(), time.time()
+        nodes.crash("node2")
+        wait_for(lambda: bool(on(nodes, "node2", run, 2)), job, "the relaunch to start on node2", timeout=60)
+        time.sleep(2)  # node 2 is still cut off: the rendezvous on node 1 waits for it
+        assert not restarts(ckpt)
+        nodes.heal("node2")
+        healed = time.monotonic()
+        nodes.start_nats("node2")
+        wait_for(lambda: bool(restarts(ckpt)), job, "training to go on", timeout=90)
+        restarted = time.monotonic()
+        assert job.wait(timeout=120) == 0, (tmp_path / "supervisor.err").read_text()[-3000:]
+        wall = time.monotonic() - started
+    finally:
+        end_run(nodes, run, job)
+    out = (tmp_path / "supervisor.out").read_text()
+    assert final_digest(subprocess.CompletedProcess([], 0, out, "")) == one_node_digest
+    assert "Attempt 1 of 2 failed (node node2 lost: its command was killed by SIGKILL)" in out, out
+    assert "Attempt 2 of 2 succeeded" in out, out
+    seen = events(nodes, "node3", run, env)
+    failed = next(i for i, e in enumerate(seen) if e["type"] == "failed")
+    lost = seen[failed]
+    assert (lost["reason"], lost["exit_code"], lost["attempt"]) == ("node-failure", 137, 1)
+    assert lost["message"] == "node node2 lost: its command was killed by SIGKILL"
+    before = [e["step"] for e in seen[:failed] if e["type"] == "checkpointed"]
+    assert before and before == list(range(5, before[-1] + 1, 5))
+    assert seen[failed + 1]["type"] == "resumed" and seen[failed + 1]["step"] == before[-1]
+    assert [(e["type"], e.get("step")) for e in seen[failed + 2 :]] == [
+        *[("checkpointed", s) for s in range(before[-1] + 5, 21, 5)], ("completed", None)]  # fmt: skip
+    assert {e["attempt"] for e in seen[failed + 1 :]} == {2}
+    first = restarts(ckpt)[0]
+    print(f"\nscenario 2 (node lost): {wall:.1f} s wall; after the crash: `failed` in the log at "
+          f"{since(lost, crashed_at):.1f} s, `resumed` at {since(seen[failed + 1], crashed_at):.1f} s, node2 back at "
+          f"{healed - crashed:.1f} s, training again at {restarted - crashed:.1f} s ({restarted - healed:.1f} s after "
+          f"node2 came back; trainer restart_seconds {first['train/restart_seconds']:.1f}, lost steps "
+          f"{first['train/lost_steps']}); events: {summary(seen)}")  # fmt: skip
+
+
+def frozen(nodes: Any, node: str, run: str) -> bool:
+    """Whether attempt 1's processes on `node` (torchrun's agent and its two ranks) are all stopped."""
+    procs = on(nodes, node, run, 1)
+    return len(procs) == 3 and all(stopped(pid) for pid in procs)
+
+
+def rank_of(pid: int) -> int | None:
+    """The training rank a process of a job is (None: torchrun's agent)."""
+    env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return next((int(v[5:]) for v in env if v.startswith(b"RANK=")), None)
+
+
+def sealed_by(ckpt: Path, step: int) -> int | None:
+    """The attempt that sealed `step-<step>` (None: not sealed)."""
+    try:
+        return decode_marker((ckpt / f"step-{step}" / MARKER).read_bytes()).attempt
+    except FileNotFoundError:
+        return None
+
+
+def test_a_partitioned_old_attempt_writes_nothing_the_run_accepts(
+    nodes: Any, one_node_digest: str, tmp_path: Path
+) -> None:
+    """The supervisor runs on node2 and rank 0 on node1 (c10d orders node ranks by host name), each node with its
+    own FTRAIN_HOME. Rank 0 seals step 10 and its node freezes before recording it (FTRAIN_STOP_AT), and is cut
+    off. The scheduler, having declared node1 down, kills the job on the nodes it reaches; its epilogue records
+    the failure, and the job is requeued on node[2-3] (`ftrain run --run-id` from node3). While that attempt
+    trains, node1 comes back: its rank 0 records step 10 of attempt 1, which the log refuses, and stops at the
+    checkpoint directory's fence; the step it sealed was set aside by the relaunch, which ends with the
+    uninterrupted digest."""
+    run, root = "dist-Z-2x2-fsdp", nodes.work / "shared" / "ckpt-zombie"
+    ckpt, env = root / run, run_env(nodes, root)
+    started = time.monotonic()
+    job = supervisor(nodes, "node2", ftrain_run(nodes, "Z", "node[1-2]", "--max-retries", "0"),
+                     {**env, "FTRAIN_STOP_AT": "sealed:10"}, tmp_path / "first")  # fmt: skip
+    relaunch = job
+    try:
+        wait_for(lambda: frozen(nodes, "node1", run), job, "node1 to freeze after sealing step 10")
+        old = on(nodes, "node1", run, 1)
+        nodes.cut("node1")
+        froze = time.monotonic()
+        for pid in [job.pid, *(p for p in nodes.pids("node2") if p != nodes.nats["node2"])]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)  # the supervisor first: nothing of it reaches node1
+        job.wait()
+        wait_for(lambda: not on(nodes, "node2", run, 1), None, "node2's part of the job to die", timeout=10)
+        failed = nodes.run("node3", [FTRAIN, "fail", run, "--reason", "node-failure", "--message",
+                                     "node node1 declared down by the scheduler"], env)  # fmt: skip
+        assert failed.returncode == 0, failed.stderr
+        relaunch = supervisor(nodes, "node3", ftrain_run(nodes, "Z", "node[2-3]", "--run-id", run,
+                                                         "--max-retries", "0"), env, tmp_path / "relaunch")  # fmt: skip
+        wait_for(lambda: sealed_by(ckpt, 10) == 2, relaunch, "the relaunch to seal step 10")
+        nodes.heal("node1")
+        woken = time.monotonic()
+        rank0 = next(pid for pid in old if rank_of(pid) == 0)
+        os.kill(rank0, signal.SIGCONT)  # rank 0 first: its rank 1 may fail on the dead peers once it runs
+        wait_for(lambda: not alive(rank0), None, "the old rank 0 to stop", timeout=60)
+        for pid in old:
+            os.kill(pid, signal.SIGCONT)
+        wait_for(lambda: not on(nodes, "node1", run, 1), None, "the old attempt to end", timeout=60)
+        ended = time.monotonic()
+        assert relaunch.wait(timeout=180) == 0, (tmp_path / "relaunch.err").read_text()[-3000:]
+        relaunched = time.monotonic()
+    finally:
+        end_run(nodes, run, job, relaunch)
+    out = (tmp_path / "relaunch.out").read_text()
+    assert final_digest(subprocess.CompletedProcess([], 0, out, "")) == one_node_digest
+    assert f"Relaunching {run}" in out and f"Completed {run}" in out, out
+
+    outbox = Outbox(outbox_path(nodes.home("node1")))  # what node1's rank 0 tried to record when it woke
+    try:
+        assert outbox.pending(run) == []
+        refused = outbox.rejected(run)
+    finally:
+        outbox.close()
+    assert [(r.intent.checkpointed.step, r.intent.checkpointed.attempt) for r in refused] == [(10, 1)], (
+        refused
+    )
+
+    seen = events(nodes, "node3", run, env)
+    assert summary(seen) == ("launched@1 checkpointed:5@1 failed:node-failure@1 resumed:5@2 checkpointed:10@2 "
+                             "checkpointed:15@2 checkpointed:20@2 completed@2")  # fmt: skip
+    hosts = [(e["type"], e["actor"]["host"], e["actor"].get("rank")) for e in seen]
+    assert hosts == [("launched", "node2", None), ("checkpointed", "node1", 0), ("failed", "node3", None),
+                     ("resumed", "node3", None), *[("checkpointed", "node2", 0)] * 3, ("completed", "node3", None)]  # fmt: skip
+
+    assert complete_steps(ckpt) == [20, 15, 10] and owner(ckpt) == 2
+    assert [sealed_by(ckpt, s) for s in (10, 15, 20)] == [2, 2, 2]
+    aside = set_asides(ckpt)
+    assert [(a.step, a.kind) for a in aside] == [(10, "unrecorded")]
+    assert decode_marker((aside[0].path / MARKER).read_bytes()).attempt == 1
+    first = restarts(ckpt)[0]
+    print(f"\nscenario 6 (partitioned old attempt; rank 0 off the supervisor's node): "
+          f"{relaunched - started:.1f} s wall; node1 froze {froze - started:.1f} s in; the relaunch on "
+          f"node[2-3] ended {relaunched - froze:.1f} s later (trainer restart_seconds "
+          f"{first['train/restart_seconds']:.1f}, lost steps {first['train/lost_steps']}); woken while it trained, the "
+          f"old attempt ended in {ended - woken:.1f} s, its `checkpointed` refused ({refused[0].reason}); "
+          f"events: {summary(seen)}")  # fmt: skip

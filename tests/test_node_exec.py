@@ -11,8 +11,19 @@ from pathlib import Path
 import pytest
 
 from ftrain.supervise.attempts import attempt_commands
+from ftrain.supervise.failure_report import FailureReport, failure
 from ftrain.supervise.launch_spec import LaunchSpec
-from ftrain.supervise.node_exec import TemplateError, each_node_command, node_argv, parse_template
+from ftrain.supervise.node_exec import (
+    NodeExit,
+    TemplateError,
+    each_node_command,
+    node_argv,
+    parse_node_exit,
+    parse_template,
+)
+from ftrain.supervise.supervisor import Relaunches, Supervisor
+from projections.lifecycle import FailIntent
+from tests.builders import Intents
 from tests.conftest import ftrain_process
 
 SPEC = LaunchSpec(
@@ -117,8 +128,74 @@ def test_the_first_node_to_fail_ends_the_others_and_gives_its_status(tmp_path: P
 
 def test_a_node_killed_by_a_signal_is_reported_as_a_shell_would() -> None:
     proc = run_each("a", script="kill -9 $$")
-    proc.communicate(timeout=30)
+    _, err = proc.communicate(timeout=30)
     assert proc.returncode == 128 + 9
+    assert [parse_node_exit(line) for line in err.splitlines() if line.startswith("each_node:")] == [
+        NodeExit("a", 137)
+    ]
+
+
+ROOT_CAUSE = (
+    b"Root Cause (first observed failure):\n[0]:\n  rank      : 2 (local_rank: 0)\n  exitcode  : 3 (pid: 9)\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("stderr", "returncode", "intent"),
+    [
+        (  # the node's launcher was killed: the node is gone, whatever the others' workers said after it
+            b"each_node: n2 exited with status 137; ending the other nodes\n" + ROOT_CAUSE,
+            137,
+            FailIntent(
+                reason="node-failure",
+                exit_code=137,
+                message="node n2 lost: its command was killed by SIGKILL",
+            ),
+        ),
+        (  # ssh lost the connection
+            b"each_node: n2 exited with status 255; ending the other nodes\n",
+            255,
+            FailIntent(reason="node-failure", exit_code=255, message="node n2 lost: its command exited 255"),
+        ),
+        (  # a worker on n2 exited 3 and its torchrun reported it, then exited 1: the training failed, not n2
+            ROOT_CAUSE + b"each_node: n2 exited with status 1; ending the other nodes\n",
+            1,
+            FailIntent(
+                reason="exit-code", exit_code=3, message="a training process exited 3; the launcher exited 1"
+            ),
+        ),
+    ],
+)
+def test_a_lost_node_is_told_from_a_failed_training(
+    stderr: bytes, returncode: int, intent: FailIntent
+) -> None:
+    report = FailureReport()
+    for i in range(0, len(stderr), 5):  # lines split anywhere
+        report.feed(stderr[i : i + 5])
+    assert failure(returncode, report.worker_exit, report.node) == intent
+
+
+def test_the_supervisor_records_a_lost_node_as_node_failure_naming_it(tmp_path: Path) -> None:
+    script = 'if [ "$NODE" = b ]; then sleep 0.3; kill -9 $$; fi; sleep 20'
+    recorder = Intents()
+    outcome = Supervisor(
+        "r1",
+        lambda: each_node_command("env NODE={host}", ("a", "b"), ["sh", "-c", script]),
+        {**os.environ, "FTRAIN_RUN_ID": "r1"},
+        tmp_path / "ckpt",
+        Relaunches(max_retries=0),
+        recorder,
+        attempt=1,
+        opener=lambda: pytest.fail("no relaunch with --max-retries 0"),
+    ).run()
+    lost = FailIntent(
+        reason="node-failure",
+        exit_code=137,
+        message="node b lost: its command was killed by SIGKILL",
+        attempt=1,
+    )
+    assert recorder.intents == [lost]
+    assert outcome.status == "gave-up" and outcome.message.endswith(f"(last: {lost.message})")
 
 
 def test_sigterm_reaches_every_node() -> None:

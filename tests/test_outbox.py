@@ -389,6 +389,43 @@ async def test_a_resume_the_fold_refuses_is_set_aside_with_its_reason_and_the_re
     assert outbox.pending(RUN) == []
 
 
+UNREAD = """
+import os, sys, time
+from ftrain import settings
+from ftrain.logs import configure
+from projections.lifecycle import FailIntent
+from workers.recorder import Recorder
+
+configure()  # logging as the trainer sets it up: warnings and errors to stderr
+time.sleep(0.5)  # by now nobody reads our stderr: every write to it fails (EPIPE)
+recorder = Recorder(sys.argv[1], settings.nats(os.environ))
+recorder.record(FailIntent(reason="preempted", attempt=7))  # of an attempt the run never had
+sys.exit(0 if recorder.close(20) else 3)
+"""
+
+
+def unread(env: dict[str, str]) -> int:
+    """Run UNREAD with a stderr whose reader closed it at once; its exit status."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", UNREAD, RUN], env={**os.environ, **env}, stderr=subprocess.PIPE
+    )
+    assert proc.stderr is not None
+    proc.stderr.close()
+    return proc.wait()
+
+
+async def test_a_recorder_whose_stderr_nobody_reads_still_sets_a_refused_intent_aside(
+    app: RunService, env: dict[str, str]
+) -> None:
+    """As an old attempt's rank 0 whose launcher (or ssh connection) died: its log lines are dropped, never
+    raised into the recorder, which must go on delivering."""
+    await launch(app)
+    assert await asyncio.to_thread(unread, env) == 0
+    (refused,) = node_outbox(env).rejected(RUN)
+    assert refused.intent == FailIntent(reason="preempted", attempt=7) and "attempt 7" in refused.reason
+    assert kinds(await run_events(app)) == ["Launched"]
+
+
 async def test_two_processes_recording_into_one_outbox_file_each_keep_their_order(
     app: RunService, env: dict[str, str]
 ) -> None:

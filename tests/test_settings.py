@@ -32,13 +32,14 @@ def test_an_empty_value_reads_as_unset() -> None:
         value for value in vars(settings).values() if isinstance(value, str) and value.startswith("FTRAIN_")
     ]
     empty = dict.fromkeys(names, "")
-    assert len(empty) == 22
+    assert len(empty) == 23
     read = (
         settings.home(empty),
         settings.storage(empty),
         settings.nats(empty),
         settings.log_level(empty),
         settings.kill_targets(empty),
+        settings.stop_targets(empty),
         settings.kill_once(empty),
         settings.run_id(empty),
         settings.ckpt_dir(empty),
@@ -51,6 +52,7 @@ def test_an_empty_value_reads_as_unset() -> None:
         str(DEFAULT_HOME / "checkpoints"),
         NatsSettings(home=DEFAULT_HOME),
         logging.WARNING,
+        frozenset(),
         frozenset(),
         None,
         None,
@@ -141,16 +143,24 @@ def test_an_unknown_log_level_is_refused(text: str) -> None:
         settings.log_level({"FTRAIN_LOG_LEVEL": text})
 
 
-def test_kill_points_and_the_once_directory(tmp_path: Path) -> None:
-    env = {"FTRAIN_KILL_AT": "step:3, finalize:20,,write:3", "FTRAIN_KILL_ONCE": str(tmp_path / "kills")}
+def test_kill_and_stop_points_and_the_once_directory(tmp_path: Path) -> None:
+    env = {
+        "FTRAIN_KILL_AT": "step:3, finalize:20,,write:3",
+        "FTRAIN_STOP_AT": "sealed:10",
+        "FTRAIN_KILL_ONCE": str(tmp_path / "kills"),
+    }
     assert settings.kill_targets(env) == {("step", 3), ("finalize", 20), ("write", 3)}
+    assert settings.stop_targets(env) == {("sealed", 10)}
     assert settings.kill_once(env) == tmp_path / "kills"
 
 
+@pytest.mark.parametrize("name", ["FTRAIN_KILL_AT", "FTRAIN_STOP_AT"])
 @pytest.mark.parametrize("text", ["boom:3", "step:x", "step:", "write", "fanout:-1", "step:3,boom:4"])
-def test_a_malformed_kill_point_is_refused_naming_the_accepted_points(text: str) -> None:
-    with pytest.raises(InvalidSetting, match=r"with point one of step, stage, write, fanout, finalize$"):
-        settings.kill_targets({"FTRAIN_KILL_AT": text})
+def test_a_malformed_fault_point_is_refused_naming_the_accepted_points(name: str, text: str) -> None:
+    with pytest.raises(
+        InvalidSetting, match=rf"^{name}=.* with point one of step, stage, write, fanout, finalize, sealed$"
+    ):
+        (settings.kill_targets if name == "FTRAIN_KILL_AT" else settings.stop_targets)({name: text})
 
 
 def test_what_the_supervisor_sets_for_the_trainer(tmp_path: Path) -> None:

@@ -23,8 +23,8 @@ from ftrain.supervise.launch_spec import LaunchSpec
 from ftrain.supervise.opening import NotOpened
 from ftrain.supervise.procs import attempt_processes, end_attempt
 from ftrain.supervise.supervisor import Relaunches, Supervisor, backoff_delay
-from projections.lifecycle import CompleteIntent, FailIntent
-from tests.builders import SIGNER
+from projections.lifecycle import FailIntent
+from tests.builders import SIGNER, Intents
 from tests.conftest import free_port
 from tests.test_cli import Cli
 from tests.training import alive
@@ -416,20 +416,6 @@ def test_failure_report_and_classification() -> None:
     assert backoff_delay(120, 3) == 120 and backoff_delay(0.5, 10_000) == 60
 
 
-class _Intents:
-    """A recorder that keeps what it was given."""
-
-    def __init__(self) -> None:
-        self.intents: list[FailIntent | CompleteIntent] = []
-
-    def record(self, intent: FailIntent | CompleteIntent) -> str:
-        self.intents.append(intent)
-        return str(len(self.intents))
-
-    def flush(self, timeout: float) -> bool:
-        return True
-
-
 def test_a_job_ignoring_sigterm_is_killed_with_its_own_sessions(tmp_path: Path) -> None:
     pids = tmp_path / "pids"
     stubborn = tmp_path / "stubborn.py"
@@ -448,7 +434,7 @@ def test_a_job_ignoring_sigterm_is_killed_with_its_own_sessions(tmp_path: Path) 
         os.kill(os.getpid(), signal.SIGTERM)
 
     threading.Thread(target=preempt, daemon=True).start()
-    recorder = _Intents()
+    recorder = Intents()
     handler = signal.getsignal(signal.SIGTERM)
     supervisor = Supervisor(
         "r",
@@ -539,7 +525,7 @@ def test_a_relaunch_whose_attempt_cannot_be_opened_is_not_started(tmp_path: Path
     def unreachable() -> int:
         raise NotOpened("the event log is out of reach (TimeoutError: )")
 
-    recorder = _Intents()
+    recorder = Intents()
     outcome = Supervisor(
         "r",
         lambda: job,

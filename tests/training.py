@@ -5,6 +5,8 @@ import os
 import re
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +92,17 @@ def launch_logged(run_id: str, env: dict[str, str]) -> tuple[Path, dict[str, str
     assert launched.returncode == 0, launched.stderr
     ckpt = Path(env["FTRAIN_STORAGE"]) / run_id
     return ckpt, {**env, "FTRAIN_RUN_ID": run_id, "FTRAIN_CKPT_DIR": str(ckpt)}
+
+
+def wait_for(
+    condition: Callable[[], bool], job: subprocess.Popen[Any] | None, what: str, timeout: float = 120
+) -> None:
+    """Poll `condition` until it holds; fails the test if `job` (if any) ends first or `timeout` passes."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert job is None or job.poll() is None, f"the job ended (rc={job.returncode}) before {what}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
 
 
 def stopped(pid: int) -> bool:

@@ -19,6 +19,10 @@ from events.keyring import load_signer, load_trust
 from events.redact import redact_text, redact_urls
 
 log = structlog.get_logger(__name__)
+PING_SECONDS = 2
+"""How often the client pings its server. A server that vanished without closing the connection (its node lost,
+or cut off) is noticed after three unanswered intervals and another server of the cluster takes over; nats-py's
+default, 2 minutes, would hold every append to the dead one until its deadline."""
 
 
 class NatsSettings(msgspec.Struct, frozen=True, kw_only=True):
@@ -128,6 +132,8 @@ async def open_store(
             max_reconnect_attempts=-1,
             reconnect_time_wait=1,
             allow_reconnect=True,
+            ping_interval=PING_SECONDS,
+            max_outstanding_pings=2,
             error_cb=remember,
             **options,
         )

@@ -16,7 +16,13 @@ from ftrain.settings import KILL_POINTS
 PHASES: Final = ("baseline", "sync", "async")
 """Baseline: sync checkpointing, no failures. Then the same job with failures, sync and async."""
 SAVE_POINTS: Final = tuple(p for p in KILL_POINTS if p != "step")
-SYNC_POINT: Final = {"stage": "write", "write": "write", "fanout": "write", "finalize": "finalize"}
+SYNC_POINT: Final = {
+    "stage": "write",
+    "write": "write",
+    "fanout": "write",
+    "finalize": "finalize",
+    "sealed": "sealed",
+}
 """A sync save has no stage and no fan-out (it writes straight to durable storage): a kill meant for those
 stages lands when its shards are written, the nearest point a sync save has."""
 CONFIG: Final = "config.json"

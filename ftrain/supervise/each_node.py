@@ -4,8 +4,9 @@
 
 Each node's command starts in a session of its own. The first to exit with a failure (non-zero, or killed by a
 signal) ends the others — SIGTERM, then SIGKILL after the grace period — and its status is this process's
-(128 + N for signal N, as a shell reports it); when all succeed this exits 0. SIGTERM and SIGINT are passed on
-to every node's command, and the runner then waits for them all.
+(128 + N for signal N, as a shell reports it); it is named on stderr in one line (`NodeExit.line`), from which
+the supervisor tells a lost node from a failed training. When all succeed this exits 0. SIGTERM and SIGINT are
+passed on to every node's command, and the runner then waits for them all.
 """
 
 import argparse
@@ -21,7 +22,7 @@ from typing import Final
 
 import structlog
 
-from ftrain.supervise.node_exec import TemplateError, node_argv, parse_template
+from ftrain.supervise.node_exec import NodeExit, TemplateError, node_argv, parse_template
 
 GRACE_SECONDS: Final = 10.0
 POLL_SECONDS: Final = 0.1
@@ -51,27 +52,22 @@ def run_each(template: Sequence[str], hosts: Sequence[str], command: Sequence[st
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, forward)
-    failed: int | None = None
+    failed: NodeExit | None = None
     deadline: float | None = None
-    while [proc.poll() for proc in procs].count(None):  # every one polled, so each exit is seen
-        if failed is None:
-            bad = next((p for p in procs if p.returncode not in (None, 0)), None)
-            if bad is not None:
-                failed = _status(bad.returncode)
-                host = hosts[procs.index(bad)]
-                log.warning("node_failed", host=host, status=failed)
-                print(
-                    f"each_node: {host} exited with status {failed}; ending the other nodes", file=sys.stderr
-                )
-                _signal_all(procs, signal.SIGTERM)
-                deadline = time.monotonic() + GRACE_SECONDS
+    while True:
+        running = [proc.poll() for proc in procs].count(None)  # every one polled, so each exit is seen
+        if failed is None and (bad := next((p for p in procs if p.returncode not in (None, 0)), None)):
+            failed = NodeExit(hosts[procs.index(bad)], _status(bad.returncode))
+            log.warning("node_failed", host=failed.host, status=failed.status)
+            print(failed.line(), file=sys.stderr, flush=True)  # also when no other node is left to end
+            _signal_all(procs, signal.SIGTERM)
+            deadline = time.monotonic() + GRACE_SECONDS
+        if not running:
+            return 0 if failed is None else failed.status
         if deadline is not None and time.monotonic() > deadline:
             _signal_all(procs, signal.SIGKILL)
             deadline = None
         time.sleep(POLL_SECONDS)
-    if failed is None:
-        failed = next((_status(p.returncode) for p in procs if p.returncode != 0), 0)
-    return failed
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,5 +1,6 @@
 """Why an attempt failed: torchrun exits 1 whichever way a worker died, so its stderr is read as it streams by
-for the exit code of the worker it blames, and that becomes the `failed` intent and the line the user sees."""
+for the exit code of the worker it blames (and, across nodes, for the node the runner names as failed first),
+and that becomes the `failed` intent and the line the user sees."""
 
 import codecs
 import contextlib
@@ -9,6 +10,7 @@ import signal
 import sys
 from typing import IO, Final
 
+from ftrain.supervise.node_exec import NodeExit, parse_node_exit
 from projections.lifecycle import FailIntent
 
 _EXITCODE: Final = re.compile(rb"\s*exitcode\s*:\s*(-?\d+)")
@@ -16,7 +18,8 @@ _REPORT_TAIL: Final = 65536
 
 
 class FailureReport:
-    """Reads torchrun's stderr as it streams by and keeps the exit code of the worker torchrun blames.
+    """Reads the launcher's stderr as it streams by and keeps the exit code of the worker torchrun blames, and
+    the node the multi-node runner (`each_node`) names as failed first.
 
     torchrun exits 1 whichever way a worker died; only its "Root Cause (first observed failure)" block says
     that the worker exited 3 or was killed by SIGKILL (exitcode -9).
@@ -24,6 +27,7 @@ class FailureReport:
 
     def __init__(self) -> None:
         self.worker_exit: int | None = None
+        self.node: NodeExit | None = None
         self._in_root_cause = False
         self._partial = b""
 
@@ -32,8 +36,10 @@ class FailureReport:
         lines = re.split(rb"[\r\n]", self._partial + chunk)
         self._partial = lines.pop()[-_REPORT_TAIL:]
         for line in lines:
+            if self.node is None and line.startswith(b"each_node: "):
+                self.node = parse_node_exit(line.decode("utf-8", "replace"))
             if self.worker_exit is not None:
-                return
+                continue
             if b"Root Cause" in line:
                 self._in_root_cause = True
             elif self._in_root_cause and (found := _EXITCODE.match(line)):
@@ -52,13 +58,21 @@ def tee_stderr(stream: IO[bytes], report: FailureReport) -> None:
             report.feed(chunk)
 
 
-def failure(returncode: int, worker_exit: int | None) -> FailIntent:
-    """The `failed` intent for an attempt that ended with `returncode`, the blamed worker's exit as reported."""
+def failure(returncode: int, worker_exit: int | None, node: NodeExit | None = None) -> FailIntent:
+    """The `failed` intent for an attempt that ended with `returncode`, the blamed worker's exit as reported,
+    and the node named as failed first. A lost node outranks any worker's report: the other nodes' workers
+    only failed with it."""
     if returncode < 0:
         return FailIntent(
             reason="signal",
             exit_code=128 - returncode,
             message=f"the launcher was killed by {signal_name(-returncode)}",
+        )
+    if node is not None and node.lost:
+        return FailIntent(
+            reason="node-failure",
+            exit_code=node.status,
+            message=f"node {node.host} lost: its command {status_text(node.status)}",
         )
     if worker_exit is not None and worker_exit < 0:
         return FailIntent(
@@ -78,10 +92,17 @@ def failure(returncode: int, worker_exit: int | None) -> FailIntent:
 
 
 def describe(intent: FailIntent) -> str:
-    """`exit code 3`, `killed by SIGKILL`."""
+    """`exit code 3`, `killed by SIGKILL`, `node node2 lost: its command was killed by SIGKILL`."""
+    if intent.reason == "node-failure":
+        return intent.message
     if intent.reason == "exit-code" or intent.exit_code is None:
         return f"exit code {intent.exit_code}"
     return f"killed by {signal_name(intent.exit_code - 128)}"
+
+
+def status_text(status: int) -> str:
+    """A shell's exit status in words: `exited 255`, `was killed by SIGKILL` (137)."""
+    return f"was killed by {signal_name(status - 128)}" if 128 < status < 255 else f"exited {status}"
 
 
 def signal_name(signum: int) -> str:

@@ -4,24 +4,50 @@ The template is how this site starts a command on a node — `ssh {host}`, `ip n
 its own — with `{host}` replaced by each host of the node list. An attempt is then one process, `python -m
 ftrain.supervise.each_node`, which starts the same torchrun command through the template on every node and
 behaves as an srun step with `--kill-on-bad-exit=1` does: the first node whose command fails ends the others,
-and its exit status is the attempt's; a SIGTERM or SIGINT is passed on to every node. The run's own variables
-(FTRAIN_RUN_ID, FTRAIN_CKPT_DIR, FTRAIN_ATTEMPT, none of them secret) travel in the command line through `env`,
-since `ssh` does not carry an environment; everything else a node needs (the log's URL and credentials, the
-storage's) comes from the node's own environment, as it would for any job started there. Pure here; the
-runner is `ftrain.supervise.each_node`.
+and its exit status is the attempt's (the runner names that node on stderr, in the one line `NodeExit` owns);
+a SIGTERM or SIGINT is passed on to every node. The run's own variables (FTRAIN_RUN_ID, FTRAIN_CKPT_DIR,
+FTRAIN_ATTEMPT, none of them secret) travel in the command line through `env`, since `ssh` does not carry an
+environment; everything else a node needs (the log's URL and credentials, the storage's) comes from the node's
+own environment, as it would for any job started there. Pure here; the runner is `ftrain.supervise.each_node`.
 """
 
+import re
 import shlex
 import string
 import sys
 from collections.abc import Mapping, Sequence
-from typing import Final
+from typing import Final, NamedTuple
 
 from ftrain import settings
 
 HOST: Final = "{host}"
 CARRIED: Final = (settings.RUN_ID, settings.CKPT_DIR, settings.ATTEMPT)
 """The run's variables written into each node's command line."""
+_NODE_FAILED: Final = re.compile(r"each_node: (\S+) exited with status (\d+); ending the other nodes")
+
+
+class NodeExit(NamedTuple):
+    """The first node whose command failed, as the runner reports it on stderr."""
+
+    host: str
+    status: int
+    """As a shell reports it: 128 + N for signal N."""
+
+    def line(self) -> str:
+        """The runner's line; `parse_node_exit` reads it back."""
+        return f"each_node: {self.host} exited with status {self.status}; ending the other nodes"
+
+    @property
+    def lost(self) -> bool:
+        """Whether the node itself is gone rather than its training: its command was killed by a signal, or
+        lost its connection (`ssh` exits 255). A training process that fails makes torchrun exit 1."""
+        return self.status > 128
+
+
+def parse_node_exit(line: str) -> NodeExit | None:
+    """The node a runner's stderr line names as failed first (None: not such a line)."""
+    found = _NODE_FAILED.fullmatch(line.strip())
+    return NodeExit(found[1], int(found[2])) if found else None
 
 
 class TemplateError(ValueError):

@@ -26,7 +26,7 @@ import structlog
 from ftrain import settings
 from ftrain.cli import render
 from ftrain.supervise.failure_report import FailureReport, describe, failure, signal_name, tee_stderr
-from ftrain.supervise.opening import NotOpened
+from ftrain.supervise.opening import OPEN_TIMEOUT, NotOpened
 from ftrain.supervise.procs import end_attempt, signal_job
 from ftrain.train.object_store import run_storage
 from projections.lifecycle import CompleteIntent, FailIntent
@@ -129,11 +129,11 @@ class Supervisor:
                 return self._stopped("")
             if attempt > 1:
                 try:
-                    self.number = self.opener()
+                    self.number = self._open()
                 except NotOpened as exc:
                     return Outcome("gave-up", 1, f"run {self.run_id} not relaunched: {exc}")
             started = time.monotonic()
-            returncode, worker_exit, survivors = self._attempt()
+            returncode, report, survivors = self._attempt()
             ended = time.monotonic()
             step = self._newest()
             progress = step is not None and (newest is None or step > newest)
@@ -157,7 +157,9 @@ class Supervisor:
                 recorded = self._record(CompleteIntent(attempt=self.number))
                 render.emit(f"{head} succeeded {where}")
                 return Outcome("completed", 0, recorded=recorded)
-            failed = msgspec.structs.replace(failure(returncode, worker_exit), attempt=self.number)
+            failed = msgspec.structs.replace(
+                failure(returncode, report.worker_exit, report.node), attempt=self.number
+            )
             stalled = 0 if progress else stalled + 1
             delay = backoff_delay(self.relaunches.backoff, attempt)
             recorded = self._record(failed)
@@ -184,14 +186,24 @@ class Supervisor:
             render.emit(f"{line}; retrying in {delay:g} s")
             self._sleep_until(ended + delay)  # the time spent recording counts towards the backoff
 
+    def _open(self) -> int:
+        """Open the next attempt once the last one's failure is in the log: the log opens no attempt of a run
+        it still sees running. A log that just lost a server may take a while to take it. Raises NotOpened."""
+        if not self.recorder.flush(OPEN_TIMEOUT):
+            raise NotOpened(
+                f"the event log is out of reach: the failure of attempt {self.number} is only in the local outbox"
+            )
+        return self.opener()
+
     def _stopped(self, note: str, recorded: bool = True) -> Outcome:
         assert self._stop is not None
         name = signal_name(self._stop)
         return Outcome("stopped", 128 + self._stop, f"run {self.run_id} stopped by {name}{note}", recorded)
 
-    def _attempt(self) -> tuple[int, int | None, list[int]]:
-        """Run one attempt in its own process group; its exit status, the blamed worker's exit code, and the
-        processes of the attempt that outlived it and a SIGKILL (normally none)."""
+    def _attempt(self) -> tuple[int, FailureReport, list[int]]:
+        """Run one attempt in its own process group; its exit status, what its stderr said of the failure (the
+        blamed worker's exit code, the node that failed first), and the processes of the attempt that outlived
+        it and a SIGKILL (normally none)."""
         argv = self.command()
         log.info("attempt_started", run_id=self.run_id, attempt=self.number, argv=argv)
         env = {**self.env, settings.ATTEMPT: str(self.number)}
@@ -209,8 +221,14 @@ class Supervisor:
             self._child = None
         survivors = end_attempt(self.run_id, self.number, END_SECONDS)  # orphaned workers, stopped ones too
         tee.join(timeout=5)
-        log.info("attempt_ended", run_id=self.run_id, returncode=returncode, worker_exit=report.worker_exit)
-        return returncode, report.worker_exit, survivors
+        log.info(
+            "attempt_ended",
+            run_id=self.run_id,
+            returncode=returncode,
+            worker_exit=report.worker_exit,
+            node=report.node,
+        )
+        return returncode, report, survivors
 
     def _wait(self, child: subprocess.Popen[bytes]) -> int:
         """Wait for the child; once the grace period of a stop request is over, kill it."""

@@ -221,6 +221,7 @@ class CheckpointManager:
         manifest = self._manifest(step, epoch, [e for rank_files in gathered for e in rank_files])
         final = step_dir(self.config.ckpt_dir, step)
         written = self._seal(tmp, final, manifest)
+        fault_point("sealed", step)
         self._record(step, epoch, written.uri, written.checkpoint_hash, manifest)
         log.info("checkpoint_finalized", step=step, path=str(final), bytes=manifest.size_bytes)
         check_fence(self.config.ckpt_dir, self.attempt)

@@ -1,11 +1,15 @@
-"""Failure injection for experiments and tests: SIGKILL the whole job at a named point, as a preemption would.
+"""Failure injection for experiments and tests: SIGKILL the whole job at a named point, as a preemption would,
+or SIGSTOP it there, as a node that froze or was cut off would stand still.
 
-`FTRAIN_KILL_AT=<point>:<step>[,<point>:<step>…]` — points: `step` (after the optimizer step), and the phases of a save:
-`stage` (async: state copied to host buffers), `write` (this rank's shards written), `fanout` (async: this
-rank's files copied to durable storage), `finalize` (rank 0 holds every rank's digests, before the manifest).
-With `FTRAIN_KILL_ONCE=<dir>` each kill fires once (a file per kill in that directory), so a relaunched job
-that passes the same point again survives, as after a real preemption. The first rank to
-reach the point kills torchrun's agent and every local rank at once. Run the job in its own process group (`ftrain run` does; so must a test).
+`FTRAIN_KILL_AT=<point>:<step>[,<point>:<step>…]` — points: `step` (after the optimizer step), and the phases of
+a save: `stage` (async: state copied to host buffers), `write` (this rank's shards written), `fanout` (async:
+this rank's files copied to durable storage), `finalize` (rank 0 holds every rank's digests, before the
+manifest), `sealed` (rank 0 sealed the step, before recording it). `FTRAIN_STOP_AT` takes the same form and
+stops instead; a SIGCONT to the stopped processes lets the job go on from where it stood. The first rank to
+reach the point signals torchrun's agent and every rank of its node at once. With `FTRAIN_KILL_ONCE=<dir>`
+each kill or stop fires once (a file for each in that directory), so a relaunched job that passes the same point
+again survives, as after a real preemption. Run the job in its own process group (`ftrain run` does; so must a
+test).
 """
 
 import os
@@ -14,25 +18,35 @@ import signal
 from ftrain import settings
 from ftrain.supervise.procs import signal_job
 
-_TARGETS = settings.kill_targets()  # at import: a typo fails the trainer before it trains
+_KILLS = settings.kill_targets()  # at import: a typo fails the trainer before it trains
+_STOPS = settings.stop_targets()
 
 
 def fault_point(point: str, step: int) -> None:
-    """Kill the job here if FTRAIN_KILL_AT names this point and step."""
-    if (point, step) in _TARGETS and _first_time(point, step):
-        if "TORCHELASTIC_RUN_ID" in os.environ:  # the agent and every worker, each in a session of its own
-            signal_job(os.getppid(), signal.SIGKILL)
-        os.killpg(os.getpgrp(), signal.SIGKILL)
+    """Kill (or stop) the job here if FTRAIN_KILL_AT (FTRAIN_STOP_AT) names this point and step."""
+    if (point, step) in _KILLS and _first_time(f"{point}-{step}"):
+        _signal_job(signal.SIGKILL)
+    if (point, step) in _STOPS and _first_time(f"stop-{point}-{step}"):
+        _signal_job(signal.SIGSTOP)
 
 
-def _first_time(point: str, step: int) -> bool:
-    """True unless this kill already fired: FTRAIN_KILL_ONCE names a directory holding one file per kill."""
+def _signal_job(signum: int) -> None:
+    """This node's agent and every worker, each in a session of its own (this process last), or, outside
+    torchrun, this process group."""
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        signal_job(os.getppid(), signum)
+    else:
+        os.killpg(os.getpgrp(), signum)
+
+
+def _first_time(name: str) -> bool:
+    """True unless this fault already fired: FTRAIN_KILL_ONCE names a directory holding one file per fault."""
     once = settings.kill_once()
     if once is None:
         return True
     once.mkdir(parents=True, exist_ok=True)
     try:
-        os.close(os.open(once / f"{point}-{step}", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        os.close(os.open(once / name, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
     except FileExistsError:
         return False
     return True

@@ -142,6 +142,7 @@ class ObjectSaver:
         if failure is not None:
             self.storage.discard(uri)
             return Outcome(failure=failure, fenced=fenced)
+        fault_point("sealed", step)
         self._record(step, epoch, written.uri, written.checkpoint_hash, manifest)
         log.info("checkpoint_finalized", step=step, uri=written.uri, bytes=manifest.size_bytes)
         try:
