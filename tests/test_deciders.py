@@ -144,6 +144,7 @@ def test_a_relaunch_opens_the_next_attempt_unforced_from_the_newest_valid_checkp
         run_id=RUN, checkpoint_seq=2, step=10, epoch=0, uri="u10", checkpoint_hash=f"{10:064x}", resume_count=1,
         forced=False, command=COMMAND, attempt=2,
     )  # fmt: skip
+    assert relaunch(state, ("a",)) == msgspec.structs.replace(relaunch(state), hosts=("a",))  # on its nodes
 
 
 def test_only_a_failed_run_is_relaunched_and_only_as_it_was_launched() -> None:

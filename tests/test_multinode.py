@@ -171,6 +171,52 @@ def test_a_lost_node_is_recorded_and_the_run_resumes_on_both_nodes_when_it_retur
           f"{first['train/lost_steps']}); events: {summary(seen)}")  # fmt: skip
 
 
+def test_with_min_nodes_a_node_gone_for_good_is_dropped_and_training_goes_on_resharded(
+    nodes: Any, tmp_path: Path
+) -> None:
+    """Node 2 is lost for good under `--min-nodes 1`: the supervisor records `failed` (node-failure) and opens
+    attempt 2 on node1 alone, whose 2 processes load the 4-rank checkpoint resharded by DCP and train to the
+    end. The events say the world before and after: launched on 2 nodes × 2, checkpoints of 4 shards; the
+    `resumed` names node1 alone, checkpoints of 2 shards from then on."""
+    run, ckpt_root = "dist-E-2x2-fsdp", nodes.work / "shared" / "ckpt-elastic"
+    ckpt, env = ckpt_root / run, run_env(nodes, ckpt_root)
+    started = time.monotonic()
+    job = supervisor(nodes, "node1", ftrain_run(nodes, "E", "node[1-2]", "--min-nodes", "1", "--max-retries", "1",
+                                                "--backoff", "1"), env, tmp_path / "supervisor")  # fmt: skip
+    try:
+        wait_for(lambda: reached(ckpt) >= 7, job, "step 7")
+        crashed, crashed_at = time.monotonic(), time.time()
+        nodes.crash("node2")
+        assert job.wait(timeout=240) == 0, (tmp_path / "supervisor.err").read_text()[-3000:]
+        wall, ended = time.monotonic() - started, time.monotonic()
+    finally:
+        end_run(nodes, run, job)
+    out = (tmp_path / "supervisor.out").read_text()
+    assert "going on without node2 (--min-nodes 1): 1 node(s), node1; retrying in 1 s" in out, out
+    assert "Attempt 2 of 2 succeeded" in out and reached(ckpt) == 20, out
+    seen = events(nodes, "node3", run, env)
+    failed = next(i for i, e in enumerate(seen) if e["type"] == "failed")
+    lost, opened = seen[failed], seen[failed + 1]
+    assert (lost["reason"], lost["message"]) == (
+        "node-failure",
+        "node node2 lost: its command was killed by SIGKILL",
+    )
+    assert (seen[0]["nodes"], seen[0]["gpus_per_node"], seen[0]["hosts"]) == (2, 2, ["node1", "node2"])
+    assert (opened["type"], opened["hosts"], opened["attempt"]) == ("resumed", ["node1"], 2)
+    shards = [(e["step"], e["shards"]) for e in seen if e["type"] == "checkpointed"]
+    assert shards == [(s, 4) for s in range(5, opened["step"] + 1, 5)] + [
+        (s, 2) for s in range(opened["step"] + 5, 21, 5)
+    ]
+    assert seen[-1]["type"] == "completed" and seen[-1]["attempt"] == 2
+    status = nodes.run("node3", [FTRAIN, "status", run], env)
+    assert "nodes       node1 (1 of 2: 2 GPUs)" in status.stdout, status.stdout + status.stderr
+    first = restarts(ckpt)[0]
+    print(f"\nscenario 3 (elastic, node2 gone for good): {wall:.1f} s wall; after the crash: `failed` in the log at "
+          f"{since(lost, crashed_at):.1f} s, `resumed` on node1 at {since(opened, crashed_at):.1f} s, the run ended "
+          f"{ended - crashed:.1f} s after it (trainer restart_seconds {first['train/restart_seconds']:.1f}, lost "
+          f"steps {first['train/lost_steps']}); world 4 → 2; events: {summary(seen)}")  # fmt: skip
+
+
 def frozen(nodes: Any, node: str, run: str) -> bool:
     """Whether attempt 1's processes on `node` (torchrun's agent and its two ranks) are all stopped."""
     procs = on(nodes, node, run, 1)

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from ftrain.supervise.attempts import attempt_commands
+from ftrain.supervise.elastic import next_hosts
 from ftrain.supervise.failure_report import FailureReport, failure
 from ftrain.supervise.launch_spec import LaunchSpec
 from ftrain.supervise.node_exec import (
@@ -78,12 +79,35 @@ def test_each_node_gets_the_template_then_the_runs_variables_then_the_command() 
 
 
 def test_an_attempt_runs_the_same_torchrun_on_every_host_through_the_runner() -> None:
-    argv = attempt_commands(SPEC, ("n1", "n2"), "/bin/torchrun", slurm=False, node_exec="ssh {host}")()
+    argv = attempt_commands(SPEC, "/bin/torchrun", slurm=False, node_exec="ssh {host}")(("n1", "n2"))
     assert argv[:3] == [sys.executable, "-m", "ftrain.supervise.each_node"]
     assert argv[3:9] == ["--template", "ssh {host}", "--host", "n1", "--host", "n2"]
     assert argv[9:12] == ["--", "/bin/torchrun", "--nnodes=2"]
     assert "--rdzv_endpoint=n1:29500" in argv and argv[-2:] == ["-m", "ftrain.examples.train"]
     assert argv == each_node_command("ssh {host}", ("n1", "n2"), argv[10:])
+
+
+def test_an_attempt_on_fewer_hosts_has_its_world_and_rendezvous_there() -> None:
+    argv = attempt_commands(SPEC, "/bin/torchrun", slurm=False, node_exec="ssh {host}")(("n2",))
+    assert argv[3:7] == ["--template", "ssh {host}", "--host", "n2"]
+    assert "--nnodes=1" in argv and "--rdzv_endpoint=n2:29500" in argv and "--nnodes=2" not in argv
+
+
+@pytest.mark.parametrize(
+    ("lost", "min_nodes", "hosts"),
+    [
+        (None, 1, ("a", "b", "c")),  # no node failed first
+        (NodeExit("b", 137), 1, ("a", "c")),  # killed: lost, dropped
+        (NodeExit("c", 255), 2, ("a", "b")),  # ssh lost its connection
+        (NodeExit("b", 1), 1, ("a", "b", "c")),  # its training failed: the node is fine
+        (NodeExit("b", 137), 3, ("a", "b", "c")),  # too few would be left: wait for it
+        (NodeExit("x", 137), 1, ("a", "b", "c")),  # not one of this attempt's
+    ],
+)
+def test_a_lost_node_is_dropped_only_while_min_nodes_are_left(
+    lost: NodeExit | None, min_nodes: int, hosts: tuple[str, ...]
+) -> None:
+    assert next_hosts(("a", "b", "c"), lost, min_nodes) == hosts
 
 
 def run_each(*hosts: str, script: str, template: str = "env NODE={host}") -> subprocess.Popen[str]:
@@ -180,13 +204,14 @@ def test_the_supervisor_records_a_lost_node_as_node_failure_naming_it(tmp_path: 
     recorder = Intents()
     outcome = Supervisor(
         "r1",
-        lambda: each_node_command("env NODE={host}", ("a", "b"), ["sh", "-c", script]),
+        lambda hosts: each_node_command("env NODE={host}", hosts, ["sh", "-c", script]),
         {**os.environ, "FTRAIN_RUN_ID": "r1"},
         tmp_path / "ckpt",
         Relaunches(max_retries=0),
         recorder,
         attempt=1,
-        opener=lambda: pytest.fail("no relaunch with --max-retries 0"),
+        opener=lambda hosts: pytest.fail("no relaunch with --max-retries 0"),
+        hosts=("a", "b"),
     ).run()
     lost = FailIntent(
         reason="node-failure",
@@ -196,6 +221,36 @@ def test_the_supervisor_records_a_lost_node_as_node_failure_naming_it(tmp_path: 
     )
     assert recorder.intents == [lost]
     assert outcome.status == "gave-up" and outcome.message.endswith(f"(last: {lost.message})")
+
+
+def test_with_min_nodes_the_relaunch_goes_on_without_the_lost_node(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Node b is lost in attempt 1; with --min-nodes 1 attempt 2 is opened and run on node a alone."""
+    once = tmp_path / "b-lost"
+    script = f'if [ "$NODE" = b ] && mkdir {once}; then sleep 0.3; kill -9 $$; fi; sleep 0.6'
+    opened: list[tuple[str, ...]] = []
+
+    def opener(hosts: tuple[str, ...]) -> int:
+        opened.append(hosts)
+        return 2
+
+    recorder = Intents()
+    outcome = Supervisor(
+        "r1",
+        lambda hosts: each_node_command("env NODE={host}", hosts, ["sh", "-c", script]),
+        {**os.environ, "FTRAIN_RUN_ID": "r1"},
+        tmp_path / "ckpt",
+        Relaunches(max_retries=1, backoff=0),
+        recorder,
+        attempt=1,
+        opener=opener,
+        hosts=("a", "b"),
+        min_nodes=1,
+    ).run()
+    assert outcome.status == "completed" and opened == [("a",)]
+    assert [type(i).__name__ for i in recorder.intents] == ["FailIntent", "CompleteIntent"]
+    assert "going on without b (--min-nodes 1): 1 node(s), a; retrying in 0 s" in capsys.readouterr().out
 
 
 def test_sigterm_reaches_every_node() -> None:

@@ -182,3 +182,45 @@ def test_a_relaunch_opens_the_next_attempt_once_and_a_resume_within_it_stays_in_
     assert apply(skipped, at(fallback, 7, 99), ChainHead()).attempt == 2
     with pytest.raises(IllegalTransition, match="attempt 4 cannot resume it"):
         apply(skipped, at(stamped(fallback, 4), 7, 99), ChainHead())
+
+
+def test_an_elastic_relaunch_names_its_nodes_and_costs_each_stretch_at_its_own_world() -> None:
+    """Launched on a and b (2 × 4 GPUs), b lost: the attempt opened on a alone holds 4 GPUs from then on."""
+    lost = Failed(run_id="r", reason="node-failure", message="node b lost", attempt=1)
+    on_a = msgspec.structs.replace(resumed_from(2, 500), attempt=2, hosts=("a",))
+    state = fold(
+        launched(), ckpt(500), lost, on_a, msgspec.structs.replace(ckpt(600), attempt=2)
+    )  # minutes 10 … 50
+    assert (state.nodes, state.gpus, state.attempt) == (("a",), 4, 2)
+    assert state.gpu_hours_at(T0 + timedelta(minutes=60)) == pytest.approx((20 * 8 + 20 * 4) / 60)
+    stored_before = msgspec.structs.replace(
+        fold(launched(), ckpt(500)), gpu_seconds=None
+    )  # an older ftrain's
+    assert stored_before.gpu_hours_at(T0 + timedelta(minutes=40)) == pytest.approx(30 * 8 / 60)
+
+
+@pytest.mark.parametrize(
+    ("hosts", "message"),
+    [
+        (("a", "b", "c"), "was launched on 2 node(s); an attempt runs on at most as many, each named once"),
+        (("a", "a"), "was launched on 2 node(s); an attempt runs on at most as many, each named once"),
+    ],
+)
+def test_an_attempt_runs_on_at_most_the_launched_nodes_each_once(
+    hosts: tuple[str, ...], message: str
+) -> None:
+    failed = fold(launched(), ckpt(500), Failed(run_id="r", reason="node-failure", attempt=1))
+    opening = msgspec.structs.replace(resumed_from(2, 500), attempt=2, hosts=hosts)
+    with pytest.raises(IllegalTransition, match=re.escape(message)):
+        apply(failed, opening, ChainHead(4, "h4", 4))
+
+
+def test_a_trainer_continuing_its_attempt_keeps_its_nodes() -> None:
+    state = fold(launched(), ckpt(500), ckpt(600), Failed(run_id="r", reason="node-failure", attempt=1),
+                 msgspec.structs.replace(resumed_from(3, 600), attempt=2, hosts=("b",)),
+                 CorruptSkipped(run_id="r", checkpoint_seq=3, step=600, uri="u600", reason="hash mismatch"))  # fmt: skip
+    fallback = Resumed(run_id="r", checkpoint_seq=2, step=500, epoch=5, uri="u500", checkpoint_hash="h500",
+                       resume_count=2, attempt=2)  # fmt: skip
+    assert apply(state, fallback, ChainHead(7, "h7", 7)).nodes == ("b",)
+    with pytest.raises(IllegalTransition, match="an attempt keeps its nodes"):
+        apply(state, msgspec.structs.replace(fallback, hosts=("a",)), ChainHead(7, "h7", 7))

@@ -438,13 +438,14 @@ def test_a_job_ignoring_sigterm_is_killed_with_its_own_sessions(tmp_path: Path) 
     handler = signal.getsignal(signal.SIGTERM)
     supervisor = Supervisor(
         "r",
-        lambda: [sys.executable, str(stubborn)],
+        lambda hosts: [sys.executable, str(stubborn)],
         os.environ,
         tmp_path / "ckpt",
         Relaunches(),
         recorder,
         attempt=1,
-        opener=lambda: pytest.fail("a stopped run is not relaunched"),
+        opener=lambda hosts: pytest.fail("a stopped run is not relaunched"),
+        hosts=("localhost",),
         grace=0.3,
     )
     try:
@@ -522,19 +523,20 @@ def test_a_relaunch_whose_attempt_cannot_be_opened_is_not_started(tmp_path: Path
     starts = tmp_path / "starts"
     job = [sys.executable, "-c", f"open({str(starts)!r}, 'a').write('x'); raise SystemExit(3)"]
 
-    def unreachable() -> int:
+    def unreachable(hosts: tuple[str, ...]) -> int:
         raise NotOpened("the event log is out of reach (TimeoutError: )")
 
     recorder = Intents()
     outcome = Supervisor(
         "r",
-        lambda: job,
+        lambda hosts: job,
         os.environ,
         tmp_path / "ckpt",
         Relaunches(backoff=0),
         recorder,
         attempt=1,
         opener=unreachable,
+        hosts=("localhost",),
     ).run()
     assert outcome == (
         "gave-up",

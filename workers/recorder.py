@@ -179,6 +179,13 @@ class Recorder:
         asyncio.set_event_loop(self._loop)
         with contextlib.suppress(asyncio.CancelledError):
             self._loop.run_until_complete(self._task)
+        # what the client left behind (a subscription's reader task, cancelled by its close but not yet run
+        # to its end) is finished here, as asyncio.run does: a loop closed under a pending task prints
+        # "Task was destroyed but it is pending!" on stderr at exit, after the command's last line
+        left = asyncio.all_tasks(self._loop)
+        for task in left:
+            task.cancel()
+        self._loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
         self._loop.run_until_complete(self._loop.shutdown_asyncgens())
         self._loop.close()
 

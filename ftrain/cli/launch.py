@@ -136,6 +136,8 @@ class RunPlan(NamedTuple):
     relaunches: Relaunches
     torchrun: str
     slurm: bool
+    min_nodes: int
+    """The fewest nodes a relaunch may go on with (`--nodes` unless `--min-nodes` says fewer)."""
 
 
 def prepare_run(args: argparse.Namespace) -> RunPlan:
@@ -159,6 +161,9 @@ def prepare_run(args: argparse.Namespace) -> RunPlan:
         )
     if slurm and shutil.which("srun") is None:
         raise UsageError("srun not found on PATH")
+    min_nodes = args.nodes if args.min_nodes is None else args.min_nodes
+    if min_nodes > args.nodes:
+        raise UsageError(f"--min-nodes {min_nodes} is more than --nodes {args.nodes}")
     torchrun = shutil.which("torchrun") or shutil.which("torchrun", path=str(Path(sys.executable).parent))
     if torchrun is None:
         raise UsageError("torchrun not found on PATH or beside this Python (is torch installed?)")
@@ -171,11 +176,17 @@ def prepare_run(args: argparse.Namespace) -> RunPlan:
         )
 
     try:
-        build_command(spec(launch.base_id))
+        for nodes in range(min_nodes, args.nodes + 1):  # every world an elastic relaunch may train in
+            build_command(msgspec.structs.replace(spec(launch.base_id), nodes=nodes))
     except LaunchSpecError as exc:
         raise UsageError(str(exc)) from exc
     return RunPlan(
-        launch, spec, Relaunches(max_retries=args.max_retries, backoff=args.backoff), torchrun, slurm
+        launch,
+        spec,
+        Relaunches(max_retries=args.max_retries, backoff=args.backoff),
+        torchrun,
+        slurm,
+        min_nodes,
     )
 
 
@@ -195,7 +206,7 @@ async def start_run(app: RunService, args: argparse.Namespace, plan: RunPlan) ->
                     gpus_per_node=args.gpus_per_node,
                     strategy=args.strategy,
                 )
-                opened = await append_relaunch(app.store, state.run_id)
+                opened = await append_relaunch(app.store, state.run_id, plan.launch.hosts)
             except (IllegalTransition, NotOpened) as exc:
                 raise Refused(str(exc)) from exc
             render.emit(
@@ -218,9 +229,7 @@ def supervise(args: argparse.Namespace) -> int:
         if is_object_storage(launched.storage)
         else run_dir(uri_path(launched.storage), run_id)
     )
-    command = attempt_commands(
-        plan.spec(run_id), plan.launch.hosts, plan.torchrun, slurm=plan.slurm, node_exec=args.node_exec
-    )
+    command = attempt_commands(plan.spec(run_id), plan.torchrun, slurm=plan.slurm, node_exec=args.node_exec)
     env = child_env(os.environ, run_id, ckpt_dir)
     nats = settings.nats(os.environ)
     recorder = Recorder(run_id, nats)
@@ -234,6 +243,8 @@ def supervise(args: argparse.Namespace) -> int:
             recorder,
             attempt=attempt,
             opener=partial(open_attempt, run_id, nats),
+            hosts=plan.launch.hosts,
+            min_nodes=plan.min_nodes,
         ).run()
     finally:
         recorder.close()

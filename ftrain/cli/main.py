@@ -130,6 +130,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--max-restarts", type=_count, default=0, help="torchrun's own in-place worker restarts")
     p.add_argument(
+        "--min-nodes",
+        type=_int_in(1, MAX_NODES),
+        help="after a node is lost, relaunch without it while this many are left (default: --nodes: wait "
+        "for it); the trainer resumes resharded to the smaller world",
+    )
+    p.add_argument(
         "--node-exec",
         metavar="TEMPLATE",
         help="start each node's torchrun through this command, {host} filled in (e.g. 'ssh {host}'); "

@@ -53,6 +53,8 @@ def status_document(state: RunState) -> dict[str, Any]:
         "chain_head": state.head,
         "checkpoints": [checkpoint_document(c) for c in state.checkpoints],
         "launch": state.launch,
+        "nodes": state.nodes,
+        "gpus": state.gpus,
     }
 
 

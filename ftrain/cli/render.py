@@ -78,6 +78,13 @@ def status(state: RunState, moment: datetime) -> list[str]:
         f"step        {state.step} (epoch {state.epoch})",
         f"checkpoint  {last}",
         f"launch      {launch.nodes}×{launch.gpus_per_node} GPUs, {launch.strategy}, rdzv {launch.rdzv_endpoint}",
+        *(
+            [
+                f"nodes       {', '.join(state.nodes)} ({len(state.nodes)} of {launch.nodes}: {state.gpus} GPUs)"
+            ]
+            if state.nodes != launch.hosts
+            else []
+        ),
         f"resumes     {state.resume_count}",
         f"failures    {failures}",
         f"gpu-hours   {state.gpu_hours_at(moment):.2f}",
@@ -114,7 +121,8 @@ def summary(event: AnyEvent) -> str:
     if isinstance(event, Failed):
         return event.reason + (f" exit {event.exit_code}" if event.exit_code is not None else "")
     if isinstance(event, Resumed):
-        return f"#{event.resume_count} from step {event.step}" + (" (forced)" if event.forced else "")
+        on = f" on {', '.join(event.hosts)}" if isinstance(event.hosts, tuple) else ""
+        return f"#{event.resume_count} from step {event.step}{on}" + (" (forced)" if event.forced else "")
     if isinstance(event, CorruptSkipped):
         return f"step {event.step}: {event.reason}"
     return f"{event.cost_gpu_hours:.2f} GPU-hours ({event.cost_source})"

@@ -43,15 +43,21 @@ def srun_command(spec: LaunchSpec, hosts: Sequence[str], torchrun: str) -> list[
 
 
 def attempt_commands(
-    spec: LaunchSpec, hosts: Sequence[str], torchrun: str, *, slurm: bool, node_exec: str | None = None
-) -> Callable[[], list[str]]:
-    """The argv of each new attempt: through the --node-exec template on every host, one srun step, or torchrun
-    here alone (a fresh free port every time)."""
-    if node_exec is not None:
-        return lambda: each_node_command(node_exec, hosts, [torchrun, *build_command(spec)[1:]])
-    if slurm:
-        return lambda: srun_command(spec, hosts, torchrun)
-    return lambda: local_command(spec, torchrun, free_port())
+    spec: LaunchSpec, torchrun: str, *, slurm: bool, node_exec: str | None = None
+) -> Callable[[Sequence[str]], list[str]]:
+    """The argv of each new attempt on its hosts: through the --node-exec template on every host, one srun step,
+    or torchrun here alone (a fresh free port every time). An attempt on fewer hosts than launched (an elastic
+    relaunch) has its rendezvous on the first of them."""
+
+    def on(hosts: Sequence[str]) -> list[str]:
+        placed = msgspec.structs.replace(spec, nodes=len(hosts), rdzv_host=hosts[0])
+        if node_exec is not None:
+            return each_node_command(node_exec, hosts, [torchrun, *build_command(placed)[1:]])
+        if slurm:
+            return srun_command(placed, hosts, torchrun)
+        return local_command(spec, torchrun, free_port())
+
+    return on
 
 
 def child_env(env: Mapping[str, str], run_id: str, ckpt_dir: Path | str) -> dict[str, str]:

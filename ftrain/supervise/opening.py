@@ -25,13 +25,13 @@ class NotOpened(Exception):
     is out of reach. The message is one line."""
 
 
-async def append_relaunch(store: EventStore, run_id: str) -> Resumed:
-    """Open the next attempt of `run_id` (a failed run). Raises NotOpened."""
+async def append_relaunch(store: EventStore, run_id: str, hosts: tuple[str, ...]) -> Resumed:
+    """Open the next attempt of `run_id` (a failed run), on `hosts`. Raises NotOpened."""
 
     def decide(state: RunState | None) -> Resumed:
         if state is None:
             raise IllegalTransition(f"unknown run {run_id!r}")
-        return relaunch(state)
+        return relaunch(state, hosts)
 
     try:
         appended = await RunLog(store, run_id).append(decide)
@@ -41,13 +41,15 @@ async def append_relaunch(store: EventStore, run_id: str) -> Resumed:
     return appended.event
 
 
-def open_attempt(run_id: str, nats: NatsSettings, timeout: float = OPEN_TIMEOUT) -> int:
-    """Open the next attempt of `run_id` through its log; returns its number. Raises NotOpened."""
+def open_attempt(
+    run_id: str, nats: NatsSettings, hosts: tuple[str, ...], timeout: float = OPEN_TIMEOUT
+) -> int:
+    """Open the next attempt of `run_id`, on `hosts`, through its log; returns its number. Raises NotOpened."""
 
     async def go() -> Resumed:
         async with open_store(nats) as store:
             await store.ensure_stream()
-            return await append_relaunch(store, run_id)
+            return await append_relaunch(store, run_id, hosts)
 
     try:
         return asyncio.run(asyncio.wait_for(go(), timeout)).attempt

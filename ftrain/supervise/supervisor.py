@@ -25,6 +25,7 @@ import structlog
 
 from ftrain import settings
 from ftrain.cli import render
+from ftrain.supervise.elastic import next_hosts
 from ftrain.supervise.failure_report import FailureReport, describe, failure, signal_name, tee_stderr
 from ftrain.supervise.opening import OPEN_TIMEOUT, NotOpened
 from ftrain.supervise.procs import end_attempt, signal_job
@@ -84,20 +85,26 @@ class Supervisor:
     def __init__(
         self,
         run_id: str,
-        command: Callable[[], list[str]],
+        command: Callable[[tuple[str, ...]], list[str]],
         env: Mapping[str, str],
         ckpt_dir: Path | str,
         relaunches: Relaunches,
         recorder: Recording,
         *,
         attempt: int,
-        opener: Callable[[], int],
+        opener: Callable[[tuple[str, ...]], int],
+        hosts: tuple[str, ...],
+        min_nodes: int | None = None,
         grace: float = GRACE_SECONDS,
     ) -> None:
-        """`attempt`: the run's attempt the log opened for the first start (1 for a new run); `opener` opens
-        the next one in the log before each relaunch, returning its number (raises NotOpened)."""
+        """`command` is an attempt's argv on the given hosts; `attempt`: the run's attempt the log opened for
+        the first start (1 for a new run), on `hosts`; `opener` opens the next one on the given hosts in the
+        log before each relaunch, returning its number (raises NotOpened). `min_nodes` below the number of
+        hosts lets a relaunch go on without a node the last attempt lost (None: every node, always)."""
         self.run_id = run_id
         self.command = command
+        self.hosts = hosts
+        self.min_nodes = len(hosts) if min_nodes is None else min_nodes
         self.env = dict(env)
         self.ckpt_dir = ckpt_dir
         self.relaunches = relaunches
@@ -183,6 +190,14 @@ class Supervisor:
                 return Outcome(
                     "gave-up", 1, f"run {self.run_id} gave up{why} (last: {describe(failed)})", recorded
                 )
+            hosts = next_hosts(self.hosts, report.node, self.min_nodes)
+            if hosts != self.hosts:
+                assert report.node is not None
+                line += (
+                    f"; going on without {report.node.host} (--min-nodes {self.min_nodes}): "
+                    f"{len(hosts)} node(s), {', '.join(hosts)}"
+                )
+                self.hosts = hosts
             render.emit(f"{line}; retrying in {delay:g} s")
             self._sleep_until(ended + delay)  # the time spent recording counts towards the backoff
 
@@ -193,7 +208,7 @@ class Supervisor:
             raise NotOpened(
                 f"the event log is out of reach: the failure of attempt {self.number} is only in the local outbox"
             )
-        return self.opener()
+        return self.opener(self.hosts)
 
     def _stopped(self, note: str, recorded: bool = True) -> Outcome:
         assert self._stop is not None
@@ -204,7 +219,7 @@ class Supervisor:
         """Run one attempt in its own process group; its exit status, what its stderr said of the failure (the
         blamed worker's exit code, the node that failed first), and the processes of the attempt that outlived
         it and a SIGKILL (normally none)."""
-        argv = self.command()
+        argv = self.command(self.hosts)
         log.info("attempt_started", run_id=self.run_id, attempt=self.number, argv=argv)
         env = {**self.env, settings.ATTEMPT: str(self.number)}
         child = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, start_new_session=True)

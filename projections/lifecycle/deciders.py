@@ -8,6 +8,7 @@ the request makes no sense before any event is built (a relaunch of a completed 
 from datetime import datetime
 
 import msgspec
+from msgspec import UNSET
 
 from events.schema import AnyEvent, Checkpointed, Completed, CorruptSkipped, Failed, Resumed
 from projections.lifecycle.intents import (
@@ -46,16 +47,17 @@ def _check_failed(state: RunState) -> None:
         )
 
 
-def relaunch(state: RunState) -> Resumed:
+def relaunch(state: RunState, hosts: tuple[str, ...] = ()) -> Resumed:
     """The `resumed` a supervisor appends before it starts any process of a relaunch: it opens the next attempt
     (of two racing supervisors, the one whose append lands; the other then finds the run running), from the
     newest checkpoint the log says is valid (the trainer verifies it, and records a fallback within the
-    attempt), or from step 0 for a run that never checkpointed."""
+    attempt), or from step 0 for a run that never checkpointed; on `hosts` (empty: the launch's nodes)."""
     _check_failed(state)
     newest = next(iter(state.valid_checkpoints()), None)
-    if newest is None:
-        return restart_event(state, forced=False)
-    return resumed_event(state, newest, forced=False)
+    opening = (
+        restart_event(state, forced=False) if newest is None else resumed_event(state, newest, forced=False)
+    )
+    return msgspec.structs.replace(opening, hosts=hosts or UNSET)
 
 
 def resumed_event(state: RunState, ref: CheckpointRef, *, forced: bool, attempt: int = 0) -> Resumed:

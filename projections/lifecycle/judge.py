@@ -5,6 +5,7 @@ when the projector or the audit folds it: one place says which transition is leg
 """
 
 import msgspec
+from msgspec import UnsetType
 
 from events.chain import ChainHead
 from events.schema import (
@@ -85,15 +86,30 @@ def opened_attempt(state: RunState, event: Resumed) -> int:
     return event.attempt or state.attempt + 1
 
 
+def named_hosts(event: Resumed) -> tuple[str, ...]:
+    """The nodes `event` names for its attempt (empty: none named)."""
+    return () if isinstance(event.hosts, UnsetType) else event.hosts
+
+
 def _check_resume(state: RunState, event: Resumed) -> None:
     if event.attempt and event.attempt not in (state.attempt, state.attempt + 1):
         raise IllegalTransition(
             f"run {state.run_id} is in attempt {state.attempt}; attempt {event.attempt} cannot resume it"
         )
+    hosts = named_hosts(event)
     if event.attempt != state.attempt:  # opening an attempt follows a failure
         check_may_resume(state, forced=event.forced)
     else:
         check_open(state)
+        if hosts and hosts != state.nodes:
+            raise IllegalTransition(
+                f"run {state.run_id}: an attempt keeps its nodes; a new one may change them"
+            )
+    if len(hosts) > state.launch.nodes or len(set(hosts)) != len(hosts):
+        raise IllegalTransition(
+            f"run {state.run_id} was launched on {state.launch.nodes} node(s); an attempt runs on at most as "
+            "many, each named once"
+        )
     if event.checkpoint_seq == 0:
         _check_restart(state, event)
         return
@@ -136,6 +152,7 @@ def apply(state: RunState | None, event: AnyEvent, head: ChainHead) -> RunState:
             launch=event,
             head=head,
             attempt=1,
+            gpu_seconds=0.0,
             updated_at=event.time,
             running_since=event.time,
         )
@@ -159,10 +176,13 @@ def apply(state: RunState | None, event: AnyEvent, head: ChainHead) -> RunState:
             last_failure=event.reason,
             running_since=None,
             running_seconds=state.running_seconds_at(event.time),
+            gpu_seconds=state.gpu_seconds_at(event.time),
         )
     elif isinstance(event, Resumed):
         changes.update(
             status="running",
+            gpu_seconds=state.gpu_seconds_at(event.time),
+            hosts=named_hosts(event) or (state.hosts if event.attempt == state.attempt else ()),
             step=event.step,
             epoch=event.epoch,
             resume_count=event.resume_count,

@@ -73,11 +73,21 @@ class RunState(msgspec.Struct, frozen=True, kw_only=True):
     resumed_in: int = 0
     """The attempt of the last `resumed` (0: none yet), and the checkpoint it named (`resumed_hash`)."""
     resumed_hash: str | None = None
+    hosts: tuple[str, ...] = ()
+    """The nodes of the current attempt, when its `resumed` named them (empty: the launch's)."""
+    gpu_seconds: float | None = None
+    """GPU-seconds of the running stretches before the current one, each at its own world size (None: a state
+    folded and stored by an older ftrain, when every attempt ran on the launch's nodes)."""
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        """The nodes the current attempt runs on."""
+        return self.hosts or self.launch.hosts
 
     @property
     def gpus(self) -> int:
-        """GPUs allocated to the run."""
-        return self.launch.nodes * self.launch.gpus_per_node
+        """GPUs the current attempt holds: fewer than launched once an elastic relaunch dropped a node."""
+        return (len(self.hosts) or self.launch.nodes) * self.launch.gpus_per_node
 
     def valid_checkpoints(self) -> list[CheckpointRef]:
         """Checkpoints not known to be corrupt, newest first."""
@@ -92,8 +102,15 @@ class RunState(msgspec.Struct, frozen=True, kw_only=True):
         current = (moment - self.running_since).total_seconds() if self.running_since else 0.0
         return self.running_seconds + max(current, 0.0)
 
+    def gpu_seconds_at(self, moment: datetime) -> float:
+        """GPU-seconds spent running up to `moment`: each stretch at the world size it ran with."""
+        current = (moment - self.running_since).total_seconds() if self.running_since else 0.0
+        launched = self.launch.nodes * self.launch.gpus_per_node
+        before = self.running_seconds * launched if self.gpu_seconds is None else self.gpu_seconds
+        return before + max(current, 0.0) * self.gpus
+
     def gpu_hours_at(self, moment: datetime) -> float:
-        """Reported cost once completed, else running wall time × GPUs."""
+        """Reported cost once completed, else running wall time × GPUs of each attempt."""
         if self.cost_gpu_hours is not None:
             return self.cost_gpu_hours
-        return self.running_seconds_at(moment) * self.gpus / 3600.0
+        return self.gpu_seconds_at(moment) / 3600.0
