@@ -7,6 +7,7 @@ default back on. A malformed value raises `InvalidSetting`, one line naming the 
 """
 
 import logging
+import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -42,6 +43,8 @@ LOG_LEVEL: Final = "FTRAIN_LOG_LEVEL"
 KILL_AT: Final = "FTRAIN_KILL_AT"
 STOP_AT: Final = "FTRAIN_STOP_AT"
 KILL_ONCE: Final = "FTRAIN_KILL_ONCE"
+STEP_DELAY: Final = "FTRAIN_STEP_DELAY"
+"""Seconds every rank sleeps after each optimizer step (failure injection: a slower job to act on mid-run)."""
 RUN_ID: Final = "FTRAIN_RUN_ID"
 """Set by `ftrain run` for the trainer: the run it records into."""
 CKPT_DIR: Final = "FTRAIN_CKPT_DIR"
@@ -53,6 +56,7 @@ MAX_FAILED_SAVES: Final = "FTRAIN_MAX_FAILED_SAVES"
 
 KILL_POINTS: Final = ("step", "stage", "write", "fanout", "finalize", "sealed")
 """Where FTRAIN_KILL_AT may kill (and FTRAIN_STOP_AT stop): after the optimizer step, or at a phase of a save."""
+MAX_STEP_DELAY: Final = 60.0
 MAX_REPLICAS: Final = 5
 NATS_SCHEMES: Final = ("nats", "tls", "ws", "wss")
 LOG_LEVELS: Final = ("debug", "info", "warning", "error", "critical")
@@ -218,6 +222,19 @@ def kill_once(env: Env = os.environ) -> Path | None:
     """The directory that remembers which injected kills fired, so each fires once; None: every time."""
     value = _get(env, KILL_ONCE)
     return Path(value) if value else None
+
+
+def step_delay(env: Env = os.environ) -> float:
+    """How long each rank sleeps at the `step` point (0 unless set): a job slowed down, so that a test or an
+    experiment can act while it trains, whatever the machine's speed. At most a minute: a typo must not hang."""
+    text = _get(env, STEP_DELAY) or "0"
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not 0 <= seconds <= MAX_STEP_DELAY:  # nan too
+        raise InvalidSetting(f"{STEP_DELAY}={text!r}: expected seconds from 0 to {MAX_STEP_DELAY:g}")
+    return seconds
 
 
 def run_id(env: Env = os.environ) -> str | None:

@@ -9,10 +9,13 @@ and processes — the harness the multi-node tests use, and a tool to try a clus
 A node is a namespace `<tag>-nodeN` joined by a veth pair to the bridge `<tag>-br` (10.77.<net>.0/24, the host
 at .1, node N at .10+N). Commands run in it under their own UTS namespace, so each node has its own host name
 (`nodeN`), and with an /etc/hosts of its own (`/etc/netns/<ns>/hosts`) naming every node; the file system and
-the process table are shared, as on NFS-mounted nodes seen by one root. A
-partition is a link set down (`cut`), healed with `heal`; nothing else (tc netem) is needed. Everything made is
-named by the tag and recorded in `<work>/cluster.json`, so `down` (or `sweep`) removes it even after a failed
-test: processes first (every pid in each namespace), then namespaces, veths and the bridge.
+the process table are shared, as on NFS-mounted nodes seen by one root. Each node's NATS server listens on a
+second address of the node, on a subnet of its own (10.78.<net>.10+N), so its traffic leaves from that address.
+A partition is a link set down (`cut`), healed with `heal`; `cut_nats` parts a node from every other node's NATS
+server with blackhole routes in its namespace while its link, and training over it, stay up (`heal_nats`); no
+firewall or tc netem is needed. Everything made is named by the tag and recorded in `<work>/cluster.json`, so
+`down` (or `sweep`) removes it even after a failed test: processes first (every pid in each namespace), then
+namespaces (their routes with them), veths and the bridge.
 """
 
 from __future__ import annotations
@@ -82,6 +85,11 @@ class Cluster:
     def address(self, node: str) -> str:
         return f"10.77.{self.net}.{10 + int(node.removeprefix('node'))}"
 
+    def nats_address(self, node: str) -> str:
+        """Where `node`'s NATS server listens: a second address, on a subnet of its own, so the server's traffic
+        (its routes' too) leaves from it and `cut_nats` can part it from the training traffic on one link."""
+        return f"10.78.{self.net}.{10 + int(node.removeprefix('node'))}"
+
     @property
     def bridge(self) -> str:
         return f"{self.tag}-br"
@@ -101,6 +109,7 @@ class Cluster:
         self.save()
         _ip("link", "add", self.bridge, "type", "bridge")
         _ip("addr", "add", f"10.77.{self.net}.1/24", "dev", self.bridge)
+        _ip("addr", "add", f"10.78.{self.net}.1/24", "dev", self.bridge)  # the host reaches the NATS servers
         _ip("link", "set", self.bridge, "up")
         for node in self.nodes:
             ns, veth = self.namespace(node), self._veth(node)
@@ -109,6 +118,7 @@ class Cluster:
             _ip("link", "set", f"{veth}p", "netns", ns)
             _ip("-n", ns, "link", "set", f"{veth}p", "name", "eth0")
             _ip("-n", ns, "addr", "add", f"{self.address(node)}/24", "dev", "eth0")
+            _ip("-n", ns, "addr", "add", f"{self.nats_address(node)}/24", "dev", "eth0")
             _ip("-n", ns, "link", "set", "eth0", "up")
             _ip("-n", ns, "link", "set", "lo", "up")
             _ip("link", "set", veth, "master", self.bridge)
@@ -182,6 +192,21 @@ class Cluster:
     def heal(self, node: str) -> None:
         _ip("link", "set", self._veth(node), "up")
 
+    def cut_nats(self, node: str) -> None:
+        """Cut `node` off from every other node's NATS server while its link stays up (training traffic flows):
+        packets to their addresses are dropped there, and so are its replies to theirs, which come from those
+        addresses, so no connection either way lives. Its own server, reachable on the node, is cut off with it."""
+        for other in self.nodes:
+            if other != node:
+                _ip("-n", self.namespace(node), "route", "add", "blackhole", f"{self.nats_address(other)}/32")
+
+    def heal_nats(self, node: str) -> None:
+        """Undo `cut_nats` (whatever of it is there)."""
+        for other in self.nodes:
+            if other != node:
+                _ip("-n", self.namespace(node), "route", "del", "blackhole", f"{self.nats_address(other)}/32",
+                    check=False)  # fmt: skip
+
     def pids(self, node: str) -> list[int]:
         """Every process on `node` (in its network namespace), its NATS server included."""
         return _pids(self.namespace(node))
@@ -197,7 +222,7 @@ class Cluster:
     # -- a NATS JetStream cluster, one server per node ---------------------------------------------------------
 
     def nats_urls(self, nodes: Sequence[str] | None = None) -> str:
-        return ",".join(f"nats://{self.address(n)}:{NATS_CLIENT_PORT}" for n in nodes or self.nodes)
+        return ",".join(f"nats://{self.nats_address(n)}:{NATS_CLIENT_PORT}" for n in nodes or self.nodes)
 
     def nats_seed(self) -> Path:
         """The user nkey seed every client signs in with (0600), shared as an operator would distribute it."""
@@ -217,14 +242,14 @@ class Cluster:
         directory = self.work / node / "nats"
         directory.mkdir(parents=True, exist_ok=True)
         routes = ", ".join(
-            json.dumps(f"nats://{self.address(n)}:{NATS_ROUTE_PORT}") for n in self.nodes if n != node
+            json.dumps(f"nats://{self.nats_address(n)}:{NATS_ROUTE_PORT}") for n in self.nodes if n != node
         )
         conf = directory / "server.conf"
         conf.write_text(
             "\n".join(
                 [
                     f"server_name: {json.dumps(node)}",
-                    f"listen: {json.dumps(f'{self.address(node)}:{NATS_CLIENT_PORT}')}",
+                    f"listen: {json.dumps(f'{self.nats_address(node)}:{NATS_CLIENT_PORT}')}",
                     f"authorization {{ users = [ {{ nkey: {json.dumps(user)} }} ] }}",
                     # a peer cut off without closing its routes is dropped after a few seconds, not minutes:
                     # until then requests may still be routed to its subscribers (its stream replica's)
@@ -236,7 +261,7 @@ class Cluster:
                     "}",
                     "cluster {",
                     '  name: "ftrain"',
-                    f"  listen: {json.dumps(f'{self.address(node)}:{NATS_ROUTE_PORT}')}",
+                    f"  listen: {json.dumps(f'{self.nats_address(node)}:{NATS_ROUTE_PORT}')}",
                     f"  routes: [{routes}]",
                     "}",
                     "",
@@ -249,7 +274,7 @@ class Cluster:
                           stdout=log, stderr=log, start_new_session=True)  # fmt: skip
         self.nats[node] = proc.pid
         self.save()
-        _wait_port(self.address(node), NATS_CLIENT_PORT, timeout)
+        _wait_port(self.nats_address(node), NATS_CLIENT_PORT, timeout)
 
     def stop_nats(self, node: str) -> None:
         """SIGKILL `node`'s nats-server (its store stays for a restart)."""

@@ -2,6 +2,7 @@
 clear reason where they cannot be made (not root), unless FTRAIN_REQUIRE_NETNS=1 (set by CI) makes that a
 failure."""
 
+import asyncio
 import importlib.util
 import os
 import sys
@@ -9,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import nats
 import pytest
 
 FTRAIN = str(Path(sys.executable).with_name("ftrain"))
@@ -30,6 +32,23 @@ def require_netns() -> None:
     if os.environ.get("FTRAIN_REQUIRE_NETNS") == "1":
         pytest.fail(f"multi-node tests required (FTRAIN_REQUIRE_NETNS=1) but {why}")
     pytest.skip(f"multi-node tests: {why}")
+
+
+def stream_leader(nodes: Any) -> str:
+    """The node whose NATS server leads the event stream now (asked from the host)."""
+
+    async def ask() -> str:
+        client = await nats.connect(
+            servers=nodes.nats_urls().split(","), nkeys_seed=str(nodes.nats_seed()), connect_timeout=5
+        )
+        try:
+            info = await client.jetstream().stream_info("FTRAIN_EVENTS")
+            assert info.config.num_replicas == 3 and info.cluster is not None
+            return str(info.cluster.leader)
+        finally:
+            await client.close()
+
+    return asyncio.run(ask())
 
 
 @pytest.fixture(scope="session")

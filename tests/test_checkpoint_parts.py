@@ -510,6 +510,24 @@ def test_valid_kill_points_import_cleanly_and_kill_at_the_named_point_only() -> 
     assert (result.returncode, result.stdout, result.stderr) == (-signal.SIGKILL, "alive before step 3\n", "")
 
 
+def test_the_step_delay_slows_every_step_and_nothing_else() -> None:
+    code = (
+        "import time\n"
+        "from ftrain.train.faults import fault_point\n"
+        "began = time.monotonic(); fault_point('write', 1); fault_point('sealed', 1)\n"
+        "saves = time.monotonic() - began\n"
+        "began = time.monotonic(); fault_point('step', 1); fault_point('step', 2)\n"
+        "print(saves, time.monotonic() - began)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "FTRAIN_STEP_DELAY": "0.4"},
+                         capture_output=True, text=True, check=True).stdout  # fmt: skip
+    saves, steps = map(float, out.split())
+    assert saves < 0.2 and 0.8 <= steps < 1.5
+    typo = subprocess.run([sys.executable, "-c", "import ftrain.train.faults"],
+                          env={**os.environ, "FTRAIN_STEP_DELAY": "forever"}, capture_output=True, text=True)  # fmt: skip
+    assert typo.returncode == 1 and "InvalidSetting: FTRAIN_STEP_DELAY='forever'" in typo.stderr
+
+
 def test_a_writer_killed_mid_write_leaves_an_assembly_the_next_writer_on_its_host_removes(
     tmp_path: Path,
 ) -> None:

@@ -3,17 +3,15 @@ server per node, the stream replicated 3 ways, each node with its own FTRAIN_HOM
 keys trusted as users would exchange them). The stream's leader killed mid-run: every acknowledged event
 survives, appends go on from another node, and the audit, run from a third node, is intact."""
 
-import asyncio
 import json
 import re
 import subprocess
 import sys
 import time
 
-import nats
 import pytest
 
-from tests.netns import FTRAIN
+from tests.netns import FTRAIN, stream_leader
 from tests.netns import cluster as harness
 
 RUN = "dist-JPCP-2x2-fsdp"
@@ -32,18 +30,6 @@ def checkpoint(nodes: "harness.Cluster", node: str, step: int) -> tuple[int, str
                   "--state", state)  # fmt: skip
 
 
-async def _leader(nodes: "harness.Cluster") -> str:
-    client = await nats.connect(
-        servers=nodes.nats_urls().split(","), nkeys_seed=str(nodes.nats_seed()), connect_timeout=5
-    )
-    try:
-        info = await client.jetstream().stream_info("FTRAIN_EVENTS")
-        assert info.config.num_replicas == 3 and info.cluster is not None
-        return str(info.cluster.leader)
-    finally:
-        await client.close()
-
-
 def test_the_stream_leader_killed_mid_run_loses_no_acknowledged_event(nodes: "harness.Cluster") -> None:
     code, out, err = ftrain(nodes, "node1", "launch", "JPCP", "--nodes", "2", "--gpus-per-node", "2",
                             "--nodelist", "node[1-2]")  # fmt: skip
@@ -53,7 +39,7 @@ def test_the_stream_leader_killed_mid_run_loses_no_acknowledged_event(nodes: "ha
         code, out, err = checkpoint(nodes, "node1", step)
         assert code == 0, err
         acknowledged.append(step)
-    leader = asyncio.run(_leader(nodes))
+    leader = stream_leader(nodes)
     nodes.stop_nats(leader)
     writer = next(n for n in nodes.nodes if n not in (leader, "node1")) if leader == "node1" else "node2"
     for step in (30, 40):  # a new leader is elected; a command may wait for it, never loses its event

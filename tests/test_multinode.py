@@ -1,8 +1,9 @@
 """Training across nodes for real: `ftrain run --node-exec` over two network-namespace nodes (2 CPU processes
 each, gloo, the reference trainer's debug model), the log on the 3-node NATS cluster, checkpoints on a directory
 both nodes share (as NFS would), each node with its own FTRAIN_HOME and writer key. An uninterrupted run; a node
-lost mid-run and back; an old attempt frozen on a node cut off, continued while its relaunch trains, with rank 0
-on a node the supervisor does not run on. Each test leaves the cluster as it found it."""
+lost mid-run and back; a NATS server killed, then rank 0's node cut off from NATS, while the run trains; an old
+attempt frozen on a node cut off, continued while its relaunch trains, with rank 0 on a node the supervisor does
+not run on. Each test leaves the cluster as it found it."""
 
 import contextlib
 import json
@@ -11,13 +12,15 @@ import signal
 import subprocess
 import time
 from datetime import datetime
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from ftrain.supervise.procs import attempt_processes, end_attempt
-from tests.netns import FTRAIN
+from projections.lifecycle import CheckpointIntent
+from tests.netns import FTRAIN, stream_leader
 from tests.training import alive, final_digest, stopped, torchrun, wait_for
 from workers.fence import owner
 from workers.layout import MARKER, complete_steps, set_asides
@@ -108,7 +111,8 @@ def since(event: dict[str, Any], moment: float) -> float:
 
 
 def end_run(nodes: Any, run: str, *procs: subprocess.Popen[bytes]) -> None:
-    """Leave the cluster as the fixture made it: every process of the run gone, links up, NATS on every node."""
+    """Leave the cluster as the fixture made it: every process of the run gone, links up, NATS on every node
+    and reachable from every node."""
     for proc in procs:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -117,6 +121,7 @@ def end_run(nodes: Any, run: str, *procs: subprocess.Popen[bytes]) -> None:
         assert not end_attempt(run, attempt, 10)  # stopped ones too
     for node in nodes.nodes:
         nodes.heal(node)
+        nodes.heal_nats(node)
         if node not in nodes.nats:
             nodes.start_nats(node)
 
@@ -215,6 +220,77 @@ def test_with_min_nodes_a_node_gone_for_good_is_dropped_and_training_goes_on_res
           f"{since(lost, crashed_at):.1f} s, `resumed` on node1 at {since(opened, crashed_at):.1f} s, the run ended "
           f"{ended - crashed:.1f} s after it (trainer restart_seconds {first['train/restart_seconds']:.1f}, lost "
           f"steps {first['train/lost_steps']}); world 4 → 2; events: {summary(seen)}")  # fmt: skip
+
+
+def waiting(outbox: Outbox, run: str) -> list[int]:
+    """The steps whose `checkpointed` waits in `outbox`, oldest first."""
+    return [p.intent.checkpointed.step for p in outbox.pending(run) if isinstance(p.intent, CheckpointIntent)]
+
+
+def longest_step(ckpt: Path) -> float:
+    """The longest time between two of rank 0's steps, its saves included."""
+    times = [m["time"] for m in trained(ckpt) if "train/loss" in m]
+    return max(b - a for a, b in pairwise(times))
+
+
+def test_the_log_losing_a_server_or_rank_0s_node_never_holds_training_and_loses_nothing(
+    nodes: Any, one_node_digest: str, tmp_path: Path
+) -> None:
+    """While two nodes train (each step slowed by about 1 s, FTRAIN_STEP_DELAY, to leave time to act), the
+    stream's leader server is SIGKILLed: training goes on and step 5's event lands once the others elect a
+    leader; the server comes back. Then node1, where the supervisor and rank 0 run, is cut off from every NATS
+    server while its link, and the training over it, stay up: its saves wait in its outbox and nothing lands;
+    once it is back they land, in order. The events are exact, the audit from another node is intact, and the
+    digest is the uninterrupted one."""
+    run, root = "dist-N-2x2-fsdp", nodes.work / "shared" / "ckpt-nats"
+    ckpt, env = root / run, run_env(nodes, root)
+    outbox = Outbox(outbox_path(nodes.home("node1")))  # shared with the node's supervisor and rank 0
+    started = time.monotonic()
+    job = supervisor(nodes, "node1", ftrain_run(nodes, "N", "node[1-2]", "--max-retries", "0"),
+                     {**env, "FTRAIN_STEP_DELAY": "1"}, tmp_path / "supervisor")  # fmt: skip
+    try:
+        wait_for(lambda: reached(ckpt) >= 2, job, "step 2")
+        leader = stream_leader(nodes)
+        nodes.stop_nats(leader)
+        killed, killed_at = time.monotonic(), reached(ckpt)
+        wait_for(lambda: reached(ckpt) >= 6 and not outbox.pending(run), job,
+                 "step 5's event to land without the leader", timeout=60)  # fmt: skip
+        nodes.start_nats(leader)
+        back, back_at = time.monotonic(), reached(ckpt)
+        wait_for(lambda: reached(ckpt) >= 7, job, "step 7")
+        nodes.cut_nats("node1")
+        cut, cut_at = time.monotonic(), reached(ckpt)
+        assert cut_at < 10, f"step {cut_at} at the cut: the run went faster than the test"
+        wait_for(lambda: waiting(outbox, run) == [10, 15], job, "steps 10 and 15 to wait in node1's outbox")
+        meanwhile = events(nodes, "node3", run, env)
+        buffered = waiting(outbox, run)
+        nodes.heal_nats("node1")
+        healed, healed_at = time.monotonic(), reached(ckpt)
+        wait_for(lambda: not outbox.pending(run), job, "node1's outbox to empty", timeout=60)
+        landed = time.monotonic()
+        assert job.wait(timeout=120) == 0, (tmp_path / "supervisor.err").read_text()[-3000:]
+        wall = time.monotonic() - started
+    finally:
+        outbox.close()
+        end_run(nodes, run, job)
+    out = (tmp_path / "supervisor.out").read_text()
+    assert final_digest(subprocess.CompletedProcess([], 0, out, "")) == one_node_digest
+    assert summary(meanwhile) == "launched@1 checkpointed:5@1"  # nothing of node1's while it was cut off
+    seen = events(nodes, "node3", run, env)
+    assert summary(seen) == ("launched@1 checkpointed:5@1 checkpointed:10@1 checkpointed:15@1 checkpointed:20@1 "
+                             "completed@1")  # fmt: skip
+    assert {(e["actor"]["host"], e["actor"].get("rank")) for e in seen if e["type"] == "checkpointed"} == {
+        ("node1", 0)}  # fmt: skip
+    audit = nodes.run("node2", [FTRAIN, "audit", "verify"], env)
+    assert audit.returncode == 0 and "intact" in audit.stdout, audit.stdout + audit.stderr
+    stalls = [round(e["stall_seconds"], 1) for e in seen if e["type"] == "checkpointed"]
+    longest = longest_step(ckpt)
+    assert longest < 5, longest  # a step that waited on the log would have lasted the cut (≥ 8 steps' time)
+    print(f"\nscenario 5 (a NATS server killed, rank 0's node cut off from NATS): {wall:.1f} s wall; leader "
+          f"{leader} down {back - killed:.1f} s (steps {killed_at}→{back_at}); node1 cut off from NATS "
+          f"{healed - cut:.1f} s (steps {cut_at}→{healed_at}), `checkpointed` {buffered} waiting in its outbox, "
+          f"in the log {landed - healed:.1f} s after; longest step {longest:.1f} s, save stalls {stalls} s; "
+          f"events: {summary(seen)}")  # fmt: skip
 
 
 def frozen(nodes: Any, node: str, run: str) -> bool:

@@ -32,7 +32,7 @@ def test_an_empty_value_reads_as_unset() -> None:
         value for value in vars(settings).values() if isinstance(value, str) and value.startswith("FTRAIN_")
     ]
     empty = dict.fromkeys(names, "")
-    assert len(empty) == 23
+    assert len(empty) == 24
     read = (
         settings.home(empty),
         settings.storage(empty),
@@ -41,6 +41,7 @@ def test_an_empty_value_reads_as_unset() -> None:
         settings.kill_targets(empty),
         settings.stop_targets(empty),
         settings.kill_once(empty),
+        settings.step_delay(empty),
         settings.run_id(empty),
         settings.ckpt_dir(empty),
         settings.attempt(empty),
@@ -55,6 +56,7 @@ def test_an_empty_value_reads_as_unset() -> None:
         frozenset(),
         frozenset(),
         None,
+        0.0,
         None,
         None,
         None,
@@ -161,6 +163,15 @@ def test_a_malformed_fault_point_is_refused_naming_the_accepted_points(name: str
         InvalidSetting, match=rf"^{name}=.* with point one of step, stage, write, fanout, finalize, sealed$"
     ):
         (settings.kill_targets if name == "FTRAIN_KILL_AT" else settings.stop_targets)({name: text})
+
+
+def test_the_step_delay_is_seconds_up_to_a_minute() -> None:
+    assert [settings.step_delay({"FTRAIN_STEP_DELAY": t}) for t in ("0", "0.5", "60")] == [0.0, 0.5, 60.0]
+    for bad in ("x", "-1", "60.5", "nan", "inf", "1s"):
+        with pytest.raises(
+            InvalidSetting, match=rf"^FTRAIN_STEP_DELAY='{bad}': expected seconds from 0 to 60$"
+        ):
+            settings.step_delay({"FTRAIN_STEP_DELAY": bad})
 
 
 def test_what_the_supervisor_sets_for_the_trainer(tmp_path: Path) -> None:

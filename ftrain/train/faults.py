@@ -10,20 +10,28 @@ reach the point signals torchrun's agent and every rank of its node at once. Wit
 each kill or stop fires once (a file for each in that directory), so a relaunched job that passes the same point
 again survives, as after a real preemption. Run the job in its own process group (`ftrain run` does; so must a
 test).
+
+`FTRAIN_STEP_DELAY=<seconds>` (0–60) slows the job instead: every rank sleeps that long at each `step` point,
+so that a test or an experiment can act while the job trains (cut a link, kill a server) on any machine.
 """
 
 import os
 import signal
+import time
 
 from ftrain import settings
 from ftrain.supervise.procs import signal_job
 
 _KILLS = settings.kill_targets()  # at import: a typo fails the trainer before it trains
 _STOPS = settings.stop_targets()
+_DELAY = settings.step_delay()
 
 
 def fault_point(point: str, step: int) -> None:
-    """Kill (or stop) the job here if FTRAIN_KILL_AT (FTRAIN_STOP_AT) names this point and step."""
+    """Kill (or stop) the job here if FTRAIN_KILL_AT (FTRAIN_STOP_AT) names this point and step; sleep
+    FTRAIN_STEP_DELAY at every `step`."""
+    if point == "step" and _DELAY:
+        time.sleep(_DELAY)
     if (point, step) in _KILLS and _first_time(f"{point}-{step}"):
         _signal_job(signal.SIGKILL)
     if (point, step) in _STOPS and _first_time(f"stop-{point}-{step}"):
