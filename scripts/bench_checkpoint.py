@@ -1,17 +1,19 @@
 """Benchmark ftrain's checkpoint save and resume against raw torch.distributed.checkpoint, side by side.
 
-Run: ``.venv/bin/python scripts/bench_checkpoint.py [--model 85m] [--repeats 3] [--dir DIR] [--json out.json]``;
-with ``--storage s3://BUCKET[/PREFIX]`` it hands over to ``scripts/bench_s3.py`` (S3, on a throwaway SeaweedFS).
-It relaunches itself under torchrun with 2 CPU ranks (gloo); the workers build the reference trainer's FSDP2
-model (``85m``: model + AdamW state ≈ 1 GB), take one optimizer step so the AdamW state exists, then measure:
+Run: ``.venv/bin/python scripts/bench_checkpoint.py [--model 85m] [--repeats 3] [--dir DIR] [--json out.json]
+[--device cpu|cuda]``; with ``--storage s3://BUCKET[/PREFIX]`` it hands over to ``scripts/bench_s3.py`` (S3, on a
+throwaway SeaweedFS). It relaunches itself under torchrun with 2 CPU ranks (gloo), or with ``--device cuda`` one
+rank per visible GPU, at most 2, each rank's shard on its own GPU (nccl for FSDP, gloo for the benchmark's own
+bookkeeping and ftrain's checkpoint group); the workers build the reference trainer's FSDP2 model (``85m``:
+model + AdamW state ≈ 1 GB), take one optimizer step so the AdamW state exists, then measure:
 
 1. saves, interleaved per round (raw ``dcp.save``, ``torch.save`` of the gathered state, ``dcp.async_save``
    with its defaults, ftrain sync, ftrain async) so machine noise hits every method alike, after one
    warm-up round that is not counted; each save goes to a fresh directory that is deleted (then ``sync``)
    once measured; figures are medians over the rounds;
 2. the copy floor, each round right before the ftrain async save: ``copy_`` bandwidth into a preallocated
-   tensor of each rank's state size, both ranks at once as in the real stage; floor = the rank's state
-   bytes ÷ that bandwidth (the slower rank);
+   tensor of each rank's state size (on CUDA: from the GPU into pinned host memory, as the stage copies),
+   all ranks at once as in the real stage; floor = the rank's state bytes ÷ that bandwidth (the slower rank);
 3. resume: ``CheckpointManager.load()`` (marker, manifest, SHA-256 of every shard, then ``dcp.load``) of the
    last ftrain sync checkpoint vs raw ``dcp.load`` of the last raw ``dcp.save`` checkpoint, both written
    earlier in the run: cold (their pages dropped with ``posix_fadvise(DONTNEED)``, possible because they were
@@ -65,7 +67,8 @@ from ftrain.train.config import CheckpointConfig
 from ftrain.train.state import TrainState
 from workers.layout import step_dir
 
-WORLD = 2
+WORLD = 2  # ranks on CPU; on CUDA one per GPU, at most this many
+CPU = torch.device("cpu")
 GB = 1e9
 RAW, GATHERED, ASYNC, FT_SYNC, FT_ASYNC = (
     "raw dcp.save",
@@ -125,6 +128,15 @@ def evict(path: Path) -> None:
                 os.close(fd)
 
 
+def host_copy(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """`src` into host memory `dst` as the stage copies: from a GPU, a non-blocking DMA into pinned memory, then
+    a wait for it."""
+    cuda = src.device.type == "cuda"
+    dst.copy_(src, non_blocking=cuda)
+    if cuda:
+        torch.cuda.synchronize()
+
+
 def median(values: Sequence[float]) -> float:
     """Median, NaN for no values."""
     return statistics.median(values) if values else float("nan")
@@ -143,19 +155,20 @@ class Samples:
 # -------------------------------------------------------------------------------------------- the saves
 
 
-def build_state(model_name: str, base: Path) -> tuple[TrainState, int]:
-    """This rank's reference-trainer state (FSDP2 model, AdamW after one step, scheduler, loader) and the
-    model's parameter count over the ranks."""
+def build_state(model_name: str, base: Path, device: torch.device = CPU) -> tuple[TrainState, int]:
+    """This rank's reference-trainer state (FSDP2 model on `device`, AdamW after one step, scheduler, loader)
+    and the model's parameter count over the ranks."""
     rank = dist.get_rank()
     train_args = parse_args(["--ckpt-dir", str(base / "unused"), "--model", model_name])
     config = model_config(train_args)
-    model = build_model(config, train_args, torch.device("cpu"), rank)
+    model = build_model(config, train_args, device, rank)
     optimizer = torch.optim.AdamW(model.parameters(), lr=train_args.lr)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
     data = synthetic_tokens(256, config["seq"] + 1, config["vocab"], train_args.seed)
-    loader = ResumableLoader(data, config["batch"], rank, WORLD, train_args.seed)
+    loader = ResumableLoader(data, config["batch"], rank, dist.get_world_size(), train_args.seed)
     inputs, targets = loader.next()
-    model(inputs, targets).backward()  # one step, so the AdamW moments exist and are saved
+    # one step, so the AdamW moments exist and are saved
+    model(inputs.to(device), targets.to(device)).backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     scheduler.step()
@@ -166,10 +179,11 @@ def build_state(model_name: str, base: Path) -> tuple[TrainState, int]:
 class Bench:
     """One rank's side of the benchmark: the training state, the two ftrain managers, the directories."""
 
-    def __init__(self, model_name: str, base: Path) -> None:
+    def __init__(self, model_name: str, base: Path, device: torch.device) -> None:
         self.rank = dist.get_rank()
         self.base = base
-        self.state, self.params = build_state(model_name, base)
+        self.device = device
+        self.state, self.params = build_state(model_name, base, device)
         self.rank_bytes = local_bytes(self.state.state_dict())
         self.state_bytes = total(self.rank_bytes)
         self.sync_dir, self.async_dir = base / "ftrain-sync", base / "ftrain-async"
@@ -273,16 +287,17 @@ class Bench:
     # -- copy floor ----------------------------------------------------------------------------------------
 
     def copy_floor(self, record: bool) -> None:
-        """`copy_` of this rank's state size into preallocated memory, both ranks at once (the stage's floor);
-        records the slowest rank's median seconds and that rank's GB/s."""
-        src = torch.ones(self.rank_bytes, dtype=torch.uint8)
-        dst = torch.empty_like(src)
-        dst.copy_(src)  # fault the pages in, as the staging buffers are after the first save
+        """`copy_` of this rank's state size into preallocated host memory (pinned, from the GPU, on CUDA), all
+        ranks at once (the stage's floor); records the slowest rank's median seconds and that rank's GB/s."""
+        cuda = self.device.type == "cuda"
+        src = torch.ones(self.rank_bytes, dtype=torch.uint8, device=self.device)
+        dst = torch.empty(self.rank_bytes, dtype=torch.uint8, pin_memory=cuda)
+        host_copy(dst, src)  # fault the pages in, as the staging buffers are after the first save
         times = []
         for _ in range(COPY_REPEATS):
             dist.barrier()
             start = time.perf_counter()
-            dst.copy_(src)
+            host_copy(dst, src)
             times.append(time.perf_counter() - start)
         seconds = median(times)
         del src, dst
@@ -350,12 +365,12 @@ def report(r: dict[str, Any]) -> None:
     print(f"\nftrain checkpoint benchmark, {m['date']}")
     print(
         f"machine: {m['cores']} cores, {m['platform']}, Python {m['python']}, torch {m['torch']}, "
-        f"{WORLD} ranks (gloo, OMP_NUM_THREADS={m['omp_threads']}); 1-min load average "
-        f"{m['load_start']:.1f} at start, {m['load_end']:.1f} at end (other jobs share the machine)"
+        f"{r['ranks']} ranks on {r['device']} ({r['backend']}, OMP_NUM_THREADS={m['omp_threads']}); "
+        f"1-min load average {m['load_start']:.1f} at start, {m['load_end']:.1f} at end (other jobs share the machine)"
     )
     print(
         f"state: model {r['model']} ({r['params'] / 1e6:.1f}M params) + AdamW, {r['state_bytes'] / GB:.3f} GB "
-        f"in {WORLD} FSDP2 shards; checkpoints under {r['dir']} ({r['fs']}, same device as the repo: "
+        f"in {r['ranks']} FSDP2 shards; checkpoints under {r['dir']} ({r['fs']}, same device as the repo: "
         f"{r['same_device_as_repo']})"
     )
     print(
@@ -388,8 +403,10 @@ def report(r: dict[str, Any]) -> None:
             )
         )
     table(rows)
+    source = "from the GPU into pinned host memory, " if r["device"] != "cpu" else ""
+    together = {1: "one rank", 2: "both at once"}.get(r["ranks"], "all at once")
     print(
-        f"copy floor: {r['copy_gbps']:.2f} GB/s per rank (both at once, measured each round) -> "
+        f"copy floor: {r['copy_gbps']:.2f} GB/s per rank ({source}{together}, measured each round) -> "
         f"{r['copy_floor']:.3f} s for the larger shard ({r['rank_bytes_max'] / GB:.3f} GB)"
     )
     res = r["resume"]
@@ -468,11 +485,18 @@ def worker(args: argparse.Namespace) -> int:
     """Every measurement, on each rank; rank 0 prints the report (and writes --json)."""
     start, load_start = time.perf_counter(), os.getloadavg()[0]
     configure_logs(logging.WARNING)
-    dist.init_process_group("gloo")
+    device, backend, where = CPU, "gloo", "cpu"
+    if args.device == "cuda":  # FSDP's collectives on nccl; the CPU tensors of the bookkeeping on gloo
+        device, backend = torch.device("cuda", int(os.environ["LOCAL_RANK"])), "cpu:gloo,cuda:nccl"
+        torch.cuda.set_device(device)
+        where = f"cuda ({torch.cuda.get_device_name(device)}, one per rank)"
+    dist.init_process_group(backend)
     base: Path = args.dir
-    rank = dist.get_rank()
-    say(f"[setup] building the {args.model} model (FSDP2, {WORLD} ranks) and taking one AdamW step")
-    bench = Bench(args.model, base)
+    rank, ranks = dist.get_rank(), dist.get_world_size()
+    say(
+        f"[setup] building the {args.model} model (FSDP2, {ranks} ranks on {where}) and taking one AdamW step"
+    )
+    bench = Bench(args.model, base, device)
     say(f"        state {bench.state_bytes / GB:.3f} GB")
     try:
         for round_ in range(args.repeats + 1):
@@ -497,6 +521,9 @@ def worker(args: argparse.Namespace) -> int:
             "load_start": load_start,
             "load_end": os.getloadavg()[0],
         },
+        "device": where,
+        "ranks": ranks,
+        "backend": "nccl + gloo" if args.device == "cuda" else backend,
         "model": args.model,
         "params": bench.params,
         "state_bytes": bench.state_bytes,
@@ -548,14 +575,19 @@ def publish(
 
 def launch(args: argparse.Namespace) -> int:
     """Run the workers under torchrun in a fresh directory (on the same disk as `--dir`), then remove it."""
+    ranks = WORLD if args.device == "cpu" else min(WORLD, torch.cuda.device_count())
+    if ranks == 0:
+        print("bench_checkpoint: --device cuda: no CUDA device is visible", file=sys.stderr)
+        return 2
     parent = args.dir or Path(tempfile.gettempdir())
     parent.mkdir(parents=True, exist_ok=True)
     base = Path(tempfile.mkdtemp(prefix="ftrain-bench-ckpt-", dir=parent)).absolute()
     argv = [__file__, "--model", args.model, "--repeats", str(args.repeats), "--dir", str(base)]
+    argv += ["--device", args.device]
     if args.json:
         argv += ["--json", str(args.json.absolute())]
     env = os.environ | {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={WORLD}"]
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}"]
     try:
         return subprocess.run([*command, *argv], env=env, check=False).returncode
     finally:
@@ -573,6 +605,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--dir", type=Path, help="where checkpoints go (a fresh subdirectory; default /tmp)")
     parser.add_argument("--json", type=Path, help="write the figures here")
     parser.add_argument("--keep", action="store_true", help="keep the checkpoint directory")
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="where the state lives: cpu (2 gloo ranks), or cuda (one rank per GPU, at most 2)",
+    )
     parser.add_argument(
         "--storage",
         help="s3://BUCKET[/PREFIX]: benchmark S3 instead (scripts/bench_s3.py, on a throwaway SeaweedFS)",

@@ -175,13 +175,36 @@ def _ckpt_metrics(times: SaveTimes, async_ckpt: bool) -> dict[str, float]:
     return {"train/ckpt_save_seconds": times.save_seconds}
 
 
+def training_device() -> tuple[torch.device, str]:
+    """This rank's device and the training group's backend: its own GPU (`cuda:LOCAL_RANK`) and nccl when CUDA
+    is visible, else the CPU and gloo (checkpoint collectives get a gloo group of their own either way).
+
+    On CUDA, kernels are made deterministic: bit-identical resume means recomputing the lost steps gives the
+    same bits, which atomics-based kernels and cuBLAS's default workspace do not promise; an op with no
+    deterministic kernel warns, naming itself, and training goes on. A rank without a GPU of its own exits 2
+    (nccl refuses two ranks on one device)."""
+    if not torch.cuda.is_available():
+        return torch.device("cpu"), "gloo"
+    local_rank, visible = int(os.environ.get("LOCAL_RANK", "0")), torch.cuda.device_count()
+    if local_rank >= visible:
+        print(
+            f"train: local rank {local_rank} has no GPU of its own ({visible} visible): "
+            f"start at most {visible} processes per node",
+            file=sys.stderr,
+            flush=True,
+        )
+        sys.exit(2)
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # read when cuBLAS first runs
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    device = torch.device("cuda", local_rank)
+    torch.cuda.set_device(device)
+    return device, "nccl"
+
+
 def train(args: argparse.Namespace) -> int:
     """Set up, resume, train to `--train-iters`, checkpointing on schedule; returns the exit code."""
-    cuda = torch.cuda.is_available()
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")
-    if cuda:
-        torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(minutes=10))
+    device, backend = training_device()
+    dist.init_process_group(backend, timeout=timedelta(minutes=10))
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(args.seed)
     config = model_config(args)
