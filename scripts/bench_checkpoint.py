@@ -191,6 +191,8 @@ class Bench:
         self.async_ = CheckpointManager(
             CheckpointConfig(ckpt_dir=self.async_dir, async_save=True, stage_dir=base / "stage"), self.state
         )
+        for manager in (self.sync, self.async_):  # start-up as a job's: the async pipeline picks its way here
+            assert manager.load() is None
         self.step = 0
         self.samples = {m: Samples() for m in METHODS}
         self.floors: list[float] = []

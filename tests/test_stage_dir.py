@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from workers.stage_dir import UnsafeDirectory, claim_dir, default_stage_dir, safe_stage_dir
+from workers.stage_dir import UnsafeDirectory, claim_dir, default_stage_dir, safe_stage_dir, same_device
 
 NOBODY = 65534
 
@@ -70,3 +70,11 @@ def test_a_shared_cache_is_made_by_exactly_one_of_the_processes_that_claim_it(tm
     os.chmod(tmp_path / "download-z", 0o770)
     with pytest.raises(UnsafeDirectory, match=r"writable by group or others"):
         claim_dir(tmp_path, "download-z")
+
+
+def test_same_device_tells_a_staged_copy_on_the_checkpoints_disk_from_one_on_another(tmp_path: Path) -> None:
+    stage = safe_stage_dir(tmp_path / "stage")
+    assert same_device(stage, tmp_path / "ckpt" / "run" / "not-yet")  # judged by its nearest existing parent
+    shm = Path("/dev/shm")
+    if shm.is_dir() and os.stat(shm).st_dev != os.stat(tmp_path).st_dev:
+        assert not same_device(stage, shm / "ckpt")

@@ -6,8 +6,10 @@ One uninterrupted 30-step run gives the reference digest; every interrupted hist
 import hashlib
 import os
 import pickle
+import shutil
 import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import msgspec
@@ -18,10 +20,12 @@ from workers.checkpoint_dir import marker_hash, read_manifest, verify_checkpoint
 from workers.integrity import Digest
 from workers.layout import MANIFEST, MARKER, complete_steps
 from workers.manifest import FileEntry, Marker, decode_manifest, encode_manifest
+from workers.stage_dir import same_device
 
 pytestmark = pytest.mark.timeout(600)
 ITERS = ("--train-iters", "30", "--save-interval", "5")
 KILLED = -signal.SIGKILL
+INFO = {"FTRAIN_LOG_LEVEL": "info"}  # the trainer says which async pipeline it took
 
 
 @pytest.fixture(scope="module")
@@ -72,10 +76,28 @@ def test_sync_saves_resume_bit_identical_after_a_kill_mid_training_and_one_mid_s
     assert saves == [5, 10, 15, 20, 25, 30]
 
 
+@pytest.fixture(params=["written-once", "staged-and-copied"])
+def stage(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Path]:
+    """The node-local staging directory of an async save: beside the checkpoints (one device: the pipeline
+    writes each byte once, straight to the checkpoint), or on another device (/dev/shm, a tmpfs: it stages
+    there, then copies, verified, to the checkpoint)."""
+    if request.param == "written-once":
+        yield tmp_path / "stage"
+        return
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or same_device(shm, tmp_path):
+        pytest.skip("no /dev/shm on a device of its own to stage on")
+    path = shm / f"ftrain-test-{os.getpid()}-{tmp_path.name}"
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def test_async_saves_resume_bit_identical_after_kills_in_every_phase_of_the_pipeline(
-    tmp_path: Path, reference: str
+    tmp_path: Path, stage: Path, reference: str
 ) -> None:
-    ckpt, stage = tmp_path / "ckpt", tmp_path / "stage"
+    ckpt = tmp_path / "ckpt"
     flags = (*ITERS, "--async-ckpt", "--ckpt-stage-dir", str(stage))
 
     history = []
@@ -84,16 +106,18 @@ def test_async_saves_resume_bit_identical_after_kills_in_every_phase_of_the_pipe
         ("finalize:20", 5, [15, 10, 5]),
         ("stage:25", 15, [20, 15, 10]),
     ):
-        result = torchrun(ckpt, *flags, kill_at=kill_at)
+        result = torchrun(ckpt, *flags, kill_at=kill_at, env=INFO)
         history.append(result)
         assert result.returncode == KILLED, result.stderr[-2000:]
         assert resumed_step(result) == resumed, kill_at
         assert complete_steps(ckpt) == complete_after, kill_at
         assert valid(ckpt / f"step-{complete_after[0]}"), "the previous complete checkpoint is untouched"
 
-    last = torchrun(ckpt, *flags)
+    last = torchrun(ckpt, *flags, env=INFO)
     assert resumed_step(last) == 20
     assert final_digest(last) == reference
+    said = f'"write_once": {"false" if stage.is_relative_to("/dev/shm") else "true"}'
+    assert all(said in job.stderr for job in [*history, last]), last.stderr[-2000:]
     assert not list(stage.glob("rank-*/step-*")), "staged copies are dropped once fanned out"
     records = metrics(ckpt)
     assert any("train/ckpt_stage_seconds" in r and "train/ckpt_drain_seconds" in r for r in records)

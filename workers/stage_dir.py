@@ -38,6 +38,13 @@ def safe_stage_dir(path: Path) -> Path:
     return path
 
 
+def same_device(stage: Path, destination: Path) -> bool:
+    """Whether files staged under `stage` would land on the device of `destination` (or of its nearest
+    existing parent): then staging them first and copying them over would write every byte twice."""
+    existing = next(p for p in (destination.absolute(), *destination.absolute().parents) if p.exists())
+    return os.stat(stage).st_dev == os.stat(existing).st_dev
+
+
 def claim_dir(parent: Path, name: str) -> bool:
     """The directory `name` under `parent` (a checked private directory), made 0700 by whichever of the
     processes sharing `parent` gets there first: True for that one (it removes the directory after), False

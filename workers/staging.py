@@ -1,6 +1,6 @@
 """Stage a state dict into reusable, preallocated host buffers: the only stall an async save puts on training.
 
-The buffers are allocated at the first save and reused (`copy_` into preallocated memory runs at memcpy speed;
+The buffers are allocated ahead (`reserve`, at start-up once the state is loaded) or at the first save, and reused (`copy_` into preallocated memory runs at memcpy speed;
 a fresh `clone()` runs 4-6x slower here), pinned when the state lives on a GPU so the copy is a DMA. They are
 torch's own staging helpers, the ones `dcp.async_save` uses, so DTensor shards and pinned memory are handled as
 torch handles them.
@@ -22,17 +22,21 @@ class StagingBuffers:
         self._layout: list[tuple[str, tuple[int, ...], torch.dtype]] = []
         self.pin = torch.cuda.is_available()
 
+    def reserve(self, state: dict[str, Any]) -> dict[str, Any]:
+        """Buffers that fit `state`: those allocated before if its layout is unchanged, else new ones."""
+        layout = list(_tensor_layout(state))
+        if self._cache is None or layout != self._layout:
+            # first save, or the state changed (optimizer state appeared, a tensor changed shape or dtype)
+            self._cache, self._layout = _create_cpu_state_dict(state, pin_memory=self.pin), layout
+        return self._cache
+
     def stage(self, state: dict[str, Any]) -> dict[str, Any]:
         """Copy `state` into the buffers; returns the staged copy (valid until the next `stage`)."""
-        layout = list(_tensor_layout(state))
-        if self._cache is not None and layout == self._layout:
-            try:
-                return self._copy(state, self._cache)
-            except CompanionMismatch:
-                pass  # the same tensors under other keys: reallocate
-        # first save, or the state changed (optimizer state appeared, a tensor changed shape or dtype)
-        self._cache, self._layout = _create_cpu_state_dict(state, pin_memory=self.pin), layout
-        return self._copy(state, self._cache)
+        try:
+            return self._copy(state, self.reserve(state))
+        except CompanionMismatch:  # the same tensors under other keys: reallocate
+            self._cache = None
+            return self._copy(state, self.reserve(state))
 
     def _copy(self, state: dict[str, Any], cache: dict[str, Any]) -> dict[str, Any]:
         staged: dict[str, Any] = _copy_state_dict(state, cache, non_blocking=self.pin)

@@ -45,7 +45,7 @@ from workers.layout import assembly_dir, rank_stage_dir, step_dir
 from workers.manifest import FileEntry, Manifest
 from workers.recorder import Recorder
 from workers.retention import prune
-from workers.stage_dir import safe_stage_dir
+from workers.stage_dir import safe_stage_dir, same_device
 from workers.staging import StagingBuffers
 from workers.unpickle import allow_pickled
 
@@ -89,6 +89,9 @@ class CheckpointManager:
         self._buffers = StagingBuffers()
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ftrain-ckpt")
         self._inflight: Future[None] | None = None
+        self._write_once = False
+        """Async saves write straight into the checkpoint directory (set by `load`: the stage directory is on
+        its device, where a staged copy would only write every byte twice)."""
         self.attempt = 0
         """The run's attempt this job records in (set by `load`; 0: no log to say)."""
         self._objects = (
@@ -121,6 +124,14 @@ class CheckpointManager:
             )
         dist.barrier(group=self.group)
         point, self.attempt = resume(self.config, self.state, self.recorder, self.group)
+        if self.config.async_save:
+            if self._objects is None:
+                self._write_once = same_device(self.stage_root.parent, self.config.ckpt_dir)
+                log.info("async_saves", write_once=self._write_once, stage_dir=str(self.stage_root.parent))
+            if point is not None:  # so the first save stalls no longer than the next; on a fresh start the
+                # optimizer has no state yet, and asking for its state dict would make some (torch steps
+                # it once with lr 0: Adam's step count would be off by one)
+                self._buffers.reserve(self.state.state_dict())
         self.clock.start()
         return point
 
@@ -194,7 +205,16 @@ class CheckpointManager:
         self._finalize(step, epoch, tmp, writer.entries())
 
     def _save_async(self, step: int, epoch: int, staged: dict[str, Any]) -> None:
-        """The background half: rank-local write to the stage dir, fan-out to durable storage, finalize."""
+        """The background half: rank-local write to the stage dir, fan-out to durable storage, finalize; or,
+        when the stage dir shares the destination's device, one write straight into the assembly dir."""
+        if self._write_once:
+            tmp = self._assembly(step)
+            writer = HashingWriter(tmp)
+            dcp_save({"app": staged}, storage_writer=writer, process_group=self.group)
+            fault_point("write", step)
+            fault_point("fanout", step)  # the files are where a fan-out would have put them
+            self._finalize(step, epoch, tmp, writer.entries())
+            return
         local = step_dir(self.stage_root, step)
         shutil.rmtree(local, ignore_errors=True)
         private_dir(local, tighten=False)
