@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,7 @@ from ftrain.supervise.node_exec import (
     parse_node_exit,
     parse_template,
 )
-from ftrain.supervise.supervisor import Relaunches, Supervisor
+from ftrain.supervise.supervisor import Outcome, Relaunches, Supervisor
 from projections.lifecycle import FailIntent
 from tests.builders import Intents
 from tests.conftest import ftrain_process
@@ -199,20 +200,39 @@ def test_a_lost_node_is_told_from_a_failed_training(
     assert failure(returncode, report.worker_exit, report.node) == intent
 
 
-def test_the_supervisor_records_a_lost_node_as_node_failure_naming_it(tmp_path: Path) -> None:
-    script = 'if [ "$NODE" = b ]; then sleep 0.3; kill -9 $$; fi; sleep 20'
-    recorder = Intents()
-    outcome = Supervisor(
+def supervise_nodes(
+    tmp_path: Path,
+    script: str,
+    recorder: Intents,
+    relaunches: Relaunches,
+    opener: Callable[[tuple[str, ...]], int],
+    min_nodes: int | None = None,
+) -> Outcome:
+    """A supervisor running `script` on "nodes" a and b through the runner (`$NODE` says which)."""
+    return Supervisor(
         "r1",
         lambda hosts: each_node_command("env NODE={host}", hosts, ["sh", "-c", script]),
         {**os.environ, "FTRAIN_RUN_ID": "r1"},
         tmp_path / "ckpt",
-        Relaunches(max_retries=0),
+        relaunches,
         recorder,
         attempt=1,
-        opener=lambda hosts: pytest.fail("no relaunch with --max-retries 0"),
+        opener=opener,
         hosts=("a", "b"),
+        min_nodes=min_nodes,
     ).run()
+
+
+def test_the_supervisor_records_a_lost_node_as_node_failure_naming_it(tmp_path: Path) -> None:
+    script = 'if [ "$NODE" = b ]; then sleep 0.3; kill -9 $$; fi; sleep 20'
+    recorder = Intents()
+    outcome = supervise_nodes(
+        tmp_path,
+        script,
+        recorder,
+        Relaunches(max_retries=0),
+        lambda _: pytest.fail("no relaunch: --max-retries 0"),
+    )
     lost = FailIntent(
         reason="node-failure",
         exit_code=137,
@@ -236,18 +256,7 @@ def test_with_min_nodes_the_relaunch_goes_on_without_the_lost_node(
         return 2
 
     recorder = Intents()
-    outcome = Supervisor(
-        "r1",
-        lambda hosts: each_node_command("env NODE={host}", hosts, ["sh", "-c", script]),
-        {**os.environ, "FTRAIN_RUN_ID": "r1"},
-        tmp_path / "ckpt",
-        Relaunches(max_retries=1, backoff=0),
-        recorder,
-        attempt=1,
-        opener=opener,
-        hosts=("a", "b"),
-        min_nodes=1,
-    ).run()
+    outcome = supervise_nodes(tmp_path, script, recorder, Relaunches(max_retries=1, backoff=0), opener, 1)
     assert outcome.status == "completed" and opened == [("a",)]
     assert [type(i).__name__ for i in recorder.intents] == ["FailIntent", "CompleteIntent"]
     assert "going on without b (--min-nodes 1): 1 node(s), a; retrying in 0 s" in capsys.readouterr().out
