@@ -40,6 +40,8 @@ def configure(level: int | None = None) -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(threshold),
-        logger_factory=structlog.PrintLoggerFactory(_Stderr()),  # type: ignore[arg-type]
+        # one write per line, its newline included: ranks of a job share one stderr pipe, and a line written
+        # in two parts (as `print` does) could be glued to another rank's line when stderr is unbuffered
+        logger_factory=structlog.WriteLoggerFactory(_Stderr()),  # type: ignore[arg-type]
         cache_logger_on_first_use=True,
     )
