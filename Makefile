@@ -21,7 +21,7 @@ lint: $(BIN)/ftrain
 	$(BIN)/lint-imports
 
 test: lint
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --durations=15
 
 bench: $(BIN)/ftrain
 	$(BIN)/python scripts/bench_events.py

@@ -5,7 +5,7 @@
 # training beside a gloo group for checkpoint collectives only run where there is a GPU. This runs them:
 #   (a) sync    the reference trainer (85m model, 40 steps, a save every 10), sync saves: its final digest
 #   (b) async   the same with --async-ckpt: the digest must equal (a)'s
-#   (c) resume  an async run SIGKILLed (FTRAIN_KILL_AT=fanout:30) while its step-30 save fans out, then run
+#   (c) resume  an async run SIGKILLed (FTRAIN_KILL_AT=fanout:30) once its step-30 files are durable, before it is sealed, then run
 #               again: it must resume from step 20 and end on (a)'s digest (dropout draws from the CUDA RNG, so
 #               the resumed steps match only if the checkpoint restored it)
 #   (d) bench   scripts/bench_checkpoint.py --device cuda (85m, 3 rounds): every figure; its targets are
@@ -223,7 +223,7 @@ GOT=$(digest async)
 verdict async async "$(( rc == 0 ))$(same "$GOT")" "exit $rc, digest ${GOT:-none}"
 
 echo
-echo "== (c) resume: async, SIGKILLed while the step-30 save fans out, then run again =="
+echo "== (c) resume: async, SIGKILLed once the step-30 files are durable, before the seal, then run again =="
 rc=0; train resume fanout:30 --async-ckpt || rc=$?
 KILLED=$rc
 echo "   -- the same command again --"
