@@ -7,7 +7,7 @@ colour per method and one line style per rank count; the legend gives each line'
 (the slope of a line fitted through its points), and a grey line is the machine's limit for that figure,
 measured in the same run (disk write, cold disk read or memcpy: seconds = GB ÷ GB/s), so a curve's distance
 from it is what the method adds to the hardware. The sixth panel says where and when. Drawn off-screen (Agg);
-needs the `experiments` extra. The PNG is small (≈ 100 kB) because the README embeds it.
+needs the `experiments` extra. The PNG is small (≈ 150 kB) because the README embeds it.
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ def draw(grid: dict[str, Any], out: Path) -> None:
     caption(flat[-1], grid)
     fig.suptitle("Checkpoint cost against state size: raw DCP vs ftrain, 1 / 2 / 4 CPU ranks", fontsize=12)
     fig.tight_layout()
-    fig.savefig(out, dpi=80)
+    fig.savefig(out, dpi=72)
     plt.close(fig)
 
 
