@@ -1,11 +1,12 @@
 """Benchmark ftrain's checkpoint save and resume against raw torch.distributed.checkpoint, side by side.
 
 Run: ``.venv/bin/python scripts/bench_checkpoint.py [--model 85m] [--repeats 3] [--dir DIR] [--json out.json]
-[--device cpu|cuda]``; with ``--storage s3://BUCKET[/PREFIX]`` it hands over to ``scripts/bench_s3.py`` (S3, on a
-throwaway SeaweedFS). It relaunches itself under torchrun with 2 CPU ranks (gloo), or with ``--device cuda`` one
-rank per visible GPU, at most 2, each rank's shard on its own GPU (nccl for FSDP, gloo for the benchmark's own
+[--device cpu|cuda] [--state-gb GB | --layers N --dim D] [--nproc N] [--no-gathered]``; with ``--storage s3://BUCKET[/PREFIX]`` it hands over to ``scripts/bench_s3.py`` (S3, on a
+throwaway SeaweedFS). It relaunches itself under torchrun with 2 CPU ranks (gloo; ``--nproc``), or with ``--device cuda``
+one rank per visible GPU, at most 2 (``--nproc``), each rank's shard on its own GPU (nccl for FSDP, gloo for the benchmark's own
 bookkeeping and ftrain's checkpoint group); the workers build the reference trainer's FSDP2 model (``85m``:
-model + AdamW state ≈ 1 GB), take one optimizer step so the AdamW state exists, then measure:
+model + AdamW state ≈ 1 GB; ``--state-gb`` picks the layers and width nearest a state size, for
+``scripts/bench_scaling.py``'s grid), take one optimizer step so the AdamW state exists, then measure:
 
 1. saves, interleaved per round (raw ``dcp.save``, ``torch.save`` of the gathered state, ``dcp.async_save``
    with its defaults, ftrain sync, ftrain async) so machine noise hits every method alike, after one
@@ -59,7 +60,7 @@ from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.distributed.tensor import DTensor
 
 from ftrain.examples.data import ResumableLoader, synthetic_tokens
-from ftrain.examples.model import MODELS
+from ftrain.examples.model import MODELS, parameter_count
 from ftrain.examples.train import build_model, model_config, parse_args
 from ftrain.logs import configure as configure_logs
 from ftrain.train.checkpointing import CheckpointManager
@@ -78,6 +79,7 @@ RAW, GATHERED, ASYNC, FT_SYNC, FT_ASYNC = (
     "ftrain async",
 )
 METHODS = (RAW, GATHERED, ASYNC, FT_SYNC, FT_ASYNC)
+STATE_BYTES_PER_PARAM = 12  # fp32 parameter + AdamW's two fp32 moments (the step counters are negligible)
 RAW_LOAD, FT_LOAD = "raw dcp.load", "ftrain load() (verify + load)"
 COPY_REPEATS = 5
 
@@ -142,6 +144,26 @@ def median(values: Sequence[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
+def sized(model_name: str, state_gb: float) -> tuple[int, int]:
+    """(layers, width) of `model_name` whose model + AdamW state is nearest `state_gb`: the reference model's
+    own shapes, only deeper or wider, so a size grid measures the same kind of state at each size. Widths are
+    multiples of 128 (every registry head count divides them); any within 2 % of the target will do, and then
+    the one nearest the model's own width wins, so the tensors differ from size to size as little as can be."""
+    config = dict(MODELS[model_name])
+    target = state_gb * GB / STATE_BYTES_PER_PARAM  # parameters
+    best: tuple[tuple[bool, float], int, int] | None = None
+    for dim in range(128, 8193, 128):
+        fixed = parameter_count(config | {"dim": dim, "layers": 0})
+        block = parameter_count(config | {"dim": dim, "layers": 1}) - fixed
+        layers = max(1, round((target - fixed) / block))
+        error = abs(fixed + layers * block - target) / target
+        key = (error > 0.02, abs(dim - config["dim"]) if error <= 0.02 else error)
+        if best is None or key < best[0]:
+            best = (key, layers, dim)
+    assert best is not None
+    return best[1], best[2]
+
+
 @dataclass
 class Samples:
     """One method's per-round figures (seconds; bytes on disk)."""
@@ -155,11 +177,13 @@ class Samples:
 # -------------------------------------------------------------------------------------------- the saves
 
 
-def build_state(model_name: str, base: Path, device: torch.device = CPU) -> tuple[TrainState, int]:
+def build_state(
+    model_name: str, base: Path, device: torch.device = CPU, shape: Sequence[str] = ()
+) -> tuple[TrainState, int]:
     """This rank's reference-trainer state (FSDP2 model on `device`, AdamW after one step, scheduler, loader)
-    and the model's parameter count over the ranks."""
+    and the model's parameter count over the ranks; `shape`: the trainer's `--layers`/`--dim` overrides."""
     rank = dist.get_rank()
-    train_args = parse_args(["--ckpt-dir", str(base / "unused"), "--model", model_name])
+    train_args = parse_args(["--ckpt-dir", str(base / "unused"), "--model", model_name, *shape])
     config = model_config(train_args)
     model = build_model(config, train_args, device, rank)
     optimizer = torch.optim.AdamW(model.parameters(), lr=train_args.lr)
@@ -179,11 +203,14 @@ def build_state(model_name: str, base: Path, device: torch.device = CPU) -> tupl
 class Bench:
     """One rank's side of the benchmark: the training state, the two ftrain managers, the directories."""
 
-    def __init__(self, model_name: str, base: Path, device: torch.device) -> None:
+    def __init__(
+        self, model_name: str, base: Path, device: torch.device, shape: Sequence[str], methods: Sequence[str]
+    ) -> None:
         self.rank = dist.get_rank()
         self.base = base
         self.device = device
-        self.state, self.params = build_state(model_name, base, device)
+        self.methods = tuple(methods)
+        self.state, self.params = build_state(model_name, base, device, shape)
         self.rank_bytes = local_bytes(self.state.state_dict())
         self.state_bytes = total(self.rank_bytes)
         self.sync_dir, self.async_dir = base / "ftrain-sync", base / "ftrain-async"
@@ -194,7 +221,7 @@ class Bench:
         for manager in (self.sync, self.async_):  # start-up as a job's: the async pipeline picks its way here
             assert manager.load() is None
         self.step = 0
-        self.samples = {m: Samples() for m in METHODS}
+        self.samples = {m: Samples() for m in self.methods}
         self.floors: list[float] = []
         self.copy_gbps: list[float] = []
         self.kept: dict[str, tuple[int, Path]] = {}  # method -> (step, directory) of the checkpoint kept
@@ -370,8 +397,14 @@ def report(r: dict[str, Any]) -> None:
         f"{r['ranks']} ranks on {r['device']} ({r['backend']}, OMP_NUM_THREADS={m['omp_threads']}); "
         f"1-min load average {m['load_start']:.1f} at start, {m['load_end']:.1f} at end (other jobs share the machine)"
     )
+    if r["oversubscribed"]:
+        print(
+            f"OVERSUBSCRIBED: {r['ranks']} CPU ranks on {m['cores']} cores: ranks take turns on the cores, so "
+            "every figure includes waiting for one"
+        )
     print(
-        f"state: model {r['model']} ({r['params'] / 1e6:.1f}M params) + AdamW, {r['state_bytes'] / GB:.3f} GB "
+        f"state: model {r['model']} ({r['layers']} layers, width {r['dim']}, {r['params'] / 1e6:.1f}M params) "
+        f"+ AdamW, {r['state_bytes'] / GB:.3f} GB "
         f"in {r['ranks']} FSDP2 shards; checkpoints under {r['dir']} ({r['fs']}, same device as the repo: "
         f"{r['same_device_as_repo']})"
     )
@@ -384,7 +417,7 @@ def report(r: dict[str, Any]) -> None:
     rows: list[tuple[str, ...]] = [
         ("method", "blocking s", "durable+finalized s", "(min-max)", "GB/s", "on disk GB", "note")
     ]
-    for method in METHODS:
+    for method in (m for m in METHODS if m in r["saves"]):
         s = r["saves"][method]
         note = ""
         if method == GATHERED:
@@ -498,13 +531,16 @@ def worker(args: argparse.Namespace) -> int:
     say(
         f"[setup] building the {args.model} model (FSDP2, {ranks} ranks on {where}) and taking one AdamW step"
     )
-    bench = Bench(args.model, base, device)
+    shape = [f"--{k}={v}" for k, v in (("layers", args.layers), ("dim", args.dim)) if v is not None]
+    methods = [m for m in METHODS if not (args.no_gathered and m == GATHERED)]
+    bench = Bench(args.model, base, device, shape, methods)
+    config = model_config(parse_args(["--ckpt-dir", str(base / "unused"), "--model", args.model, *shape]))
     say(f"        state {bench.state_bytes / GB:.3f} GB")
     try:
         for round_ in range(args.repeats + 1):
             say(f"[saves] round {round_}/{args.repeats}" + (" (warm-up)" if round_ == 0 else ""))
             last = round_ == args.repeats
-            for method in METHODS:
+            for method in bench.methods:
                 if method == FT_ASYNC:  # the floor right before the stall it bounds: the same noise
                     bench.copy_floor(record=round_ > 0)
                 bench.measure(method, record=round_ > 0, keep=last and method in (RAW, FT_SYNC))
@@ -527,6 +563,9 @@ def worker(args: argparse.Namespace) -> int:
         "ranks": ranks,
         "backend": "nccl + gloo" if args.device == "cuda" else backend,
         "model": args.model,
+        "layers": config["layers"],
+        "dim": config["dim"],
+        "oversubscribed": args.device == "cpu" and ranks > (os.cpu_count() or 1),
         "params": bench.params,
         "state_bytes": bench.state_bytes,
         "rank_bytes_max": int(worst(bench.rank_bytes)),
@@ -577,7 +616,7 @@ def publish(
 
 def launch(args: argparse.Namespace) -> int:
     """Run the workers under torchrun in a fresh directory (on the same disk as `--dir`), then remove it."""
-    ranks = WORLD if args.device == "cpu" else min(WORLD, torch.cuda.device_count())
+    ranks = args.nproc if args.device == "cpu" else min(args.nproc, torch.cuda.device_count())
     if ranks == 0:
         print("bench_checkpoint: --device cuda: no CUDA device is visible", file=sys.stderr)
         return 2
@@ -585,7 +624,10 @@ def launch(args: argparse.Namespace) -> int:
     parent.mkdir(parents=True, exist_ok=True)
     base = Path(tempfile.mkdtemp(prefix="ftrain-bench-ckpt-", dir=parent)).absolute()
     argv = [__file__, "--model", args.model, "--repeats", str(args.repeats), "--dir", str(base)]
-    argv += ["--device", args.device]
+    argv += ["--device", args.device, *(["--no-gathered"] if args.no_gathered else [])]
+    if args.state_gb is not None:
+        args.layers, args.dim = sized(args.model, args.state_gb)
+    argv += [f"--{k}={v}" for k, v in (("layers", args.layers), ("dim", args.dim)) if v is not None]
     if args.json:
         argv += ["--json", str(args.json.absolute())]
     env = os.environ | {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
@@ -614,6 +656,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="where the state lives: cpu (2 gloo ranks), or cuda (one rank per GPU, at most 2)",
     )
     parser.add_argument(
+        "--nproc", type=int, default=WORLD, help=f"ranks (default {WORLD}; on cuda at most one per GPU)"
+    )
+    parser.add_argument("--layers", type=int, help="override the model's layer count (as the trainer's)")
+    parser.add_argument("--dim", type=int, help="override the model's width (as the trainer's)")
+    parser.add_argument(
+        "--state-gb", type=float, help="pick --layers and --dim for a model + AdamW state of about this size"
+    )
+    parser.add_argument(
+        "--no-gathered",
+        action="store_true",
+        help="skip torch.save of the gathered state (rank 0 alone holds all of it: the slowest, largest)",
+    )
+    parser.add_argument(
         "--storage",
         help="s3://BUCKET[/PREFIX]: benchmark S3 instead (scripts/bench_s3.py, on a throwaway SeaweedFS)",
     )
@@ -623,8 +678,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         rest = [a for a in (sys.argv[1:] if argv is None else argv) if a != "--keep"]
         return bench_s3.main(rest)
-    if args.repeats < 1:
-        parser.error("--repeats must be >= 1")
+    if args.repeats < 1 or args.nproc < 1:
+        parser.error("--repeats and --nproc must be >= 1")
+    if args.state_gb is not None and (args.layers is not None or args.dim is not None):
+        parser.error("--state-gb picks --layers and --dim: give one or the other")
     if "LOCAL_RANK" in os.environ:
         return worker(args)
     return launch(args)
