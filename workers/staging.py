@@ -1,9 +1,9 @@
 """Stage a state dict into reusable, preallocated host buffers: the only stall an async save puts on training.
 
-The buffers are allocated ahead (`reserve`, at start-up once the state is loaded) or at the first save, and reused (`copy_` into preallocated memory runs at memcpy speed;
-a fresh `clone()` runs 4-6x slower here), pinned when the state lives on a GPU so the copy is a DMA. They are
-torch's own staging helpers, the ones `dcp.async_save` uses, so DTensor shards and pinned memory are handled as
-torch handles them.
+The buffers are allocated ahead (`reserve`, at start-up once a resumed state is loaded) or at the first save,
+and reused (`copy_` into preallocated memory runs at memcpy speed; a fresh `clone()` runs 4-6x slower here),
+pinned when the state lives on a GPU so the copy is a DMA. They are torch's own staging helpers, the ones
+`dcp.async_save` uses, so DTensor shards and pinned memory are handled as torch handles them.
 """
 
 from collections.abc import Iterator
