@@ -38,7 +38,8 @@ class InvalidEvent(ValueError):
 
 
 class Actor(msgspec.Struct, frozen=True):
-    """Who appended the event: user@host, process, and training rank when a trainer did."""
+    """Who recorded the event: user@host, process, and training rank when a trainer did. An intent kept in a
+    node's outbox carries the process that recorded it, whichever process of the node delivers it."""
 
     user: str
     host: str

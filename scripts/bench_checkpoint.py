@@ -204,7 +204,13 @@ class Bench:
     """One rank's side of the benchmark: the training state, the two ftrain managers, the directories."""
 
     def __init__(
-        self, model_name: str, base: Path, device: torch.device, shape: Sequence[str], methods: Sequence[str]
+        self,
+        model_name: str,
+        base: Path,
+        device: torch.device,
+        shape: Sequence[str],
+        methods: Sequence[str],
+        stage_dir: Path,
     ) -> None:
         self.rank = dist.get_rank()
         self.base = base
@@ -216,7 +222,7 @@ class Bench:
         self.sync_dir, self.async_dir = base / "ftrain-sync", base / "ftrain-async"
         self.sync = CheckpointManager(CheckpointConfig(ckpt_dir=self.sync_dir), self.state)
         self.async_ = CheckpointManager(
-            CheckpointConfig(ckpt_dir=self.async_dir, async_save=True, stage_dir=base / "stage"), self.state
+            CheckpointConfig(ckpt_dir=self.async_dir, async_save=True, stage_dir=stage_dir), self.state
         )
         for manager in (self.sync, self.async_):  # start-up as a job's: the async pipeline picks its way here
             assert manager.load() is None
@@ -423,7 +429,8 @@ def report(r: dict[str, Any]) -> None:
         if method == GATHERED:
             note = f"gather {s['extra']:.3f} s (in blocking); rank 0 writes alone"
         elif method == FT_ASYNC:
-            note = f"blocking = stage_seconds; save() call {s['extra']:.3f} s"
+            how = "written once" if r["write_once"] else "staged on another device, then copied"
+            note = f"blocking = stage_seconds; save() call {s['extra']:.3f} s; {how}"
         elif method == ASYNC:
             note = "blocking = until async_save returns"
         rows.append(
@@ -471,25 +478,29 @@ def report(r: dict[str, Any]) -> None:
 
 
 def targets(r: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
-    """(figure, value, target, met) for each target of the issue."""
+    """(figure, value, target, met) for each target of the issue. The async durable target depends on where
+    the stage directory is: 1.5x when it shares the checkpoints' device (one write), 2.0x otherwise."""
     saves, res = r["saves"], r["resume"]
     raw, ft_sync, ft_async = saves[RAW], saves[FT_SYNC], saves[FT_ASYNC]
     throughput = raw["durable"] / ft_sync["durable"]
-    stall_vs_raw = ft_async["blocking"] / raw["blocking"]
+    stall_vs_sync = ft_async["blocking"] / ft_sync["durable"]
     stall_vs_floor = ft_async["blocking"] / r["copy_floor"]
+    durable = ft_async["durable"] / raw["durable"]
+    durable_limit = 1.5 if r["write_once"] else 2.0
     out: list[tuple[str, str, str, bool | None]] = [
         ("ftrain sync GB/s ÷ raw dcp.save GB/s", f"{throughput:.2f}x", ">= 0.9x", throughput >= 0.9),
+        ("ftrain async stall ÷ ftrain sync save", f"{stall_vs_sync:.3f}x", "<= 0.05x", stall_vs_sync <= 0.05),
+        ("ftrain async stall ÷ copy floor", f"{stall_vs_floor:.2f}x", "<= 1.5x", stall_vs_floor <= 1.5),
         (
-            "ftrain async stall ÷ raw dcp.save blocking",
-            f"{stall_vs_raw:.3f}x",
-            "<= 0.1x",
-            stall_vs_raw <= 0.1,
+            f"ftrain async durable ÷ raw dcp.save ({'one device' if r['write_once'] else 'staged elsewhere'})",
+            f"{durable:.2f}x",
+            f"<= {durable_limit}x",
+            durable <= durable_limit,
         ),
-        ("ftrain async stall ÷ copy floor", f"{stall_vs_floor:.2f}x", "<= 2x", stall_vs_floor <= 2.0),
     ]
     for mode in ("cold", "cached"):
         ratio = res[FT_LOAD][mode] / res[RAW_LOAD][mode]
-        out.append((f"ftrain resume ÷ raw dcp.load ({mode})", f"{ratio:.2f}x", "<= 1.5x", ratio <= 1.5))
+        out.append((f"ftrain resume ÷ raw dcp.load ({mode})", f"{ratio:.2f}x", "<= 1.3x", ratio <= 1.3))
     out.append(
         (
             "for reference: dcp.async_save blocking ÷ raw dcp.save blocking",
@@ -533,7 +544,7 @@ def worker(args: argparse.Namespace) -> int:
     )
     shape = [f"--{k}={v}" for k, v in (("layers", args.layers), ("dim", args.dim)) if v is not None]
     methods = [m for m in METHODS if not (args.no_gathered and m == GATHERED)]
-    bench = Bench(args.model, base, device, shape, methods)
+    bench = Bench(args.model, base, device, shape, methods, args.stage_dir or base / "stage")
     config = model_config(parse_args(["--ckpt-dir", str(base / "unused"), "--model", args.model, *shape]))
     say(f"        state {bench.state_bytes / GB:.3f} GB")
     try:
@@ -584,6 +595,7 @@ def worker(args: argparse.Namespace) -> int:
             }
             for m, s in bench.samples.items()
         },
+        "write_once": bench.async_.write_once,
         "copy_floor": median(bench.floors),
         "copy_gbps": median(bench.copy_gbps),
         "all_copy_floor": bench.floors,
@@ -625,6 +637,12 @@ def launch(args: argparse.Namespace) -> int:
     base = Path(tempfile.mkdtemp(prefix="ftrain-bench-ckpt-", dir=parent)).absolute()
     argv = [__file__, "--model", args.model, "--repeats", str(args.repeats), "--dir", str(base)]
     argv += ["--device", args.device, *(["--no-gathered"] if args.no_gathered else [])]
+    stage = (
+        None
+        if args.stage_dir is None
+        else Path(tempfile.mkdtemp(prefix="ftrain-bench-stage-", dir=args.stage_dir))
+    )
+    argv += [] if stage is None else ["--stage-dir", str(stage.absolute())]
     if args.state_gb is not None:
         args.layers, args.dim = sized(args.model, args.state_gb)
     argv += [f"--{k}={v}" for k, v in (("layers", args.layers), ("dim", args.dim)) if v is not None]
@@ -635,6 +653,8 @@ def launch(args: argparse.Namespace) -> int:
     try:
         return subprocess.run([*command, *argv], env=env, check=False).returncode
     finally:
+        if stage is not None:
+            shutil.rmtree(stage, ignore_errors=True)
         if args.keep:
             print(f"kept {base}")
         else:
@@ -667,6 +687,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--no-gathered",
         action="store_true",
         help="skip torch.save of the gathered state (rank 0 alone holds all of it: the slowest, largest)",
+    )
+    parser.add_argument(
+        "--stage-dir",
+        type=Path,
+        help="where ftrain async stages (a fresh subdirectory; default beside the checkpoints, where it writes "
+        "once; on another device, e.g. /dev/shm, it stages there and copies)",
     )
     parser.add_argument(
         "--storage",

@@ -11,24 +11,33 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 import workers.dcp_writer
+import workers.files
 from events.chain import ChainHead
+from ftrain.examples.data import ResumableLoader, synthetic_tokens
 from ftrain.experiments.inputs import set_aside_steps
 from ftrain.settings import KILL_POINTS
+from ftrain.train import checkpointing
+from ftrain.train.checkpointing import CheckpointManager
+from ftrain.train.config import CheckpointConfig
 from ftrain.train.metrics import last_iter, process_start_time, reached_step
 from ftrain.train.resume import cleanup_stale, set_aside_planned
 from ftrain.train.resume_load import owned
+from ftrain.train.state import TrainState
 from projections.lifecycle import apply, plan_resume
 from tests.builders import checkpointed, launched
 from workers.checkpoint_dir import (
@@ -95,18 +104,43 @@ def model_and_optimizer_state() -> dict[str, Any]:
 
 
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
-def test_hashing_writer_lists_every_file_dcp_wrote_hashed_in_the_write_path(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    "durable", [True, False], ids=["synced-hashed-while-syncing", "unsynced-hashed-as-written"]
+)
+def test_hashing_writer_lists_every_file_dcp_wrote_with_its_digest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, durable: bool
 ) -> None:
+    """A durable file is fsync'd before the save returns and hashed from its cached pages meanwhile; a stage
+    file is hashed as DCP writes it (there is no sync to hide a read-back behind)."""
     from_disk = spy_hash_file(monkeypatch)
-    writer = HashingWriter(tmp_path / "ckpt")
+    synced: list[int] = []
+    read_back: list[int] = []
+    real_fsync, real_hash_fd = os.fsync, workers.files.hash_fd
+
+    def fsync(fd: int) -> None:
+        synced.append(os.fstat(fd).st_ino)
+        real_fsync(fd)
+
+    def hash_fd(fd: int) -> Hashed:
+        read_back.append(os.fstat(fd).st_ino)
+        return real_hash_fd(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(workers.files, "hash_fd", hash_fd)
+    ckpt = tmp_path / "ckpt"
+    writer = HashingWriter(ckpt, sync_files=durable)
     dcp_save(model_and_optimizer_state(), storage_writer=writer, no_dist=True)
 
     entries = writer.entries()
-    assert [e.name for e in entries] == sorted(os.listdir(tmp_path / "ckpt")) == [".metadata", "__0_0.distcp"]
+    assert [e.name for e in entries] == sorted(os.listdir(ckpt)) == [".metadata", "__0_0.distcp"]
     for entry in entries:
-        assert Hashed(entry.size, entry.digest) == hash_file(tmp_path / "ckpt" / entry.name), entry.name
-    assert from_disk == [], "DCP writes sequentially: nothing is read back to hash it"
+        assert Hashed(entry.size, entry.digest) == hash_file(ckpt / entry.name), entry.name
+    written = sorted(p.stat().st_ino for p in ckpt.iterdir())
+    if durable:
+        assert sorted(synced) == written, "every file is synced once"
+        assert sorted(read_back) == written and from_disk == [], "read back through the descriptor it wrote"
+    else:
+        assert synced == read_back == from_disk == [], "DCP writes sequentially: nothing is read back"
 
 
 def test_a_stream_that_was_seeked_is_hashed_from_disk_and_renames_follow_the_file(
@@ -114,7 +148,7 @@ def test_a_stream_that_was_seeked_is_hashed_from_disk_and_renames_follow_the_fil
 ) -> None:
     """A seek makes the running hash wrong (bytes were overwritten), so the file is hashed once closed."""
     from_disk = spy_hash_file(monkeypatch)
-    fs = HashingFileSystem()
+    fs = HashingFileSystem(durable=False)
     seq, seeked = tmp_path / "seq.bin", tmp_path / "seeked.bin"
     with fs.create_stream(seq, "wb") as stream:
         stream.write(b"hello ")
@@ -314,6 +348,50 @@ def test_prune_removes_the_marker_first_so_a_half_deleted_checkpoint_never_looks
 # -- resume-side helpers ----------------------------------------------------------------------------------
 
 SHARDS = [f"__{rank}_0.distcp" for rank in range(4)]
+
+
+@pytest.fixture
+def one_rank() -> Iterator[None]:
+    """A process group of this process alone (gloo), as a single-rank job has: no torchrun needed."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.usefixtures("one_rank")
+def test_a_sync_save_prunes_behind_the_training_loop_and_close_waits_for_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Unlinking a 1 GB checkpoint takes most of a second on a slow disk: the save hands the prune to a
+    thread and returns; the prunes run in order, and `close()` ends only once they are done."""
+    gate = threading.Event()
+    pruned: list[list[int]] = []
+
+    def held_prune(run: Path, keep: int) -> list[int]:
+        assert gate.wait(30), "the test never released the prunes"
+        pruned.append(prune(run, keep))
+        return pruned[-1]
+
+    monkeypatch.setattr(checkpointing, "prune", held_prune)
+    torch.manual_seed(0)
+    model = nn.Linear(4, 4)
+    optimizer = torch.optim.AdamW(model.parameters())
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+    loader = ResumableLoader(synthetic_tokens(8, 3, 10, 0), 2, 0, 1, 0)
+    ckpt = tmp_path / "ckpt"
+    manager = CheckpointManager(
+        CheckpointConfig(ckpt_dir=ckpt, keep=2), TrainState(model, optimizer, scheduler, loader, 0)
+    )
+    assert manager.load() is None
+    for step in (1, 2, 3, 4):
+        manager.save(step, 0)  # returns with its prune held
+    assert complete_steps(ckpt) == [4, 3, 2, 1] and pruned == []
+    gate.set()
+    manager.close()
+    assert pruned == [[2, 1], [], [], []]  # in order: the first prune, released, finds all four complete
+    assert complete_steps(ckpt) == [4, 3]
 
 
 @pytest.mark.parametrize("world", [1, 2, 3])

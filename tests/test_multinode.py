@@ -279,9 +279,11 @@ def test_the_log_losing_a_server_or_rank_0s_node_never_holds_training_and_loses_
     seen = events(nodes, "node3", run, env)
     assert summary(seen) == ("launched@1 checkpointed:5@1 checkpointed:10@1 checkpointed:15@1 checkpointed:20@1 "
                              "completed@1")  # fmt: skip
-    # recorded by rank 0 on node1; delivered by whichever process of node1 (rank 0, or the supervisor sharing its
-    # outbox) reached the log first after the heal, whose actor the event carries
-    assert {e["actor"]["host"] for e in seen if e["type"] == "checkpointed"} == {"node1"}
+    # recorded by rank 0 on node1, whichever process of node1 (rank 0, or the supervisor sharing its outbox)
+    # reached the log first after the heal: the events name who recorded them
+    assert {(e["actor"]["host"], e["actor"].get("rank")) for e in seen if e["type"] == "checkpointed"} == {
+        ("node1", 0)
+    }
     audit = nodes.run("node2", [FTRAIN, "audit", "verify"], env)
     assert audit.returncode == 0 and "intact" in audit.stdout, audit.stdout + audit.stderr
     stalls = [round(e["stall_seconds"], 1) for e in seen if e["type"] == "checkpointed"]

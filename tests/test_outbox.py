@@ -6,7 +6,9 @@ that record into one outbox file at once.
 """
 
 import asyncio
+import getpass
 import os
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -22,6 +24,7 @@ import structlog
 from events.chain import ChainHead, unseal
 from events.jetstream.server import ServerProcess
 from events.schema import (
+    Actor,
     AnyEvent,
     Checkpointed,
     Completed,
@@ -312,7 +315,7 @@ from projections.lifecycle import CheckpointIntent, FailIntent
 from events.schema import Checkpointed
 
 run_id, first, count, then = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-recorder = Recorder(run_id, settings.nats(os.environ))
+recorder = Recorder(run_id, settings.nats(os.environ), rank=0)  # as a trainer's rank 0
 for step in range(first, first + count):
     recorder.record(CheckpointIntent(checkpointed=Checkpointed(run_id=run_id, step=step, epoch=0, shards=1,
                                      uri=f"file:///nowhere/{step}", checkpoint_hash=f"{run_id}-{step}", size_bytes=1)))
@@ -333,9 +336,12 @@ def child(env: dict[str, str], run_id: str, first: int, count: int, then: str) -
 async def test_intents_of_a_killed_process_are_appended_in_order_by_the_next_recorder(
     app: RunService, env: dict[str, str]
 ) -> None:
+    """As a trainer's rank 0 killed with the log out of reach, its events delivered by the supervisor: each
+    event says who recorded it (the dead rank 0), when, and under which id, not who delivered it."""
     await launch(app)
     nowhere = {**env, "FTRAIN_NATS_URL": f"nats://127.0.0.1:{free_port()}"}  # so it dies with all pending
-    assert await asyncio.to_thread(child(nowhere, RUN, 1, 3, "die").wait) == -9
+    dead = child(nowhere, RUN, 1, 3, "die")
+    assert await asyncio.to_thread(dead.wait) == -9
     left = node_outbox(env).pending(RUN)
     assert [type(r.intent).__name__ for r in left] == [*["CheckpointIntent"] * 3, "FailIntent"]
     with Recorder(RUN, settings.nats(env)) as recorder:
@@ -344,7 +350,52 @@ async def test_intents_of_a_killed_process_are_appended_in_order_by_the_next_rec
     assert kinds(events) == ["Launched", *["Checkpointed"] * 3, "Failed"]
     assert [e.id for e in events[1:]] == [r.intent_id for r in left]
     assert [e.time for e in events[1:]] == [r.created_at for r in left]  # when it happened, not when appended
+    assert {(e.actor.pid, e.actor.rank) for e in events[1:] if e.actor} == {(dead.pid, 0)}
+    assert all(e.actor for e in events)
     assert (await app.verify(RUN)).ok
+
+
+async def test_an_outbox_file_of_an_older_ftrain_gains_the_actor_column_and_its_rows_land(
+    app: RunService, env: dict[str, str]
+) -> None:
+    """A row written before the outbox kept its recorder: delivered, with the delivering process as actor."""
+    await launch(app)
+    path = outbox_path(settings.home(env))
+    old = sqlite3.connect(path)
+    old.executescript(OLD_SCHEMA)
+    old.execute(
+        "INSERT INTO pending (run_id, intent_id, created_at, body) VALUES (?, ?, ?, ?)",
+        (RUN, "old-row", AT.isoformat(), msgspec.json.encode(ckpt(100))),
+    )
+    old.commit()
+    old.close()
+    outbox = node_outbox(env)  # opening it adds the column
+    rank0 = Actor(user="someone", host="node9", pid=4242, rank=0)
+    outbox.put(RUN, ckpt(200), rank0)
+    with Recorder(RUN, settings.nats(env)) as supervisor:
+        assert await asyncio.to_thread(supervisor.flush, FLUSH_S)
+    events = await run_events(app)
+    assert [(e.id, e.actor) for e in events[1:]] == [
+        ("old-row", Actor(user=getpass.getuser(), host=socket.gethostname(), pid=os.getpid())),
+        (events[2].id, rank0),
+    ]
+    outbox.put(
+        RUN, FailIntent(reason="preempted", attempt=7), rank0
+    )  # refused: `rejected` has the column too
+    assert await deliver(RunLog(app.store, RUN), outbox) == 0
+    assert [r.intent for r in outbox.rejected(RUN)] == [FailIntent(reason="preempted", attempt=7)]
+    outbox.close()
+
+
+OLD_SCHEMA = """
+CREATE TABLE pending (
+    row_id INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT NOT NULL, intent_id TEXT NOT NULL UNIQUE,
+    created_at TEXT NOT NULL, body BLOB NOT NULL);
+CREATE INDEX pending_by_run ON pending (run_id, row_id);
+CREATE TABLE rejected (
+    row_id INTEGER PRIMARY KEY, run_id TEXT NOT NULL, intent_id TEXT NOT NULL, created_at TEXT NOT NULL,
+    body BLOB NOT NULL, reason TEXT NOT NULL, rejected_at TEXT NOT NULL);
+"""
 
 
 async def test_an_intent_appended_but_not_marked_done_is_not_appended_again(

@@ -16,7 +16,7 @@ from ftrain.service import RunService
 from tests.servers import kill_server, restart_server
 from tests.test_training import flip
 from tests.training import FINAL, RESUMED, launch_logged, torchrun, torchrun_command, torchrun_env
-from workers.recorder import Recorder
+from workers.outbox import Outbox, outbox_path
 
 pytestmark = pytest.mark.timeout(300)
 RUN = "logged-1"
@@ -42,10 +42,11 @@ async def test_kill_corrupt_skip_resume_and_a_broker_outage_all_reach_the_log(
     match = RESUMED.search(out)
     assert match and match.group(1) == "20"
     assert FINAL.search(out), "training finished with the log down"
-
-    await asyncio.to_thread(restart_server, server)
-    with Recorder(RUN, settings.nats(env)) as recorder:
-        assert await asyncio.to_thread(recorder.flush, 60)
+    outbox = Outbox(outbox_path(settings.home(env)))
+    try:
+        assert outbox.pending(RUN) == [], "the trainer ended before the log had its events"
+    finally:
+        outbox.close()
     async with RunService.open(env) as app:
         events = await run_events(app)
         report = await app.verify(RUN)
@@ -73,7 +74,9 @@ async def test_kill_corrupt_skip_resume_and_a_broker_outage_all_reach_the_log(
 def run_through_an_outage(
     ckpt: Path, flags: tuple[str, ...], env: dict[str, str], server: ServerProcess
 ) -> str:
-    """Run a job and stop the broker once it has saved step 60, well before it ends; returns its stdout."""
+    """Run a job, stop the broker once it has saved step 60, well before it ends, and start it again once the
+    job has sealed its last step: the job waits at its end for the log to take what it recorded meanwhile.
+    Returns its stdout."""
     job = subprocess.Popen(
         torchrun_command(ckpt, *flags), env=torchrun_env(env), stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL, text=True, start_new_session=True,
@@ -85,6 +88,10 @@ def run_through_an_outage(
             time.sleep(0.02)
         kill_server(server)
         assert not (ckpt / "step-100").exists(), "the outage starts mid-training"
+        while not (ckpt / "step-200").is_dir():
+            assert time.monotonic() < deadline + 60 and job.poll() is None, "the job never sealed step 200"
+            time.sleep(0.02)
+        restart_server(server)
         out, _ = job.communicate(timeout=180)
     finally:
         job.kill()

@@ -1,8 +1,12 @@
-"""A torch.distributed.checkpoint writer that hashes every file as DCP writes it.
+"""A torch.distributed.checkpoint writer that hashes every file it writes, at no cost in wall time where it can.
 
-Hashing after the save would read each shard back (about 10 % of a disk-bound save); hashing in the write
-path costs CPU time the disk wait already pays for. DCP writes each file sequentially (one `write` after
-another); should a future version seek, the stream notices and the file is hashed from disk instead.
+A durable file (fsync'd before the save returns) is hashed while it is being synced: the bytes go to the
+page cache unhashed, then one thread waits on the disk in `fsync` while another reads the pages back and
+hashes them through the same descriptor, so the hash hides behind the disk wait instead of adding to it. Measured on a 2-core machine,
+2 ranks, 0.5 GB each: hashing on the way in added the whole hash to the save; hashing during the sync adds
+the read-back of cached pages only. A file that is not synced (a stage copy) is hashed as DCP writes it:
+there is no disk wait to hide behind, and a read-back would only add a copy. DCP writes each file
+sequentially; should a future version seek, the stream notices and the file is hashed from disk instead.
 """
 
 import io
@@ -19,17 +23,19 @@ if TYPE_CHECKING:
 from torch.distributed.checkpoint.filesystem import FileSystem, FileSystemWriter
 
 from events.private import open_private, private_dir
+from workers.files import synced_digest
 from workers.integrity import Hashed, Hasher, hash_file
 from workers.manifest import FileEntry
 
 
-class _HashingStream(io.RawIOBase):
-    """A write-only view of a file that hashes what passes through it."""
+class _WriteStream(io.RawIOBase):
+    """A write-only view of a file that DCP may close (the file stays open for its sync), hashing what
+    passes through it when given a `hasher`."""
 
-    def __init__(self, raw: IO[bytes]) -> None:
+    def __init__(self, raw: IO[bytes], hasher: Hasher | None) -> None:
         super().__init__()
         self.raw = raw
-        self.hasher = Hasher()
+        self.hasher = hasher
         self.sequential = True
 
     def writable(self) -> bool:
@@ -40,7 +46,8 @@ class _HashingStream(io.RawIOBase):
 
     def write(self, data: "ReadableBuffer") -> int:
         view = memoryview(data).cast("B")
-        self.hasher.update(view)
+        if self.hasher is not None:
+            self.hasher.update(view)
         return self.raw.write(view)
 
     def tell(self) -> int:
@@ -63,10 +70,12 @@ class _HashingStream(io.RawIOBase):
 
 
 class HashingFileSystem(FileSystem):
-    """DCP's local file system, recording each written file's size and digest (renames follow the file)."""
+    """DCP's local file system, recording each written file's size and digest (renames follow the file);
+    `durable`: each file is fsync'd before its stream closes, and hashed meanwhile."""
 
-    def __init__(self) -> None:
+    def __init__(self, durable: bool) -> None:
         super().__init__()
+        self.durable = durable
         self.written: dict[Path, Hashed] = {}
         self._lock = threading.Lock()
 
@@ -77,11 +86,15 @@ class HashingFileSystem(FileSystem):
                 yield stream
             return
         path = Path(path)
-        with os.fdopen(open_private(path, os.O_WRONLY | os.O_TRUNC), mode) as raw:
-            stream = _HashingStream(cast(IO[bytes], raw))
+        access = os.O_RDWR if self.durable else os.O_WRONLY  # a durable file is read back through its fd
+        with os.fdopen(open_private(path, access | os.O_TRUNC), mode) as raw:
+            stream = _WriteStream(cast(IO[bytes], raw), None if self.durable else Hasher())
             yield stream
             raw.flush()
-        hashed = stream.hasher.result() if stream.sequential else hash_file(path)
+            if stream.hasher is None:
+                hashed = synced_digest(raw.fileno())
+            else:
+                hashed = stream.hasher.result() if stream.sequential else hash_file(path)
         with self._lock:
             self.written[path] = hashed
 
@@ -99,10 +112,10 @@ class HashingFileSystem(FileSystem):
 class HashingWriter(FileSystemWriter):
     """`FileSystemWriter` whose files come out with their digests: `entries()` after `dcp.save`."""
 
-    def __init__(self, path: Path, **kwargs: Any) -> None:
-        super().__init__(path, **kwargs)
+    def __init__(self, path: Path, sync_files: bool = True, **kwargs: Any) -> None:
+        super().__init__(path, sync_files=False, **kwargs)  # the file system syncs, hashing meanwhile
         self.root = path
-        self.fs = HashingFileSystem()
+        self.fs = HashingFileSystem(durable=sync_files)
 
     def entries(self) -> list[FileEntry]:
         """This rank's files (names relative to the checkpoint directory), with sizes and digests."""

@@ -1,11 +1,13 @@
 """Integrity of checkpoint bytes: the one place their SHA-256 is computed, and the form a digest is written in.
 
 A digest names its algorithm (`sha256:<64 hex>`), so a stored value says how to check it and a second algorithm
-could come without a format change. Hashing is streamed: bytes are hashed as they are written or copied, never
-read back for it, and files hashed from disk are hashed in threads (hashlib releases the GIL).
+could come without a format change. Hashing is streamed, in one pass: bytes are hashed as they are copied or
+written, or, for a file being fsync'd, read back from the page cache while the disk syncs (`hash_fd`);
+files hashed from disk are hashed in threads (hashlib releases the GIL).
 """
 
 import hashlib
+import os
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -78,9 +80,20 @@ def hash_stream(stream: IO[bytes], sink: IO[bytes] | None = None) -> Hashed:
     return hasher.result()
 
 
+def hash_fd(fd: int) -> Hashed:
+    """Size and digest of an open file's bytes, read from its start by position (the file's offset is left
+    alone, so a writer may still hold it)."""
+    hasher = Hasher()
+    while chunk := os.pread(fd, CHUNK, hasher.size):
+        hasher.update(chunk)
+    return hasher.result()
+
+
 def hash_file(path: Path) -> Hashed:
-    """Size and digest of a file on disk."""
+    """Size and digest of a file on disk. The kernel is asked to read the whole file ahead, so the disk
+    reads while the hash runs instead of between its chunks."""
     with open(path, "rb") as f:
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_WILLNEED)
         return hash_stream(f)
 
 

@@ -18,23 +18,26 @@ import msgspec
 import structlog
 
 from events.private import private_dir, private_file
-from events.schema import now
+from events.schema import Actor, now
 from projections.lifecycle import Intent
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS pending (
     row_id INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT NOT NULL, intent_id TEXT NOT NULL UNIQUE,
-    created_at TEXT NOT NULL, body BLOB NOT NULL);
+    created_at TEXT NOT NULL, body BLOB NOT NULL, actor BLOB);
 CREATE INDEX IF NOT EXISTS pending_by_run ON pending (run_id, row_id);
 CREATE TABLE IF NOT EXISTS rejected (
     row_id INTEGER PRIMARY KEY, run_id TEXT NOT NULL, intent_id TEXT NOT NULL, created_at TEXT NOT NULL,
-    body BLOB NOT NULL, reason TEXT NOT NULL, rejected_at TEXT NOT NULL);
+    body BLOB NOT NULL, reason TEXT NOT NULL, rejected_at TEXT NOT NULL, actor BLOB);
 """
+ACTOR_COLUMN = "actor"
+"""Who recorded the intent (JSON `Actor`), added after the first release: NULL in older rows and files."""
 BUSY_TIMEOUT_S = 30.0
 OPEN_ATTEMPTS = 10
 log = structlog.get_logger(__name__)
 
 _intent_decoder = msgspec.json.Decoder(Intent)
+_actor_decoder = msgspec.json.Decoder(Actor)
 _encoder = msgspec.json.Encoder()
 
 
@@ -46,6 +49,9 @@ class PendingIntent(msgspec.Struct, frozen=True):
     intent_id: str
     created_at: datetime
     intent: Intent
+    actor: Actor | None = None
+    """The process that recorded it (None: a row written by an older ftrain); its event carries it, whoever
+    delivers it."""
 
 
 class RejectedIntent(msgspec.Struct, frozen=True):
@@ -86,6 +92,7 @@ class Outbox:
                 self._db.execute("PRAGMA journal_mode=WAL")
                 self._db.execute("PRAGMA synchronous=FULL")
                 self._db.executescript(SCHEMA)
+                _add_actor_columns(self._db)
                 break
             except sqlite3.OperationalError as exc:
                 if "locked" not in str(exc) or attempt == OPEN_ATTEMPTS - 1:
@@ -98,13 +105,15 @@ class Outbox:
         with self._lock:
             self._db.close()
 
-    def put(self, run_id: str, intent: Intent) -> str:
-        """Append `intent` for `run_id`; committed (fsynced) when this returns. Returns the intent id."""
+    def put(self, run_id: str, intent: Intent, actor: Actor | None = None) -> str:
+        """Append `intent` for `run_id`, recorded by `actor`; committed (fsynced) when this returns. Returns
+        the intent id."""
         intent_id = uuid.uuid4().hex
+        recorded_by = None if actor is None else _encoder.encode(actor)
         with self._lock:
             self._db.execute(
-                "INSERT INTO pending (run_id, intent_id, created_at, body) VALUES (?, ?, ?, ?)",
-                (run_id, intent_id, now().isoformat(), _encoder.encode(intent)),
+                "INSERT INTO pending (run_id, intent_id, created_at, body, actor) VALUES (?, ?, ?, ?, ?)",
+                (run_id, intent_id, now().isoformat(), _encoder.encode(intent), recorded_by),
             )
         return intent_id
 
@@ -115,19 +124,21 @@ class Outbox:
         left to block the rows behind it."""
         with self._lock:
             rows = self._db.execute(
-                "SELECT row_id, run_id, intent_id, created_at, body FROM pending WHERE run_id = ? "
+                "SELECT row_id, run_id, intent_id, created_at, body, actor FROM pending WHERE run_id = ? "
                 "ORDER BY row_id",
                 (run_id,),
             ).fetchall()
         out = []
-        for row_id, run, intent_id, created_at, body in rows:
+        for row_id, run, intent_id, created_at, body, recorded_by in rows:
             try:
                 intent = _intent_decoder.decode(body)
+                actor = None if recorded_by is None else _actor_decoder.decode(recorded_by)
             except msgspec.DecodeError as exc:
                 log.error("outbox_intent_undecodable", run_id=run, intent_id=intent_id, error=str(exc))
                 self.reject(row_id, f"undecodable intent: {exc}")
                 continue
-            out.append(PendingIntent(row_id, run, intent_id, datetime.fromisoformat(created_at), intent))
+            created = datetime.fromisoformat(created_at)
+            out.append(PendingIntent(row_id, run, intent_id, created, intent, actor))
         return out
 
     def done(self, row_id: int) -> None:
@@ -139,8 +150,9 @@ class Outbox:
         """Move the row to `rejected` with the reason, in one transaction."""
         with self._transaction():
             self._db.execute(
-                "INSERT OR IGNORE INTO rejected SELECT row_id, run_id, intent_id, created_at, body, ?, ? "
-                "FROM pending WHERE row_id = ?",
+                "INSERT OR IGNORE INTO rejected "
+                "(row_id, run_id, intent_id, created_at, body, actor, reason, rejected_at) "
+                "SELECT row_id, run_id, intent_id, created_at, body, actor, ?, ? FROM pending WHERE row_id = ?",
                 (why, now().isoformat(), row_id),
             )
             self._db.execute("DELETE FROM pending WHERE row_id = ?", (row_id,))
@@ -173,3 +185,16 @@ class Outbox:
                 self._db.execute("ROLLBACK")
                 raise
             self._db.execute("COMMIT")
+
+
+def _add_actor_columns(db: sqlite3.Connection) -> None:
+    """Bring a file made by an older ftrain up to date: the `actor` column, NULL in its rows. Several
+    processes may open such a file at once; the one that loses the race finds the column there."""
+    for table in ("pending", "rejected"):
+        columns = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
+        if ACTOR_COLUMN not in columns:
+            try:
+                db.execute(f"ALTER TABLE {table} ADD COLUMN {ACTOR_COLUMN} BLOB")
+            except sqlite3.OperationalError as exc:
+                if "duplicate column" not in str(exc):
+                    raise

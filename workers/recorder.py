@@ -13,8 +13,8 @@ import os
 import threading
 import time
 from collections.abc import AsyncIterator
-from datetime import datetime
 from functools import partial
+from pathlib import Path
 from types import TracebackType
 from typing import Self
 
@@ -25,11 +25,11 @@ import structlog
 from events.chain import unseal
 from events.jetstream.connection import NatsSettings, open_store
 from events.jetstream.server import NatsServerError
-from events.jetstream.store import LogUnavailable
+from events.jetstream.store import LogUnavailable, process_actor
 from events.schema import AnyEvent
 from projections.lifecycle import IllegalTransition, Intent, RunState, decide_intent
 from projections.run_log import BrokenRun, ContendedRun, RunLog
-from workers.outbox import Outbox, outbox_path
+from workers.outbox import Outbox, PendingIntent, outbox_path
 
 PERIOD_S = 1.0
 BACKOFF_MIN_S = 0.5
@@ -74,10 +74,12 @@ async def in_log(run_log: RunLog, event_id: str) -> bool:
     return False
 
 
-def _decided(state: RunState | None, intent: Intent, intent_id: str, at: datetime) -> AnyEvent | None:
+def _decided(state: RunState | None, row: PendingIntent) -> AnyEvent | None:
+    """The row's event against the run's state, carrying the actor that recorded it (when the row says)."""
     if state is None:
         raise IllegalTransition("the log has no such run")
-    return decide_intent(state, intent, intent_id, at)
+    event = decide_intent(state, row.intent, row.intent_id, row.created_at)
+    return event if event is None or row.actor is None else msgspec.structs.replace(event, actor=row.actor)
 
 
 async def deliver(run_log: RunLog, outbox: Outbox) -> int:
@@ -95,9 +97,7 @@ async def deliver(run_log: RunLog, outbox: Outbox) -> int:
             outbox.done(rows.pop(0).row_id)
         for row in rows:
             try:
-                event = await run_log.append(
-                    partial(_decided, intent=row.intent, intent_id=row.intent_id, at=row.created_at)
-                )
+                event = await run_log.append(partial(_decided, row=row))
             except (IllegalTransition, BrokenRun, ContendedRun) as exc:
                 log.error(
                     "outbox_intent_rejected",
@@ -120,6 +120,7 @@ class Recorder:
         """`rank`: the training rank recording (stamped on the events it appends); None for the supervisor."""
         self.run_id = run_id
         self._rank = rank
+        self._actor = process_actor(rank)
         self._settings = settings
         self._outbox = Outbox(outbox_path(settings.home))
         self._wake = asyncio.Event()
@@ -131,10 +132,15 @@ class Recorder:
         self._thread = threading.Thread(target=self._run, name=f"ftrain-recorder-{run_id}", daemon=True)
         self._thread.start()
 
+    @property
+    def outbox_file(self) -> Path:
+        """Where the intents wait until the log has them."""
+        return self._outbox.path
+
     def record(self, intent: Intent) -> str:
         """Put `intent` in the outbox (committed and fsynced on return) and wake the appender; returns the
         intent id, which becomes the event's id. Never touches NATS; raises only if the local file fails."""
-        intent_id = self._outbox.put(self.run_id, intent)
+        intent_id = self._outbox.put(self.run_id, intent, self._actor)
         self._poke()
         return intent_id
 

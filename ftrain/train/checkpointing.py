@@ -40,6 +40,7 @@ from projections.lifecycle import CheckpointIntent
 from workers.checkpoint_dir import CheckpointExists, WrittenCheckpoint, seal_checkpoint, set_aside
 from workers.dcp_writer import HashingWriter
 from workers.fanout import fan_out
+from workers.fence import Fenced
 from workers.fence import check as check_fence
 from workers.layout import assembly_dir, rank_stage_dir, step_dir
 from workers.manifest import FileEntry, Manifest
@@ -58,6 +59,7 @@ __all__ = [
     "allow_pickled",
 ]
 log = structlog.get_logger(__name__)
+LOG_WAIT_SECONDS = 60.0
 
 
 class SaveTimes(msgspec.Struct, frozen=True):
@@ -88,8 +90,10 @@ class CheckpointManager:
         self._last_save = time.monotonic()
         self._buffers = StagingBuffers()
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ftrain-ckpt")
+        self._pruner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ftrain-prune")
+        """Deletes checkpoints beyond `keep` behind the training loop, one prune at a time (rank 0)."""
         self._inflight: Future[None] | None = None
-        self._write_once = False
+        self.write_once = False
         """Async saves write straight into the checkpoint directory (set by `load`: the stage directory is on
         its device, where a staged copy would only write every byte twice)."""
         self.attempt = 0
@@ -126,8 +130,8 @@ class CheckpointManager:
         point, self.attempt = resume(self.config, self.state, self.recorder, self.group)
         if self.config.async_save:
             if self._objects is None:
-                self._write_once = same_device(self.stage_root.parent, self.config.ckpt_dir)
-                log.info("async_saves", write_once=self._write_once, stage_dir=str(self.stage_root.parent))
+                self.write_once = same_device(self.stage_root.parent, self.config.ckpt_dir)
+                log.info("async_saves", write_once=self.write_once, stage_dir=str(self.stage_root.parent))
             if point is not None:  # so the first save stalls no longer than the next; on a fresh start the
                 # optimizer has no state yet, and asking for its state dict would make some (torch steps
                 # it once with lr 0: Adam's step count would be off by one)
@@ -188,14 +192,26 @@ class CheckpointManager:
         return time.perf_counter() - start
 
     def close(self) -> float:
-        """Finish the save in flight, stop the pipeline, and give the log a bounded moment to receive what was
-        recorded (what it does not get now stays in the outbox); returns the seconds waited for the save."""
+        """Finish the save in flight, stop the pipeline, and wait (up to LOG_WAIT_SECONDS) for the log to take
+        what rank 0 recorded; returns the seconds waited for the save.
+
+        The wait is long enough to outlast a NATS leader election: the job's end is the last moment this
+        process can deliver its outbox, and on a node whose FTRAIN_HOME no other ftrain process shares (rank 0
+        away from the supervisor) what stays there is missing from the log until ftrain next runs on it."""
         try:
             return self.drain()
         finally:
             self._worker.shutdown(wait=True)
-            if self.recorder is not None:
-                self.recorder.close()
+            self._pruner.shutdown(wait=True)
+            recorder, self.recorder = self.recorder, None  # closed once, however often close() is called
+            if recorder is not None and not recorder.close(LOG_WAIT_SECONDS):
+                log.warning(
+                    "events_left_in_outbox",
+                    run_id=self.config.run_id,
+                    outbox=str(recorder.outbox_file),
+                    waited_seconds=LOG_WAIT_SECONDS,
+                    delivered_by="the next ftrain process with this FTRAIN_HOME",
+                )
 
     def _save_sync(self, step: int, epoch: int) -> None:
         tmp = self._assembly(step)
@@ -207,7 +223,7 @@ class CheckpointManager:
     def _save_async(self, step: int, epoch: int, staged: dict[str, Any]) -> None:
         """The background half: rank-local write to the stage dir, fan-out to durable storage, finalize; or,
         when the stage dir shares the destination's device, one write straight into the assembly dir."""
-        if self._write_once:
+        if self.write_once:
             tmp = self._assembly(step)
             writer = HashingWriter(tmp)
             dcp_save({"app": staged}, storage_writer=writer, process_group=self.group)
@@ -245,7 +261,18 @@ class CheckpointManager:
         self._record(step, epoch, written.uri, written.checkpoint_hash, manifest)
         log.info("checkpoint_finalized", step=step, path=str(final), bytes=manifest.size_bytes)
         check_fence(self.config.ckpt_dir, self.attempt)
-        prune(self.config.ckpt_dir, self.config.keep)
+        self._pruner.submit(self._prune)
+
+    def _prune(self) -> None:
+        """Delete the checkpoints beyond `keep`, off the training loop: unlinking a 1 GB checkpoint took
+        0.85 s here, which every sync save would otherwise stall for. A newer attempt prunes for itself."""
+        try:
+            check_fence(self.config.ckpt_dir, self.attempt)
+            prune(self.config.ckpt_dir, self.config.keep)
+        except Fenced as exc:
+            log.warning("prune_skipped", run_dir=str(self.config.ckpt_dir), reason=str(exc))
+        except OSError as exc:  # the directory out of reach: the next save's prune tries again
+            log.warning("prune_failed", run_dir=str(self.config.ckpt_dir), error=str(exc))
 
     def _manifest(self, step: int, epoch: int, entries: list[FileEntry]) -> Manifest:
         return Manifest(
