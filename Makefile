@@ -1,9 +1,10 @@
 # The two set-up commands of the README: `make demo` and `make test`. Each creates what it needs.
+# `make test` runs the lint and every test but those marked slow; `make test-slow` runs those (CI runs both).
 # `make mutation` (slow, not part of `make test`) scores the pure core's tests by mutation testing.
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint bench mutation
+.PHONY: demo test test-slow lint bench mutation
 
 $(BIN)/ftrain: pyproject.toml
 	python3 -m venv $(VENV)
@@ -21,7 +22,10 @@ lint: $(BIN)/ftrain
 	$(BIN)/lint-imports
 
 test: lint
-	$(BIN)/pytest -q --durations=15
+	$(BIN)/pytest -q --durations=15 -m "not slow"
+
+test-slow: $(BIN)/ftrain
+	$(BIN)/pytest -q --durations=15 -m slow
 
 bench: $(BIN)/ftrain
 	$(BIN)/python scripts/bench_events.py

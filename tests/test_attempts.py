@@ -82,6 +82,7 @@ def test_sigkill_to_torchruns_process_group_takes_every_worker_and_the_relaunch_
     assert final_digest(torchrun(ckpt, *ITERS)) == reference
 
 
+@pytest.mark.slow
 def test_a_stopped_attempt_continued_after_a_relaunch_writes_nothing_trusted_and_the_run_ends_bit_identical(
     tmp_path: Path, env: dict[str, str], reference: str
 ) -> None:

@@ -12,6 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_bench_s3_runs_at_debug_size(tmp_path: Path) -> None:
     out = tmp_path / "figures.json"

@@ -4,6 +4,8 @@ import re
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from events.jetstream.server import ServerProcess
 from tests.builders import SIGNER
 from tests.conftest import ftrain_process, login, modules_imported_by
@@ -92,6 +94,7 @@ def test_the_control_plane_never_imports_torch() -> None:
     assert not {m for m in loaded if m.partition(".")[0] == "torch"}
 
 
+@pytest.mark.slow
 def test_demo_on_the_embedded_seaweedfs_resumes_from_s3_and_ends_bit_identical(tmp_path: Path) -> None:
     """Costly: two 2-process training jobs (one killed and relaunched) and a SeaweedFS: about 26 s here."""
     env = {"FTRAIN_HOME": str(tmp_path / "home"), "FTRAIN_NATS_URL": "", "FTRAIN_STORAGE": ""}

@@ -34,6 +34,7 @@ from workers.manifest import Manifest
 
 pytestmark = [
     pytest.mark.timeout(900),
+    pytest.mark.slow,
     pytest.mark.skipif(sys.platform != "linux", reason="RLIMIT_DATA counts heap and mmap on Linux only"),
 ]
 

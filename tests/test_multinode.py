@@ -27,7 +27,7 @@ from workers.layout import MARKER, complete_steps, set_asides
 from workers.manifest import decode_marker
 from workers.outbox import Outbox, outbox_path
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 TRAIN = ("-m", "ftrain.examples.train", "--train-iters", "20", "--save-interval", "5")
 
 

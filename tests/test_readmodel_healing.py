@@ -1,22 +1,30 @@
 """The read model heals itself: a file damaged inside ("malformed") or ahead of a stream that went backwards
 is set aside or rebuilt from the log, with a warning, and every command keeps working."""
 
+import asyncio
 import os
 import sqlite3
 from pathlib import Path
 
 from events.jetstream.server import ServerProcess
 from ftrain import settings
-from ftrain.service import readmodel_path
+from ftrain.service import RunService, readmodel_path
+from tests.builders import launched
 from tests.conftest import ftrain_process
 
 RUNS = 40
 
 
 def launch_runs(env: dict[str, str]) -> Path:
-    for i in range(RUNS):
-        args = ["launch", "proj", "--run-id", f"r{i}", "--nodes", "1", "--gpus-per-node", "1"]
-        assert ftrain_process(args, env).returncode == 0
+    """RUNS runs in the log (appended in this process: 40 CLI launches cost 40 s of interpreter start-ups), then
+    the read model the CLI builds from them."""
+
+    async def launch_all() -> None:
+        async with RunService.open(env) as app:
+            for i in range(RUNS):
+                await app.launch(launched, lambda i=i: [f"r{i}"])
+
+    asyncio.run(launch_all())
     assert ftrain_process(["list"], env).returncode == 0
     return readmodel_path(settings.nats(env))
 

@@ -22,7 +22,7 @@ from ftrain.service import RunService
 from tests.training import FINAL
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.timeout(420)
+pytestmark = [pytest.mark.timeout(420), pytest.mark.slow]
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from workers.layout import MARKER, WRITER_CLAIM
 from workers.s3.server import kill_storage_server, throwaway_storage_server
 from workers.storage import s3_fence
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 ITERS = ("--train-iters", "30", "--save-interval", "5")
 ASYNC = (*ITERS, "--async-ckpt")
 KILLED = -signal.SIGKILL

@@ -61,6 +61,7 @@ def keys(weed: Endpoint, bucket: str, prefix: str) -> list[str]:
     return [o["Key"] for o in listed.get("Contents", ())]
 
 
+@pytest.mark.slow
 def test_sync_saves_to_s3_end_bit_identical_after_a_kill_mid_upload(
     weed: Endpoint, reference: str, tmp_path: Path
 ) -> None:
@@ -140,6 +141,7 @@ def test_saves_fail_closed_while_the_store_is_down_and_too_many_stop_the_job(
     assert "FINAL" not in out and elapsed < 120, "bounded in time, and the job stopped"
 
 
+@pytest.mark.slow
 def test_ftrain_run_on_s3_relaunches_after_a_sigkill_and_resumes_from_the_newest_sealed_step(
     weed: Endpoint, reference: str, tmp_path: Path, env: dict[str, str]
 ) -> None:
@@ -179,6 +181,7 @@ def test_ftrain_run_on_s3_relaunches_after_a_sigkill_and_resumes_from_the_newest
     assert all(c["uri"].startswith(f"s3://{bucket}/ckpt/s3-run/step-") for c in checkpointed)
 
 
+@pytest.mark.slow
 def test_the_store_killed_mid_run_fails_saves_closed_and_once_restarted_the_next_save_lands(
     tmp_path: Path, env: dict[str, str]
 ) -> None:

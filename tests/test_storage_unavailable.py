@@ -73,6 +73,7 @@ async def test_resume_with_the_storage_root_gone_exits_1_appends_nothing_and_wor
     assert not any(type(e).__name__ == "CorruptSkipped" for e in events)
 
 
+@pytest.mark.slow
 async def test_trainer_with_the_storage_root_gone_exits_1_and_resumes_once_it_is_back(
     env: dict[str, str], server: ServerProcess
 ) -> None:

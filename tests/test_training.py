@@ -94,6 +94,7 @@ def stage(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
+@pytest.mark.slow
 def test_async_saves_resume_bit_identical_after_kills_in_every_phase_of_the_pipeline(
     tmp_path: Path, stage: Path, reference: str
 ) -> None:
