@@ -159,11 +159,9 @@ def test_a_hasher_counts_and_digests_everything_that_passed() -> None:
     assert hasher.result() == Hashed(3, from_hex(ABC_SHA256))
 
 
-def test_a_stream_is_hashed_in_one_pass_and_copied_to_the_sink() -> None:
+def test_a_stream_is_hashed_in_one_pass() -> None:
     data = bytes(range(256)) * 1000
-    sink = io.BytesIO()
-    assert hash_stream(io.BytesIO(data), sink) == Hashed(len(data), digest_of(data))
-    assert sink.getvalue() == data
+    assert hash_stream(io.BytesIO(data)) == Hashed(len(data), digest_of(data))
     assert hash_stream(io.BytesIO(b"abc")) == Hashed(3, from_hex(ABC_SHA256))
 
 

@@ -70,13 +70,11 @@ def to_hex(digest: Digest) -> str:
     return digest.removeprefix(f"{ALGORITHM}:")
 
 
-def hash_stream(stream: IO[bytes], sink: IO[bytes] | None = None) -> Hashed:
-    """Digest a stream to its end in one pass, writing each chunk to `sink` on the way when there is one."""
+def hash_stream(stream: IO[bytes]) -> Hashed:
+    """Digest a stream to its end in one pass."""
     hasher = Hasher()
     while chunk := stream.read(CHUNK):
         hasher.update(chunk)
-        if sink is not None:
-            sink.write(chunk)
     return hasher.result()
 
 
