@@ -106,6 +106,8 @@ class Checkpointed(Event, frozen=True, kw_only=True, tag="checkpointed"):
     """Seconds from the attempt's training-loop start (start-up and restore done) to this event's `time`."""
     lost_steps: Count | UnsetType = UNSET
     """Steps the previous attempt had trained past the checkpoint this attempt resumed from (re-done here)."""
+    lost_seconds: Amount | UnsetType = UNSET
+    """The training-loop time the previous attempt spent on those steps, as its metrics timed them."""
 
 
 class Failed(Event, frozen=True, kw_only=True, tag="failed"):

@@ -16,8 +16,9 @@ when each attempt opened and closed. The terms, in seconds, sum to the wall time
   and loading the checkpoint.
 - down: each `failed` → the `resumed` that opens the next attempt (backoff, waiting for nodes or an operator);
   for a failed run, its last `failed` → now.
-- recomputed: per restart, its `lost_steps` × the failed attempt's seconds per step (its last checkpoint's
-  `train_seconds` ÷ the steps it trained to it; the run's mean when the attempt recorded none).
+- recomputed: per restart, the `lost_seconds` its trainer read from the failed attempt's metrics (the loop time
+  of the steps it re-does); without them, an estimate: its `lost_steps` × the failed attempt's seconds per step
+  (its last checkpoint's `train_seconds` ÷ the steps it trained to it; the run's mean when it recorded none).
 - other: the wall time less the terms above: after each failure, its last step → `failed` (teardown, the
   partial step), an attempt's work after its newest checkpoint while it runs or before it completes (its last
   steps, the final drain, exit), and the estimate's error. A term the events cannot give (a trainer from before
@@ -56,6 +57,8 @@ class Goodput(msgspec.Struct, frozen=True, kw_only=True):
     lost_steps: int | None
     step_seconds: float | None
     """The run's mean seconds per step (None: no attempt measured one)."""
+    recomputed_estimated: bool = False
+    """Whether a restart's recomputed time is lost steps × a pace (its trainer did not time the lost steps)."""
 
     @property
     def ratio(self) -> float | None:
@@ -90,6 +93,11 @@ class _Attempt:
     def lost_steps(self) -> int | None:
         """The steps its resume re-did, as its first checkpoint that says so reports them."""
         return next((s.lost_steps for s in self.saves if s.lost_steps is not UNSET), None)
+
+    @property
+    def lost_seconds(self) -> float | None:
+        """Their time in the failed attempt's loop, as its first checkpoint that says so reports it."""
+        return next((s.lost_seconds for s in self.saves if s.lost_seconds is not UNSET), None)
 
     def kept(self, refused: set[int]) -> float | None:
         """Training seconds to its newest checkpoint no resume refused (0: none; None: not reported)."""
@@ -171,16 +179,21 @@ class _Fold:
         steps = sum(n for _, n in paces)
         return sum(s for s, _ in paces) / steps if steps else None
 
-    def recomputed(self) -> float | None:
-        """Each restart's lost steps × the seconds per step of the attempt that lost them."""
+    def recomputed(self) -> tuple[float | None, bool]:
+        """Each restart's timed lost steps, or its lost steps × the seconds per step of the attempt that lost
+        them; and whether any was such an estimate."""
         mean = self.step_seconds()
         parts: list[float | None] = []
+        estimated = False
         for before, after in pairwise(self.attempts):
-            lost = after.lost_steps
+            lost, timed = after.lost_steps, after.lost_seconds
+            if lost is None or lost == 0 or timed is not None:
+                parts.append(None if lost is None else 0.0 if lost == 0 else timed)
+                continue
             pace = before.pace()
-            per_step = pace[0] / pace[1] if pace else mean
-            parts.append(None if lost is None else 0.0 if lost == 0 else _times(lost, per_step))
-        return _sum(parts)
+            parts.append(_times(lost, pace[0] / pace[1] if pace else mean))
+            estimated = True
+        return _sum(parts), estimated
 
     def result(self, now: datetime) -> Goodput:
         end = now if self.completed is None else self.completed
@@ -189,7 +202,7 @@ class _Fold:
         productive = _sum([a.kept(self.refused) for a in self.attempts])
         stall = _sum([_known(s.stall_seconds) for a in self.attempts for s in a.saves])
         startup, restart = first.start_up(), _sum([a.start_up() for a in later])
-        down, recomputed = self.down(end), self.recomputed()
+        down, (recomputed, estimated) = self.down(end), self.recomputed()
         wall = _seconds(self.launched.time, end)
         known = [t for t in (productive, stall, startup, restart, down, recomputed) if t is not None]
         return Goodput(
@@ -206,6 +219,7 @@ class _Fold:
             saves=sum(len(a.saves) for a in self.attempts),
             lost_steps=None if None in lost else sum(n for n in lost if n is not None),
             step_seconds=self.step_seconds(),
+            recomputed_estimated=estimated,
         )
 
 

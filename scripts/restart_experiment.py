@@ -48,13 +48,13 @@ from ftrain.experiments.config import (
     parse_injection,
     write_json,
 )
-from ftrain.experiments.inputs import RUN_LOG, analyze_directory, decode_record, opened
+from ftrain.experiments.inputs import RUN_LOG, analyze_directory, opened
 from ftrain.experiments.plot import publish
 from ftrain.experiments.schedule import KillSchedule
 from ftrain.logs import configure as configure_logging
 from ftrain.service import RunService
 from ftrain.supervise.procs import children, signal_job
-from ftrain.train.metrics import metrics_path
+from ftrain.train.metrics import decode_record, metrics_path
 from workers.layout import complete_steps, run_dir
 
 POLL_S = 0.05

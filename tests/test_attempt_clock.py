@@ -28,7 +28,7 @@ def measure(clock: AttemptClock, hand: Hand, step: int, at: float) -> tuple[obje
     hand.now = at
     got = clock.measured(step, event(step))
     assert msgspec.structs.replace(got, stall_seconds=UNSET, train_seconds=UNSET, loop_seconds=UNSET,
-                                   lost_steps=UNSET) == event(step)  # fmt: skip
+                                   lost_steps=UNSET, lost_seconds=UNSET) == event(step)  # fmt: skip
     return got.stall_seconds, got.train_seconds, got.loop_seconds, got.lost_steps
 
 
@@ -89,6 +89,24 @@ def test_the_steps_the_previous_attempt_lost_are_reported_on_every_save_within_b
     clock.lost(2**70)
     clock.began(30)
     assert measure(clock, hand, 30, 3.0)[3] == INT64_MAX
+
+
+def test_the_lost_steps_time_is_reported_when_timed_within_bounds_and_absent_when_not() -> None:
+    clock, hand = started(0.0)
+    clock.lost(4, 2.5)
+    clock.began(10)
+    hand.now = 1.0
+    assert clock.measured(10, event(10)).lost_seconds == 2.5
+    clock.lost(4, -1.0)  # a clock that stepped back
+    clock.began(20)
+    assert clock.measured(20, event(20)).lost_seconds == 0.0
+    clock.lost(4, float("inf"))
+    clock.began(30)
+    assert clock.measured(30, event(30)).lost_seconds == MAX_AMOUNT
+    clock.lost(4)
+    clock.began(40)
+    got = clock.measured(40, event(40))
+    assert (got.lost_steps, got.lost_seconds) == (4, UNSET)
 
 
 def test_the_loop_starts_at_construction_until_start_says_otherwise() -> None:

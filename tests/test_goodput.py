@@ -118,6 +118,21 @@ def test_a_failure_costs_down_time_a_restart_recomputed_steps_and_teardown_in_ot
     assert (g.attempts, g.failures, g.saves, g.lost_steps, g.step_seconds) == (2, 1, 3, 4, 0.6)
 
 
+def test_lost_steps_the_resumed_trainer_timed_are_recomputed_as_timed_not_estimated() -> None:
+    log = Log()
+    newest = first_attempt(log)
+    log.fail(22.4)
+    log.resume(newest, 25, attempt=2, count=1)
+    log.save(30, 37, attempt=2, stall_seconds=1.0, train_seconds=6.0, loop_seconds=7.0, lost_steps=4,
+             lost_seconds=3.1)  # fmt: skip
+    log.complete(38, attempt=2)
+    timed = log.measure()
+    estimated = failed_and_resumed().measure()
+    assert (timed.recomputed, timed.recomputed_estimated) == (3.1, False)
+    assert (estimated.recomputed, estimated.recomputed_estimated) == (pytest.approx(2.4), True)
+    assert timed.other == pytest.approx(estimated.other + 2.4 - 3.1)  # the estimate's error was in other
+
+
 def test_the_terms_always_sum_to_the_wall_time() -> None:
     g = failed_and_resumed().measure()
     parts = [g.productive, g.checkpoint_stall, g.startup, g.restart, g.down, g.recomputed, g.other]

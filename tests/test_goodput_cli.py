@@ -75,12 +75,22 @@ def test_the_json_outputs_carry_every_term_in_seconds(cli: Cli, env: dict[str, s
         "ratio": round(18 / 38, 6), "wall_seconds": 38.0, "productive_seconds": 18.0,
         "checkpoint_stall_seconds": 3.0, "startup_seconds": 5.0, "restart_seconds": 5.0, "down_seconds": 2.6,
         "recomputed_seconds": 2.4, "other_seconds": 2.0, "unknown": [], "attempts": 2, "failures": 1,
-        "saves": 3, "lost_steps": 4, "step_seconds": 0.6,
+        "saves": 3, "lost_steps": 4, "step_seconds": 0.6, "recomputed_estimated": True,
     }  # fmt: skip
     cost = json.loads(cli.ok("cost", "--run", RUN, "--json")[0])
     assert cost == {"run_id": RUN, "state": "completed", "gpus": 1, "gpu_hours": 1.0, "source": "reported",
                     "goodput": expected, "broken": None}  # fmt: skip
     assert json.loads(cli.ok("status", RUN, "--json")[0])["goodput"] == expected
+
+
+def test_lost_steps_the_trainer_timed_show_as_timed_not_priced(cli: Cli, env: dict[str, str]) -> None:
+    log = failed_and_resumed()
+    log.events[-2] = msgspec.structs.replace(log.events[-2], lost_seconds=3.1)
+    store(env, log.events)
+    assert "recomputed        3.1 s   8.2 %    4 step(s) lost, timed by the attempts that ran them" in (
+        cli.ok("cost", "--run", RUN)
+    )
+    assert json.loads(cli.ok("status", RUN, "--json")[0])["goodput"]["recomputed_estimated"] is False
 
 
 def test_an_old_log_shows_what_it_cannot_tell_as_unknown(cli: Cli, env: dict[str, str]) -> None:

@@ -9,9 +9,10 @@ import pytest
 from events.schema import AnyEvent, Checkpointed, Completed, Failed, Resumed
 from ftrain.experiments.analysis import analyze, analyze_phase
 from ftrain.experiments.config import Kill, parse_injection
-from ftrain.experiments.readings import PhaseInput, Record
+from ftrain.experiments.readings import PhaseInput
 from ftrain.experiments.report import markdown
 from ftrain.experiments.schedule import KillSchedule
+from ftrain.train.metrics import Record
 from tests.builders import checkpointed, launched
 from tests.conftest import modules_imported_by
 
@@ -193,6 +194,17 @@ def test_every_goodput_difference_beyond_rounding_is_reported() -> None:
     assert analyze_phase(no_first_step).problems == [
         "goodput: productive 28.80 s from the log, 27.80 s from the metrics",
         "goodput: startup 4.50 s from the log, 5.50 s from the metrics",
+    ]
+
+
+def test_lost_steps_the_trainer_timed_must_equal_the_metrics_within_rounding_not_half() -> None:
+    timed = with_event(phase(), 5, lost_seconds=4.8)  # what the resumed trainer read from the metrics
+    result = analyze_phase(timed)
+    assert result.problems == [] and result.goodput is not None
+    assert (result.goodput.log.recomputed, result.goodput.log.recomputed_estimated) == (4.8, False)
+    assert analyze_phase(with_event(phase(), 5, lost_seconds=4.89)).problems == []
+    assert analyze_phase(with_event(phase(), 5, lost_seconds=5.0)).problems == [
+        "goodput: recomputed 5.00 s from the log, 4.80 s from the metrics"  # an estimate this near would pass
     ]
 
 

@@ -49,7 +49,9 @@ def _notes(g: Goodput, status: str) -> dict[str, str]:
         "startup": "launched → the first training step",
         "restart": f"{restarts} restart(s): resumed → training again",
         "down": f"{g.failures} failure(s): failed → resumed" + (" (→ now)" if status == "failed" else ""),
-        "recomputed": f"{lost} step(s) lost × {pace} a step",
+        "recomputed": f"{lost} step(s) lost × {pace} a step"
+        if g.recomputed is None or g.recomputed_estimated
+        else f"{lost} step(s) lost, timed by the attempts that ran them",
         "other": "teardown after failures, work after the newest checkpoint, estimates' error"
         + (f"; includes the unknown {', '.join(LABELS[t] for t in g.unknown)}" if g.unknown else ""),
     }
@@ -87,4 +89,5 @@ def document(g: Goodput) -> dict[str, Any]:
         "saves": g.saves,
         "lost_steps": g.lost_steps,
         "step_seconds": None if g.step_seconds is None else round(g.step_seconds, 6),
+        "recomputed_estimated": g.recomputed_estimated,
     }

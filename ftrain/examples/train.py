@@ -38,7 +38,13 @@ from ftrain.train.checkpointing import (
 )
 from ftrain.train.faults import fault_point
 from ftrain.train.lifeline import die_with_launcher
-from ftrain.train.metrics import MetricsWriter, process_start_time, reached_step
+from ftrain.train.metrics import (
+    MetricsWriter,
+    lost_seconds,
+    metrics_path,
+    process_start_time,
+    reached_step,
+)
 from ftrain.train.resume import NoValidCheckpoint, ResumeFailed, ResumeRefused, ResumeStopped
 from workers.fence import Fenced
 from workers.stage_dir import UnsafeDirectory, default_stage_dir
@@ -259,8 +265,8 @@ def _loop(
     metrics = MetricsWriter(args.metrics_dir, rank)
     step = point.step if point else 0
     lost = max((reached or step) - step, 0)
-    if point is not None and reached is not None:
-        manager.clock.lost(lost)  # for the log's goodput; unknown without the previous attempt's metrics
+    if point is not None and reached is not None:  # for the log's goodput; unknown without the metrics
+        manager.clock.lost(lost, lost_seconds(metrics_path(args.metrics_dir, rank), step))
     first_after_resume = point is not None
     model, loader, optimizer = state.model, state.loader, state.optimizer
     assert isinstance(loader, ResumableLoader)

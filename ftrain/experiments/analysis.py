@@ -19,8 +19,9 @@ from events.schema import AnyEvent, Checkpointed, Completed, Failed, Launched, R
 from ftrain.experiments.checks import count_problems, failure_problems
 from ftrain.experiments.config import Kill
 from ftrain.experiments.goodput_check import check_goodput, disagreements
-from ftrain.experiments.readings import PhaseInput, Record, segments
+from ftrain.experiments.readings import PhaseInput
 from ftrain.experiments.results import ExperimentResult, Failure, Overhead, PhaseResult, Stall
+from ftrain.train.metrics import Record, segments
 
 FINAL_LINE: Final = re.compile(r"^FINAL step=(\d+) params_sha256=([0-9a-f]{64})", re.MULTILINE)
 

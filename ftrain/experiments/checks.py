@@ -5,8 +5,9 @@ import re
 from typing import Final
 
 from events.schema import Failed, Resumed
-from ftrain.experiments.readings import PhaseInput, Record
+from ftrain.experiments.readings import PhaseInput
 from ftrain.experiments.results import Failure
+from ftrain.train.metrics import Record
 
 RESUMED_LINE: Final = re.compile(r"^RESUMED from step=(\d+) \(epoch=\d+\)", re.MULTILINE)
 FAILED_LINE: Final = re.compile(r"^Attempt \d+ of \d+ failed ", re.MULTILINE)

@@ -15,9 +15,10 @@ and down time are the log's own, on both sides):
 - lost steps: `train/lost_steps` summed over the resumes.
 
 They agree when every term is equal within rounding (0.1 s; then so is the goodput, over the same wall time)
-and the lost steps exactly, except recomputed: the log estimates it (lost steps × the attempt's mean seconds per
-step) and the steps a failure throws away are not average ones (an async save's background work slows the steps
-right after it), so its time need only be within half the measured, or 0.1 s.
+and the lost steps exactly. Recomputed too, where the resumed trainer timed the lost steps from the failed
+attempt's metrics; where the log estimates it instead (lost steps × the attempt's mean seconds per step: a
+trainer that did not time them), its time need only be within half the measured, or 0.1 s: the steps a failure
+throws away are not average ones (an async save's background work slows the steps right after it).
 """
 
 from collections.abc import Sequence
@@ -27,7 +28,7 @@ import msgspec
 from msgspec import UNSET
 
 from events.schema import AnyEvent, Checkpointed, Completed, Launched, Resumed
-from ftrain.experiments.readings import Record, segments
+from ftrain.train.metrics import Record, loop_times, segments
 from projections.goodput import Goodput, measure
 
 ROUNDING_S: Final = 0.1
@@ -85,19 +86,13 @@ def _attempt(
 ) -> tuple[float, float, float]:
     """(productive, recomputed, stall) of one attempt's lines; `upto`: its last step the run kept."""
     last_recorded = max((i for i, r in enumerate(part) if r.is_save and r.iter in recorded), default=-1)
-    productive = recomputed = stall = held = 0.0
-    previous: float | None = None
-    for i, r in enumerate(part):
-        if r.is_save:
-            held += r.stall
-            stall += r.stall if i <= last_recorded else 0.0
-        elif r.is_step:
-            loop = (r.dt or 0.0) if previous is None else r.time - previous - held
-            previous, held = r.time, 0.0
-            if (r.iter or 0) <= upto:
-                productive += loop
-            elif failed:
-                recomputed += loop
+    stall = sum(r.stall for i, r in enumerate(part) if r.is_save and i <= last_recorded)
+    productive = recomputed = 0.0
+    for step, seconds in loop_times(part):
+        if step <= upto:
+            productive += seconds
+        elif failed:
+            recomputed += seconds
     return productive, recomputed, stall
 
 
@@ -152,6 +147,10 @@ def check_goodput(events: Sequence[AnyEvent], records: Sequence[Record]) -> Good
     return GoodputCheck(log=measure(events, now), measured=metrics)
 
 
+def _estimate(log: Goodput, term: str) -> bool:
+    return term == "recomputed" and log.recomputed_estimated
+
+
 def disagreements(check: GoodputCheck) -> list[str]:
     """Each term the log and the metrics do not give equal within rounding."""
     log, metrics = check.log, check.measured
@@ -162,7 +161,7 @@ def disagreements(check: GoodputCheck) -> list[str]:
         a, b = getattr(log, term), getattr(metrics, term)
         if a is None or b is None:
             problems.append(f"goodput: {term} is unknown from the {'log' if a is None else 'metrics'}")
-        elif abs(a - b) > max(ROUNDING_S, ESTIMATE_SHARE * b if term == "recomputed" else 0.0):
+        elif abs(a - b) > max(ROUNDING_S, ESTIMATE_SHARE * b if _estimate(log, term) else 0.0):
             problems.append(f"goodput: {term} {a:.2f} s from the log, {b:.2f} s from the metrics")
     if log.lost_steps != metrics.lost_steps:
         problems.append(

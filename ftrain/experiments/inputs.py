@@ -11,39 +11,19 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Final
 
-import msgspec
-
 from events.jetstream.server import server_status, stop_server
 from events.schema import AnyEvent, Launched
 from ftrain import settings
 from ftrain.experiments.analysis import analyze
 from ftrain.experiments.config import PHASES, ExperimentConfig, Kill, read_config, read_kills
-from ftrain.experiments.readings import PhaseInput, Record
+from ftrain.experiments.readings import PhaseInput
 from ftrain.experiments.results import ExperimentResult
 from ftrain.service import RunService
-from ftrain.train.metrics import metrics_path
+from ftrain.train.metrics import metrics_path, read_records
 from workers.checkpoint_dir import uri_path
 from workers.layout import run_dir, set_asides
 
 RUN_LOG: Final = "run.log"
-_record = msgspec.json.Decoder(Record)
-
-
-def decode_record(line: bytes) -> Record | None:
-    """One metrics line; None for a line torn by a kill (or cut by a reader's seek)."""
-    try:
-        return _record.decode(line)
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        return None
-
-
-def read_records(directory: Path, rank: int = 0) -> list[Record]:
-    """A rank's metrics lines, in order, torn ones skipped."""
-    try:
-        lines = metrics_path(directory, rank).read_bytes().splitlines()
-    except FileNotFoundError:
-        return []
-    return [record for line in lines if (record := decode_record(line)) is not None]
 
 
 def command_flag(command: Sequence[str], flag: str) -> str | None:
@@ -86,7 +66,7 @@ async def phase_input(
         save_interval=int(interval) if interval and interval.isdigit() else None,
         events=events,
         findings=findings,
-        records=read_records(Path(metrics) if metrics else ckpt_dir / "metrics"),
+        records=read_records(metrics_path(Path(metrics) if metrics else ckpt_dir / "metrics", 0)),
         stdout=stdout,
         kills=kills,
         set_aside=set_aside_steps(ckpt_dir),

@@ -1,6 +1,7 @@
 """What rank 0 measures for goodput and reports on each `checkpointed` (`projections.goodput` folds it): when
 this attempt's training loop began, its training time before each save, how long each save held the loop, and
-the steps its resume re-did. Torch-free, and the clock is injectable, so it is tested without a job.
+the steps its resume re-did with their time. Torch-free, and the clock is injectable, so it is tested without a
+job.
 
 `CheckpointManager` owns one: `start()` once resume is done, `began(step)` and `ended(step, stall)` around each
 save, and `measured(step, event)` where the event is built. Each event reports the stall not reported yet, so
@@ -37,15 +38,17 @@ class AttemptClock:
         """Saves whose event is still to be built: step → (when it began, training time before it)."""
         self._ended: set[int] = set()
         """Those of them that gave the loop back already (async)."""
-        self._lost: int | None = None
+        self._lost: tuple[int, float | None] | None = None
+        """The steps the previous attempt trained past this one's checkpoint, and their loop time if known."""
 
     def start(self) -> None:
         """The training loop begins now: start-up and restore are done."""
         self._loop_start = self._clock()
 
-    def lost(self, steps: int) -> None:
-        """The previous attempt had trained `steps` past the checkpoint this one resumed from."""
-        self._lost = min(max(steps, 0), INT64_MAX)
+    def lost(self, steps: int, seconds: float | None = None) -> None:
+        """The previous attempt had trained `steps` past the checkpoint this one resumed from, in `seconds`
+        of its training loop (None: not timed)."""
+        self._lost = (min(max(steps, 0), INT64_MAX), None if seconds is None else _amount(seconds))
 
     def began(self, step: int) -> None:
         """The save of `step` takes the loop now."""
@@ -71,5 +74,6 @@ class AttemptClock:
             stall_seconds=_amount(stall),
             train_seconds=_amount(trained),
             loop_seconds=_amount(now - self._loop_start),
-            lost_steps=msgspec.UNSET if self._lost is None else self._lost,
+            lost_steps=msgspec.UNSET if self._lost is None else self._lost[0],
+            lost_seconds=msgspec.UNSET if self._lost is None or self._lost[1] is None else self._lost[1],
         )

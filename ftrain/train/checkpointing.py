@@ -102,8 +102,8 @@ class CheckpointManager:
             ObjectSaver(config, self.group, self._manifest, self._record) if config.object_dir else None
         )
         self.clock = AttemptClock()
-        """What the `checkpointed` events report for goodput; `clock.lost(n)` when the script knows how many
-        steps the previous attempt trained past the checkpoint this one resumed from."""
+        """What the `checkpointed` events report for goodput; `clock.lost(n, seconds)` when the script knows
+        how many steps the previous attempt trained past the checkpoint this one resumed from (and how long)."""
 
     @property
     def stage_root(self) -> Path:

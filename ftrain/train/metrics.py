@@ -7,6 +7,7 @@ Names follow the seed: `train/iter`, `train/loss`, `train/dt`, `train/ckpt_save_
 
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,20 +36,101 @@ def process_start_time() -> float:
         return time.time()
 
 
-def last_iter(path: Path) -> int | None:
-    """The last `train/iter` a previous attempt logged (None without one): the step it reached."""
+class Record(
+    msgspec.Struct,
+    frozen=True,
+    kw_only=True,
+    rename={
+        "iter": "train/iter",
+        "loss": "train/loss",
+        "dt": "train/dt",
+        "save_seconds": "train/ckpt_save_seconds",
+        "stage_seconds": "train/ckpt_stage_seconds",
+        "drain_seconds": "train/ckpt_drain_seconds",
+        "restart_seconds": "train/restart_seconds",
+        "lost_steps": "train/lost_steps",
+    },
+):
+    """One metrics line, as the readers of the file use it: the resuming trainer and the restart analysis."""
+
+    time: float
+    iter: int | None = None
+    loss: float | None = None
+    dt: float | None = None
+    save_seconds: float | None = None
+    stage_seconds: float | None = None
+    drain_seconds: float | None = None
+    restart_seconds: float | None = None
+    lost_steps: int | None = None
+    final: bool = False
+
+    @property
+    def is_step(self) -> bool:
+        """A training step's line (not a save's, not the end-of-job drain)."""
+        return self.dt is not None and self.iter is not None
+
+    @property
+    def is_save(self) -> bool:
+        """The line a save writes once the training loop may go on."""
+        return self.iter is not None and (self.save_seconds is not None or self.stage_seconds is not None)
+
+    @property
+    def stall(self) -> float:
+        """Seconds this save held up training: the sync write, or async stage plus waiting for the previous."""
+        return (self.save_seconds or 0.0) + (self.stage_seconds or 0.0) + (self.drain_seconds or 0.0)
+
+
+_record = msgspec.json.Decoder(Record)
+
+
+def decode_record(line: bytes) -> Record | None:
+    """One metrics line; None for a line torn by a kill (or cut by a reader's seek)."""
+    try:
+        return _record.decode(line)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+
+
+def read_records(path: Path) -> list[Record]:
+    """A metrics file's lines, in order, torn ones skipped ([] without the file)."""
     try:
         lines = path.read_bytes().splitlines()
     except FileNotFoundError:
-        return None
-    for line in reversed(lines):
-        try:
-            record = msgspec.json.decode(line)
-        except msgspec.DecodeError:
-            continue  # a line torn by a kill
-        if isinstance(record, dict) and "train/iter" in record:
-            return int(record["train/iter"])
-    return None
+        return []
+    return [record for line in lines if (record := decode_record(line)) is not None]
+
+
+def segments(records: Sequence[Record]) -> list[list[Record]]:
+    """One rank's records split into attempts: each resume's first step (it carries `restart_seconds`) opens
+    one. An attempt that died before its first step leaves no segment."""
+    out: list[list[Record]] = [[]]
+    for record in records:
+        if record.restart_seconds is not None and out[-1]:
+            out.append([])
+        out[-1].append(record)
+    return out
+
+
+def loop_times(attempt: Sequence[Record]) -> list[tuple[int, float]]:
+    """(step, seconds in the training loop) of each step line of one attempt's records: from the previous
+    step's line to its own, less the save stalls between; the attempt's first step, its `train/dt`."""
+    out: list[tuple[int, float]] = []
+    previous: float | None = None
+    held = 0.0
+    for record in attempt:
+        if record.is_save:
+            held += record.stall
+        elif record.is_step and record.iter is not None:
+            out.append(
+                (record.iter, (record.dt or 0.0) if previous is None else record.time - previous - held)
+            )
+            previous, held = record.time, 0.0
+    return out
+
+
+def last_iter(path: Path) -> int | None:
+    """The last `train/iter` a previous attempt logged (None without one): the step it reached."""
+    return next((r.iter for r in reversed(read_records(path)) if r.iter is not None), None)
 
 
 def reached_step(directory: Path) -> int | None:
@@ -56,6 +138,15 @@ def reached_step(directory: Path) -> int | None:
     different points, and the work lost is what the furthest one had done."""
     reached = [step for path in directory.glob("metrics-*.jsonl") if (step := last_iter(path)) is not None]
     return max(reached, default=None)
+
+
+def lost_seconds(path: Path, resumed_from: int) -> float | None:
+    """The loop time of the steps past `resumed_from` in the last attempt of a metrics file: what the run
+    spends again re-doing them (None without a previous attempt's steps)."""
+    parts = segments(read_records(path))
+    if not parts[-1]:
+        return None
+    return sum(seconds for step, seconds in loop_times(parts[-1]) if step > resumed_from)
 
 
 class MetricsWriter:
