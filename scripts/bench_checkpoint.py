@@ -22,6 +22,8 @@ model + AdamW state ≈ 1 GB; ``--state-gb`` picks the layers and width nearest 
 
 Blocking is the time the training loop waits; durable + finalized is until the data is fsync'd (and, for
 ftrain, the manifest, marker and rename are done on rank 0), barrier to barrier, so the slowest rank counts.
+CPU-s is every rank's CPU time in the operation, all threads, summed: against the machine's cores it bounds how
+fast ftrain's extra work (SHA-256) could go here, and the report prints that bound beside the ratios.
 """
 
 from __future__ import annotations
@@ -114,6 +116,13 @@ def total(value: int) -> int:
     return int(box.item())
 
 
+def summed(value: float) -> float:
+    """The sum of `value` over the ranks."""
+    box = torch.tensor([value], dtype=torch.float64)
+    dist.all_reduce(box)
+    return float(box.item())
+
+
 def dir_bytes(path: Path) -> int:
     """Bytes of the files under `path`."""
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
@@ -172,6 +181,7 @@ class Samples:
     durable: list[float] = field(default_factory=list)
     disk_bytes: list[int] = field(default_factory=list)
     extra: list[float] = field(default_factory=list)  # gather (torch.save) or the save() call (ftrain async)
+    cpu: list[float] = field(default_factory=list)  # CPU time of all ranks, every thread, barrier to barrier
 
 
 # -------------------------------------------------------------------------------------------- the saves
@@ -294,10 +304,11 @@ class Bench:
         }[method]
         self.step += 1
         dist.barrier()
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         blocking, extra, target = op()
+        cpu = time.process_time() - cpu
         dist.barrier()
-        durable = worst(time.perf_counter() - start)
+        durable, cpu = worst(time.perf_counter() - start), summed(cpu)
         blocking = durable if blocking is None else worst(blocking)
         extra = worst(extra)
         size = dir_bytes(target) if self.rank == 0 else 0
@@ -314,6 +325,7 @@ class Bench:
             s.durable.append(durable)
             s.disk_bytes.append(size)
             s.extra.append(extra)
+            s.cpu.append(cpu)
         say(
             f"      {method:<26} blocking {blocking:7.3f} s   durable {durable:7.3f} s"
             + ("" if record else "   (warm-up)")
@@ -345,7 +357,8 @@ class Bench:
     # -- resume --------------------------------------------------------------------------------------------
 
     def resume(self, repeats: int) -> dict[str, dict[str, list[float]]]:
-        """ftrain `load()` of the kept ftrain sync checkpoint vs `dcp.load` of the kept raw one, cold and cached.
+        """ftrain `load()` of the kept ftrain sync checkpoint vs `dcp.load` of the kept raw one, cold and cached:
+        each load's wall time, and (`<mode> cpu`) the CPU time all ranks spent in it, every thread counted.
 
         The ftrain run directory holds exactly that one checkpoint; run_id None is file mode (no log)."""
         raw_dir = self.kept[RAW][1]
@@ -360,7 +373,9 @@ class Bench:
                 point = manager.load()
             assert point is not None and point.step == sync_step, point
 
-        out: dict[str, dict[str, list[float]]] = {m: {"cold": [], "cached": []} for m in (RAW_LOAD, FT_LOAD)}
+        out: dict[str, dict[str, list[float]]] = {
+            m: {"cold": [], "cached": [], "cold cpu": [], "cached cpu": []} for m in (RAW_LOAD, FT_LOAD)
+        }
         loads = {RAW_LOAD: (raw_load, raw_dir), FT_LOAD: (ftrain_load, self.sync_dir)}
         for r in range(repeats):
             order = (RAW_LOAD, FT_LOAD) if r % 2 == 0 else (FT_LOAD, RAW_LOAD)
@@ -370,12 +385,14 @@ class Bench:
                     if mode == "cold" and self.rank == 0:
                         evict(path)
                     dist.barrier()
-                    start = time.perf_counter()
+                    start, cpu = time.perf_counter(), time.process_time()
                     load()
+                    cpu = time.process_time() - cpu
                     dist.barrier()
-                    seconds = worst(time.perf_counter() - start)
+                    seconds, cpu = worst(time.perf_counter() - start), summed(cpu)
                     out[name][mode].append(seconds)
-                    say(f"      {name:<30} {mode:<6} {seconds:7.3f} s")
+                    out[name][f"{mode} cpu"].append(cpu)
+                    say(f"      {name:<30} {mode:<6} {seconds:7.3f} s, {cpu:6.3f} CPU-s")
         manager.close()
         return out
 
@@ -421,7 +438,7 @@ def report(r: dict[str, Any]) -> None:
     if r["model"] == "debug":
         print("debug model: a smoke run; fixed costs dominate, so the ratios mean nothing (use 85m)")
     rows: list[tuple[str, ...]] = [
-        ("method", "blocking s", "durable+finalized s", "(min-max)", "GB/s", "on disk GB", "note")
+        ("method", "blocking s", "durable+finalized s", "(min-max)", "GB/s", "CPU-s", "on disk GB", "note")
     ]
     for method in (m for m in METHODS if m in r["saves"]):
         s = r["saves"][method]
@@ -440,6 +457,7 @@ def report(r: dict[str, Any]) -> None:
                 f"{s['durable']:.3f}",
                 f"({min(s['all_durable']):.2f}-{max(s['all_durable']):.2f})",
                 f"{r['state_bytes'] / GB / s['durable']:.3f}",
+                f"{s['cpu']:.3f}",
                 f"{s['disk_bytes'] / GB:.3f}",
                 note,
             )
@@ -451,30 +469,53 @@ def report(r: dict[str, Any]) -> None:
         f"copy floor: {r['copy_gbps']:.2f} GB/s per rank ({source}{together}, measured each round) -> "
         f"{r['copy_floor']:.3f} s for the larger shard ({r['rank_bytes_max'] / GB:.3f} GB)"
     )
+    raw, sync, cores = r["saves"][RAW], r["saves"][FT_SYNC], m["cores"]
+    print(
+        f"CPU-s: every rank's CPU time, all threads, barrier to barrier. raw dcp.save keeps "
+        f"{raw['cpu'] / (cores * raw['durable']) * 100:.0f} % of the {cores} cores busy; ftrain sync needs "
+        f"{sync['cpu']:.3f} CPU-s, so its throughput cannot pass "
+        f"{1 / cpu_floor(sync['cpu'], cores, raw['durable']):.2f}x raw dcp.save's on these cores"
+    )
     res = r["resume"]
     print(
         f"\nresume ({r['repeats']} rounds, medians): both checkpoints written earlier in this run; cold = "
         "pages dropped with posix_fadvise(DONTNEED) first, cached = read again straight after"
     )
-    rows = [("method", "cold s", "cached s", "cold GB/s", "cached GB/s")]
+    rows = [("method", "cold s", "cold CPU-s", "cached s", "cached CPU-s", "cold GB/s", "cached GB/s")]
     for name in (RAW_LOAD, FT_LOAD):
         cold, cached = res[name]["cold"], res[name]["cached"]
         rows.append(
             (
                 name,
                 f"{cold:.3f}",
+                f"{res[name]['cold cpu']:.3f}",
                 f"{cached:.3f}",
+                f"{res[name]['cached cpu']:.3f}",
                 f"{r['state_bytes'] / GB / cold:.3f}",
                 f"{r['state_bytes'] / GB / cached:.3f}",
             )
         )
     table(rows)
+    for mode in ("cold", "cached"):
+        busy = res[RAW_LOAD][f"{mode} cpu"] / (cores * res[RAW_LOAD][mode])
+        need = res[FT_LOAD][f"{mode} cpu"]
+        print(
+            f"{mode}: raw dcp.load keeps {busy * 100:.0f} % of the {cores} cores busy; ftrain's load needs "
+            f"{need:.3f} CPU-s, so it cannot end in under "
+            f"{cpu_floor(need, cores, res[RAW_LOAD][mode]):.2f}x raw dcp.load's time on these cores"
+        )
     print("\ntargets")
     rows = [("figure", "value", "target", "")]
     for name, value, target, ok in targets(r):
         rows.append((name, value, target, verdict(ok)))
     table(rows)
     print(f"wall time {r['wall_s']:.1f} s")
+
+
+def cpu_floor(cpu: float, cores: int, baseline: float) -> float:
+    """The least time ÷ `baseline` seconds that work of `cpu` CPU-seconds can take on `cores` cores (spread
+    over all of them; 1.0 where it fits beside the baseline's)."""
+    return max(1.0, cpu / (cores * baseline))
 
 
 def targets(r: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
@@ -590,6 +631,7 @@ def worker(args: argparse.Namespace) -> int:
                 "durable": median(s.durable),
                 "disk_bytes": median(s.disk_bytes),
                 "extra": median(s.extra),
+                "cpu": median(s.cpu),
                 "all_blocking": s.blocking,
                 "all_durable": s.durable,
             }
