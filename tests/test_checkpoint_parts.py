@@ -25,6 +25,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
+import ftrain.train.metrics
 import workers.dcp_writer
 import workers.files
 from events.chain import ChainHead
@@ -34,7 +35,7 @@ from ftrain.settings import KILL_POINTS
 from ftrain.train import checkpointing
 from ftrain.train.checkpointing import CheckpointManager
 from ftrain.train.config import CheckpointConfig
-from ftrain.train.metrics import last_iter, lost_seconds, process_start_time, reached_step
+from ftrain.train.metrics import Record, last_iter, lost_seconds, process_start_time, reached_step
 from ftrain.train.resume import cleanup_stale, set_aside_planned
 from ftrain.train.resume_load import owned
 from ftrain.train.state import TrainState
@@ -558,6 +559,26 @@ def test_lost_seconds_are_the_loop_time_of_the_last_attempts_steps_past_the_chec
     assert lost_seconds(path, 10) == pytest.approx(1.0 + 1.2)
     assert lost_seconds(path, 12) == 0.0
     assert lost_seconds(path, 8) == pytest.approx(0.4 + 0.5 + 1.0 + 1.2)  # the first step: its own dt
+
+
+def test_a_resume_reads_a_long_runs_metrics_back_from_the_end_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "metrics-0.jsonl"
+    lines = [{"time": float(i), "train/iter": i, "train/dt": 0.5} for i in range(1, 100_001)]
+    path.write_bytes(b"".join(msgspec.json.encode(r) + b"\n" for r in lines))
+    decoded: list[bytes] = []
+    real = ftrain.train.metrics.decode_record
+
+    def spy(line: bytes) -> Record | None:
+        decoded.append(line)
+        return real(line)
+
+    monkeypatch.setattr(ftrain.train.metrics, "decode_record", spy)
+    assert (last_iter(path), len(decoded)) == (100_000, 1)
+    decoded.clear()
+    assert lost_seconds(path, 99_990) == pytest.approx(10.0)
+    assert len(decoded) == 11  # the ten lost steps and the one resumed from
 
 
 def test_process_start_time_is_when_the_process_started(tmp_path: Path) -> None:
