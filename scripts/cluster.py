@@ -12,7 +12,7 @@ at .1, node N at .10+N). Commands run in it under their own UTS namespace, so ea
 the process table are shared, as on NFS-mounted nodes seen by one root. Each node's NATS server listens on a
 second address of the node, on a subnet of its own (10.78.<net>.10+N), so its traffic leaves from that address.
 A partition is a link set down (`cut`), healed with `heal`; `cut_nats` parts a node from every other node's NATS
-server with blackhole routes in its namespace while its link, and training over it, stay up (`heal_nats`); no
+server with blackhole routes and rules in its namespace while its link, and training over it, stay up (`heal_nats`); no
 firewall or tc netem is needed. Everything made is named by the tag and recorded in `<work>/cluster.json`, so
 `down` (or `sweep`) removes it even after a failed test: processes first (every pid in each namespace), then
 namespaces (their routes with them), veths and the bridge.
@@ -40,6 +40,8 @@ from typing import Any
 STATE = "cluster.json"
 NATS_CLIENT_PORT = 4222
 NATS_ROUTE_PORT = 6222
+CUT_RULE_PREF = 100
+LOCAL_RULE_PREF = 200
 
 
 def unavailable() -> str | None:
@@ -121,6 +123,9 @@ class Cluster:
             _ip("-n", ns, "addr", "add", f"{self.nats_address(node)}/24", "dev", "eth0")
             _ip("-n", ns, "link", "set", "eth0", "up")
             _ip("-n", ns, "link", "set", "lo", "up")
+            # local delivery looked up after `cut_nats`'s rules (pref 0 would accept first what they drop)
+            _ip("-n", ns, "rule", "add", "pref", str(LOCAL_RULE_PREF), "lookup", "local")
+            _ip("-n", ns, "rule", "del", "pref", "0")
             _ip("link", "set", veth, "master", self.bridge)
             _ip("link", "set", veth, "up")
             self.home(node).mkdir(parents=True, exist_ok=True)
@@ -194,18 +199,24 @@ class Cluster:
 
     def cut_nats(self, node: str) -> None:
         """Cut `node` off from every other node's NATS server while its link stays up (training traffic flows):
-        packets to their addresses are dropped there, and so are its replies to theirs, which come from those
-        addresses, so no connection either way lives. Its own server, reachable on the node, is cut off with it."""
+        in its namespace, packets to their addresses are dropped (a blackhole route) and so are packets from
+        them (a blackhole rule, looked up before local delivery), so nothing passes either way, not even into a
+        socket's buffer. Its own server, reachable on the node (and from the host), is cut off with it."""
+        ns = self.namespace(node)
         for other in self.nodes:
             if other != node:
-                _ip("-n", self.namespace(node), "route", "add", "blackhole", f"{self.nats_address(other)}/32")
+                _ip("-n", ns, "route", "add", "blackhole", f"{self.nats_address(other)}/32")
+                _ip("-n", ns, "rule", "add", "pref", str(CUT_RULE_PREF), "from", self.nats_address(other),
+                    "blackhole")  # fmt: skip
 
     def heal_nats(self, node: str) -> None:
         """Undo `cut_nats` (whatever of it is there)."""
+        ns = self.namespace(node)
         for other in self.nodes:
             if other != node:
-                _ip("-n", self.namespace(node), "route", "del", "blackhole", f"{self.nats_address(other)}/32",
-                    check=False)  # fmt: skip
+                _ip("-n", ns, "route", "del", "blackhole", f"{self.nats_address(other)}/32", check=False)
+                _ip("-n", ns, "rule", "del", "pref", str(CUT_RULE_PREF), "from", self.nats_address(other),
+                    "blackhole", check=False)  # fmt: skip
 
     def pids(self, node: str) -> list[int]:
         """Every process on `node` (in its network namespace), its NATS server included."""
@@ -285,6 +296,13 @@ class Cluster:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGKILL)
         _wait_gone(pid)
+
+    def pause_nats(self, node: str) -> None:
+        """SIGSTOP `node`'s nats-server: it misses what the others agree on meanwhile (`resume_nats` wakes it)."""
+        os.killpg(self.nats[node], signal.SIGSTOP)
+
+    def resume_nats(self, node: str) -> None:
+        os.killpg(self.nats[node], signal.SIGCONT)
 
     def nats_env(self, replicas: int = 3) -> dict[str, str]:
         """What a client sets to use the cluster: every URL, the seed, replicated streams."""

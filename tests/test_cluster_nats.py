@@ -3,12 +3,15 @@ server per node, the stream replicated 3 ways, each node with its own FTRAIN_HOM
 keys trusted as users would exchange them). The stream's leader killed mid-run: every acknowledged event
 survives, appends go on from another node, and the audit, run from a third node, is intact."""
 
+import asyncio
+import contextlib
 import json
 import re
 import subprocess
 import sys
 import time
 
+import nats
 import pytest
 
 from tests.netns import FTRAIN, stream_leader
@@ -18,16 +21,27 @@ RUN = "dist-JPCP-2x2-fsdp"
 pytestmark = pytest.mark.timeout(300)
 
 
-def ftrain(nodes: "harness.Cluster", node: str, *args: str) -> tuple[int, str, str]:
+def ftrain(
+    nodes: "harness.Cluster", node: str, *args: str, servers: list[str] | None = None
+) -> tuple[int, str, str]:
+    """`ftrain args` on `node`, a client of every NATS server (or of `servers` only)."""
     shared = nodes.work / "shared" / "ckpt"
-    done = nodes.run(node, [FTRAIN, *args], {**nodes.nats_env(), "FTRAIN_STORAGE": str(shared)})
+    env = {**nodes.nats_env(), "FTRAIN_STORAGE": str(shared), "FTRAIN_NATS_URL": nodes.nats_urls(servers)}
+    done = nodes.run(node, [FTRAIN, *args], env)
     return done.returncode, done.stdout, done.stderr
 
 
-def checkpoint(nodes: "harness.Cluster", node: str, step: int) -> tuple[int, str, str]:
-    state = json.dumps({"step": step})
-    return ftrain(nodes, node, "checkpoint", RUN, "--step", str(step), "--epoch", "1", "--shards", "4",
-                  "--state", state)  # fmt: skip
+def checkpoint(
+    nodes: "harness.Cluster", node: str, step: int, run: str = RUN, from_host: bool = False
+) -> tuple[int, str, str]:
+    """`ftrain checkpoint` on `node` (`from_host`: as `node`'s user, logged in on the host)."""
+    argv = [FTRAIN, "checkpoint", run, "--step", str(step), "--epoch", "1", "--shards", "4", "--state",
+            json.dumps({"step": step})]  # fmt: skip
+    if not from_host:
+        return ftrain(nodes, node, *argv[1:])
+    env = {**nodes.env(node, nodes.nats_env()), "FTRAIN_STORAGE": str(nodes.work / "shared" / "ckpt")}
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
+    return done.returncode, done.stdout, done.stderr
 
 
 def test_the_stream_leader_killed_mid_run_loses_no_acknowledged_event(nodes: "harness.Cluster") -> None:
@@ -123,3 +137,94 @@ def test_a_writer_cut_off_from_every_nats_node_buffers_and_lands_in_order_when_t
     assert steps == [10, 20, 30, 40, 50, 60, 70]
     code, out, err = ftrain(nodes, "node2", "audit", "verify")
     assert code == 0 and "intact" in out, out + err
+
+
+async def leader_and_replica(nodes: "harness.Cluster", node: str) -> tuple[str | None, int]:
+    """What `node`'s server says of the stream: its leader (None: it has none it can reach) and the last
+    sequence it holds; asked from the host, of that server alone."""
+    client = await nats.connect(nodes.nats_urls([node]), nkeys_seed=str(nodes.nats_seed()), connect_timeout=2,
+                                max_reconnect_attempts=0)  # fmt: skip
+    try:
+        info = await client.jetstream(timeout=2).stream_info("FTRAIN_EVENTS")
+        return (info.cluster.leader if info.cluster else None), int(info.state.last_seq)
+    finally:
+        await client.close()
+
+
+async def until_leaderless(nodes: "harness.Cluster", node: str) -> int:
+    """Wait until `node`'s server answers for the stream without a leader; the last sequence it holds."""
+    deadline = time.monotonic() + 45
+    while True:
+        with contextlib.suppress(nats.errors.Error, asyncio.TimeoutError):
+            leader, last = await leader_and_replica(nodes, node)
+            if leader is None:
+                return last
+        assert time.monotonic() < deadline, f"{node}'s server still sees a leader"
+        await asyncio.sleep(0.5)
+
+
+READER = """
+import asyncio, os, sys
+from events.jetstream.connection import open_store
+from events.jetstream.store import LogTampered, LogUnavailable
+from ftrain import settings
+from projections.run_log import RunLog
+
+async def main(run):
+    async with open_store(settings.nats(os.environ), deadline=3) as store:
+        try:
+            await store.ensure_stream()
+            print("> stream as anchored", flush=True)
+        except (LogTampered, LogUnavailable) as exc:
+            print(">", type(exc).__name__, exc, flush=True)
+    print("> reading", flush=True)
+    async with open_store(settings.nats(os.environ), deadline=60) as store:
+        state = await RunLog(store, run).state()
+        print("> step", state and state.step, flush=True)
+
+asyncio.run(main(sys.argv[1]))
+"""
+
+
+def told(proc: "subprocess.Popen[str]") -> str:
+    """The reader's next `> ` line (its log lines, also on stdout, passed over)."""
+    assert proc.stdout is not None
+    while (line := proc.stdout.readline()) and not line.startswith("> "):
+        pass
+    return line[2:].strip()
+
+
+async def test_a_server_cut_off_behind_the_others_is_unavailable_never_an_older_log(
+    nodes: "harness.Cluster",
+) -> None:
+    """Any member of a replicated stream answers for it when the group has no leader it can reach, from its own
+    replica, and any replica answers direct gets. node1's server misses an acknowledged checkpoint (stopped and
+    cut off); a client on node1, which reaches only that server, holds an anchor newer than its replica. It is
+    told the log is unavailable (retry later), never that the stream went back (tampered: nothing appended
+    until an operator repairs it); a run's state read there waits for the leader and is never an older one."""
+    run = "dist-BEHIND-1x2-fsdp"
+    code, out, err = ftrain(nodes, "node1", "launch", "BEHIND", "--nodes", "1", "--gpus-per-node", "2")
+    assert code == 0 and run in out, out + err
+    code, _, err = checkpoint(nodes, "node1", 10, run)
+    assert code == 0, err
+    nodes.pause_nats("node1")  # stopped, then cut off: not a byte of what follows reaches it
+    nodes.cut_nats("node1")
+    try:
+        try:  # node1's user, from a login on the host, which reaches the others: anchored in node1's home
+            code, _, err = await asyncio.to_thread(checkpoint, nodes, "node1", 20, run, from_host=True)
+            assert code == 0, err
+        finally:
+            nodes.resume_nats("node1")
+        behind = await until_leaderless(nodes, "node1")
+        assert behind < (await leader_and_replica(nodes, "node2"))[1]
+        reader = nodes.popen("node1", [sys.executable, "-c", READER, run], nodes.nats_env(),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+        first = await asyncio.to_thread(told, reader)
+        assert first.startswith("LogUnavailable") and "NoStreamLeader" in first, first
+        assert await asyncio.to_thread(told, reader) == "reading"
+        await asyncio.sleep(3)
+        assert reader.poll() is None, reader.communicate()  # waiting for a leader: no answer yet
+    finally:
+        nodes.heal_nats("node1")
+    assert await asyncio.to_thread(told, reader) == "step 20"
+    assert await asyncio.to_thread(reader.wait, 30) == 0

@@ -36,6 +36,7 @@ from events.schema import (
 )
 from ftrain import settings
 from ftrain.service import RunService
+from projections import run_log
 from projections.lifecycle import (
     CheckpointIntent,
     CompleteIntent,
@@ -49,7 +50,7 @@ from projections.lifecycle import (
     check,
     decide_intent,
 )
-from projections.run_log import RunLog
+from projections.run_log import ContendedRun, RunLog
 from tests.builders import T0, fold, launched
 from tests.conftest import free_port
 from tests.servers import kill_server, restart_server
@@ -438,6 +439,23 @@ async def test_a_resume_the_fold_refuses_is_set_aside_with_its_reason_and_the_re
     assert "newest valid checkpoint" in rejected.reason
     assert kinds(await run_events(app)) == ["Launched", "Checkpointed", "Checkpointed", "Failed", "Resumed"]
     assert outbox.pending(RUN) == []
+
+
+async def test_a_run_other_writers_keep_appending_to_keeps_its_intents_pending_never_refused(
+    app: RunService, env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Losing every race to other writers is transient: the intents stay pending, in order, for the next try
+    (setting them aside would lose their events), and land once the run is quiet."""
+    await launch(app)
+    outbox = node_outbox(env)
+    ids = [outbox.put(RUN, ckpt(100)), outbox.put(RUN, ckpt(200))]
+    monkeypatch.setattr(run_log, "CONFLICT_RETRIES", 0)  # as if another writer won every race
+    with pytest.raises(ContendedRun):
+        await deliver(RunLog(app.store, RUN), outbox)
+    assert [row.intent_id for row in outbox.pending(RUN)] == ids and outbox.rejected(RUN) == []
+    monkeypatch.undo()
+    assert await deliver(RunLog(app.store, RUN), outbox) == 2
+    assert [e.id for e in (await run_events(app))[1:]] == ids
 
 
 UNREAD = """

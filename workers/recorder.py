@@ -37,6 +37,8 @@ BACKOFF_MAX_S = 5.0
 POLL_S = 0.02
 STOP_WAIT_S = 5.0
 UNREACHABLE = (LogUnavailable, NatsServerError, nats.errors.Error, OSError)  # OSError covers TimeoutError
+TRANSIENT = (*UNREACHABLE, ContendedRun)
+"""What keeps intents waiting in the outbox, to be retried: refusing an intent for it would lose its event."""
 log = structlog.get_logger(__name__)
 
 
@@ -88,7 +90,8 @@ async def deliver(run_log: RunLog, outbox: Outbox) -> int:
     A row is marked done only once its event is in the log, and rows are appended one at a time, so only the
     oldest pending row can be in the log already (a crash, or a lost ack, between append and done): it is
     looked up by id, since re-deciding it against a state that moved on could record it twice. An intent the
-    judge refuses is moved to `rejected`. The log's errors propagate, leaving the rest pending, in order."""
+    judge refuses, or a broken run's, is moved to `rejected`. The log's errors, and a run other writers keep
+    appending to, propagate, leaving the rest pending, in order."""
     appended = 0
     run_id = run_log.run_id
     async with sole_deliverer(outbox):
@@ -98,7 +101,7 @@ async def deliver(run_log: RunLog, outbox: Outbox) -> int:
         for row in rows:
             try:
                 event = await run_log.append(partial(_decided, row=row))
-            except (IllegalTransition, BrokenRun, ContendedRun) as exc:
+            except (IllegalTransition, BrokenRun) as exc:
                 log.error(
                     "outbox_intent_rejected",
                     run_id=run_id,
@@ -231,9 +234,11 @@ class Recorder:
             outbox.close()
 
     def _report(self, exc: Exception) -> None:
-        if isinstance(exc, UNREACHABLE):
+        if isinstance(exc, TRANSIENT):
             log.warning(
-                "event_log_unreachable_intents_kept",
+                "event_log_unreachable_intents_kept"
+                if isinstance(exc, UNREACHABLE)
+                else "run_contended_intents_kept",
                 run_id=self.run_id,
                 outbox=str(self._outbox.path),
                 error=f"{type(exc).__name__}: {exc}",

@@ -40,6 +40,18 @@ RETENTION_FIELDS = (
 """The stream settings that decide what it keeps: anchored, and checked on every open."""
 WRONG_LAST_SEQUENCE = 10071
 DUPLICATE_WINDOW_S = 120.0
+
+
+class NoStreamLeader(Exception):
+    """A server answered for a replicated stream that has no leader it can reach (it is in a minority, or the
+    replicas are electing): what it reports is its own replica, which may be behind."""
+
+
+class ReplicaBehind(Exception):
+    """The replica that answered a direct get (any replica may) lacks what the leader has acknowledged: it is
+    catching up, or cut off from the leader."""
+
+
 _RETRYABLE = (
     asyncio.TimeoutError,
     nats.errors.TimeoutError,
@@ -47,6 +59,8 @@ _RETRYABLE = (
     nats.errors.ConnectionClosedError,
     nats.errors.ConnectionReconnectingError,
     ServiceUnavailableError,
+    NoStreamLeader,
+    ReplicaBehind,
 )
 
 log = structlog.get_logger(__name__)
@@ -156,10 +170,18 @@ class EventStore:
             except _RETRYABLE as exc:
                 await backoff.wait(what, exc)
 
+    async def _leader_info(self) -> Any:
+        """The stream's info as its leader reports it: a member of a leaderless group answers with its own
+        replica's state, which may be behind the acknowledged log, so that answer is only "unavailable"."""
+        info = await self._js.stream_info(self.stream)
+        if info.cluster is not None and info.cluster.leader is None:
+            raise NoStreamLeader(f"stream {self.stream} has no leader this server can reach")
+        return info
+
     async def facts(self) -> StreamFacts | None:
         """The stream's identity, retention settings and last sequence, from the leader (None: no stream)."""
         try:
-            return _facts(await self._retrying("stream info", lambda: self._js.stream_info(self.stream)))
+            return _facts(await self._retrying("stream info", self._leader_info))
         except NotFoundError:
             return None
 
@@ -247,8 +269,7 @@ class EventStore:
 
     async def last_seq(self) -> int:
         """The stream's last sequence, from the leader."""
-        info = await self._retrying("stream info", lambda: self._js.stream_info(self.stream))
-        return int(info.state.last_seq)
+        return int((await self._retrying("stream info", self._leader_info)).state.last_seq)
 
     async def head(self, run_id: str) -> tuple[ChainHead, str | None] | None:
         """The run's last stored event as a chain head and its Nats-Msg-Id, read from the stream leader."""
@@ -312,32 +333,45 @@ class EventStore:
     async def read(
         self, from_seq: int = 1, *, run_id: str | None = None, batch: int = 2000
     ) -> AsyncGenerator[list[StoredRecord], None]:
-        """Stored records from `from_seq` up to the stream's last sequence at call time, in batches.
+        """Stored records from `from_seq` up to the last sequence the leader reports at call time (of the
+        stream, or with `run_id` of that run's events, and only those), in batches.
 
-        Uses batched direct gets: one request returns up to `batch` messages, several times faster than
-        a consumer in nats-py. With `run_id`, only that run's events.
+        Uses batched direct gets: one request returns up to `batch` messages, several times faster than a
+        consumer in nats-py. Any replica may answer one, the nearest first, and a replica may be behind the
+        leader: a batch that ends short of the leader's last sequence is asked again until one reaches it
+        (or, past the deadline, the log is unavailable), so a read never returns less than was acknowledged.
         """
-        last = await self.last_seq()
+        if run_id:
+            found = await self.head(run_id)
+            last, subject = (found[0].stream_seq if found else 0), run_subject(run_id)
+        else:
+            last, subject = await self.last_seq(), None
         if from_seq > last:
             return
-        subject = run_subject(run_id) if run_id else None
-        pending = asyncio.ensure_future(self._read_batch(from_seq, batch, subject))
+        pending = asyncio.ensure_future(self._read_batch(from_seq, batch, subject, last))
         try:
             while True:
                 records = await pending
-                if not records:
-                    return
                 seq = records[-1].stream_seq + 1
                 if seq <= last:  # fetch the next batch while the caller works on this one
-                    pending = asyncio.ensure_future(self._read_batch(seq, batch, subject))
+                    pending = asyncio.ensure_future(self._read_batch(seq, batch, subject, last))
                 yield records
                 if seq > last:
                     return
         finally:
             pending.cancel()
 
-    async def _read_batch(self, seq: int, batch: int, subject: str | None) -> list[StoredRecord]:
-        return await self._retrying(f"read from seq {seq}", lambda: self._direct_batch(seq, batch, subject))
+    async def _read_batch(self, seq: int, batch: int, subject: str | None, last: int) -> list[StoredRecord]:
+        """The next batch from `seq`, which the leader says holds records up to `last`."""
+
+        async def fetch() -> list[StoredRecord]:
+            if records := await self._direct_batch(seq, batch, subject):
+                return records
+            raise ReplicaBehind(
+                f"the replica that answered has nothing from seq {seq}; the leader has {last}"
+            )
+
+        return await self._retrying(f"read from seq {seq}", fetch)
 
     async def _direct_batch(self, seq: int, batch: int, subject: str | None) -> list[StoredRecord]:
         records: list[StoredRecord] = []
