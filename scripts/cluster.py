@@ -298,7 +298,8 @@ class Cluster:
         _wait_gone(pid)
 
     def pause_nats(self, node: str) -> None:
-        """SIGSTOP `node`'s nats-server: it misses what the others agree on meanwhile (`resume_nats` wakes it)."""
+        """SIGSTOP `node`'s nats-server (`resume_nats` wakes it). Alone it misses nothing: the kernel keeps
+        receiving for it and it catches up on waking; `cut_nats` as well makes it miss what the others agree on."""
         os.killpg(self.nats[node], signal.SIGSTOP)
 
     def resume_nats(self, node: str) -> None:
