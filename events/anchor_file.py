@@ -1,36 +1,76 @@
 """Anchor files: append-only, 0600, one under `<home>` and optional mirrors elsewhere (`events.anchors`
-says what a line holds). Each file keeps its own note chain; writers serialise on an flock of the file."""
+says what a line holds). Each file keeps its own note chain; writers serialise on an flock of the file.
+
+A mirror may be writable by others than its owner (another file system, another machine's mount), so what a
+file holds is judged as `audit verify` judges it (`events.anchors.walk_back`): read from the end, the newest
+note a trusted key signed, and the link before it; lines appended by anyone else are reported and ignored."""
 
 import fcntl
 import os
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 import msgspec
+import structlog
 
-from events.anchors import Anchor, SignedAnchor, anchor_line, read_line
+from events.anchors import (
+    Anchor,
+    Ignored,
+    Kept,
+    SignedAnchor,
+    anchor_line,
+    findings,
+    read_line,
+    walk_back,
+)
 from events.chain import GENESIS
-from events.signing import Signer
+from events.private import private_dir
+from events.signing import Signer, TrustList
 
+FIRST_READ = 4096
 TAIL_BYTES = 64 * 1024
 LOCK_WAIT_S = 2.0
 MAX_LINE_BYTES = 16 * 1024
 
+log = structlog.get_logger(__name__)
 
-def _last_note(fd: int, size: int) -> SignedAnchor | None:
-    """The last well-formed note before `size` (a torn last line is passed over): the last 4 KiB first,
-    the last TAIL_BYTES when that holds none."""
-    for span in (4096, TAIL_BYTES):
-        start = max(0, size - span)
-        lines = os.pread(fd, size - start, start).split(b"\n")
-        for line in reversed(lines[1:] if start else lines):  # the first may be cut by the window
-            note = read_line(line) if line else None
+
+def _notes_back(fd: int, size: int) -> Iterator[tuple[int, SignedAnchor]]:
+    """(byte offset, note) of each well-formed line before `size`, the last first, read backwards in
+    windows of 4 KiB then TAIL_BYTES; torn, junk and over-long lines are passed over."""
+    end, carry, span = size, b"", FIRST_READ
+    while end > 0:
+        start = max(0, end - span)
+        data = os.pread(fd, end - start, start) + carry
+        lines = data.split(b"\n")
+        offset = start + len(data)
+        for line in reversed(lines[1:]):  # the first may be cut by the window: joined to the next
+            offset -= len(line) + 1
+            note = read_line(line) if 0 < len(line) <= MAX_LINE_BYTES else None
             if note is not None:
-                return note
-        if not start:
-            break
-    return None
+                yield offset + 1, note
+        carry = lines[0] if len(lines[0]) <= MAX_LINE_BYTES else b"x"  # too long: junk, whatever it holds
+        end, span = start, TAIL_BYTES
+    note = read_line(carry) if carry else None
+    if note is not None:
+        yield 0, note
+
+
+def _bytes_where(first: int, last: int) -> str:
+    return f"the line at byte {first}" if first == last else f"the lines at bytes {first}-{last}"
+
+
+def _newest_in(fd: int, size: int, trust: TrustList) -> tuple[SignedAnchor | None, list[str]]:
+    """The file's newest note a trusted writer vouches for (None: none), and what was ignored to find it:
+    the reading stops at the first kept note."""
+    walked: list[Kept | Ignored] = []
+    for step in walk_back(_notes_back(fd, size), trust):
+        walked.append(step)
+        if isinstance(step, Kept):
+            return step.note, findings(walked, _bytes_where)
+    return None, findings(walked, _bytes_where)
 
 
 class AnchorBusy(OSError):
@@ -54,23 +94,23 @@ def _lock(fd: int, path: Path) -> None:
 
 
 class _Tip:
-    """One anchor file held open for appending, and its last note's hash as of the size this process last
-    saw: re-read only when another process appended since."""
+    """One anchor file held open for appending, and the hash of its newest note that counts as of the size
+    this process last saw: re-read only when another process appended since."""
 
     def __init__(self, path: Path) -> None:
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        private_dir(path.parent)
         self.path = path
         self.fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         self.size = -1
         self.hash = GENESIS
 
-    def append(self, notes: list[Anchor], signer: Signer) -> None:
+    def append(self, notes: list[Anchor], signer: Signer, trust: TrustList) -> None:
         _lock(self.fd, self.path)  # writers on every node: one chain, never two links to one note
         try:
             size = os.fstat(self.fd).st_size
             torn = False
-            if size != self.size:
-                last = _last_note(self.fd, size)
+            if size != self.size:  # another process appended: chain onto what counts, never a forgery
+                last = _newest_in(self.fd, size, trust)[0]
                 self.hash = last.hash if last else GENESIS
                 torn = size > 0 and os.pread(self.fd, 1, size - 1) != b"\n"
             lines = [b"\n"] if torn else []  # end a torn line, so the next note starts its own
@@ -84,12 +124,27 @@ class _Tip:
             fcntl.flock(self.fd, fcntl.LOCK_UN)
 
 
-class AnchorFiles:
-    """Where this user's anchors go: `paths[0]` under `<home>`, then any mirrors."""
+class NewestAnchor(NamedTuple):
+    """The newest note that counts across the files (None: none does), and each line ignored on the way,
+    named with its file."""
 
-    def __init__(self, paths: Sequence[Path], signer: Signer) -> None:
+    anchor: Anchor | None
+    ignored: list[str]
+
+
+class AnchorFiles:
+    """Where this user's anchors go: `paths[0]` under `<home>`, then any mirrors; `trust`: whose notes
+    count (the trust list events are judged by). A writer chains onto the newest note that counts or that
+    it signed itself: its key revoked meanwhile, the file keeps one chain."""
+
+    def __init__(self, paths: Sequence[Path], signer: Signer, trust: TrustList) -> None:
         self.paths = list(paths)
         self._signer = signer
+        self.trust = trust
+        self._own = TrustList(  # what this writer chains onto: its own notes too, even revoked (no fork)
+            {signer.public_key: "this writer", **trust.trusted},
+            {k: name for k, name in trust.revoked.items() if k != signer.public_key},
+        )
         self._tips: dict[Path, _Tip] = {}
 
     def append(self, anchors: Iterable[Anchor]) -> None:
@@ -102,7 +157,7 @@ class AnchorFiles:
             tip = self._tips.get(path)
             if tip is None:
                 tip = self._tips[path] = _Tip(path)
-            tip.append(notes, self._signer)
+            tip.append(notes, self._signer, self._own)
 
     def close(self) -> None:
         """Close the files held open."""
@@ -110,21 +165,26 @@ class AnchorFiles:
             os.close(tip.fd)
         self._tips.clear()
 
-    def newest(self) -> Anchor | None:
-        """The newest note across the files: the one that saw the highest stream sequence."""
+    def newest(self) -> NewestAnchor:
+        """The newest note across the files, the one that saw the highest stream sequence, among those a
+        trusted writer vouches for; what was ignored is logged (`anchor_notes_ignored`) and returned."""
         found: list[Anchor] = []
+        ignored: list[str] = []
         for path in self.paths:
             try:
                 fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
             except FileNotFoundError:
                 continue
             try:
-                note = _last_note(fd, os.fstat(fd).st_size)
+                note, why = _newest_in(fd, os.fstat(fd).st_size, self.trust)
             finally:
                 os.close(fd)
             if note is not None:
                 found.append(note.anchor)
-        return max(found, key=lambda a: a.stream_seq, default=None)
+            ignored += [f"anchor file {path}: {line}" for line in why]
+        if ignored:
+            log.warning("anchor_notes_ignored", ignored=ignored)
+        return NewestAnchor(max(found, key=lambda a: a.stream_seq, default=None), ignored)
 
 
 def read_lines(path: Path) -> list[bytes]:

@@ -2,17 +2,25 @@
 
 In the spirit of a transparency log's signed checkpoint (origin, size, root, signature): each note names
 the stream (its name and creation time, which a re-created stream cannot keep), the limits that decide what
-it retains, the last stream sequence seen, and either one run's head (`run_id`, `seq`, `hash`: written by
-the writer of that run's `checkpointed`, `resumed`, `failed` or `completed`) or, from `audit verify`, a
+it retains, the last stream sequence seen, and either one run's head (`run_id`, `seq`, `head_hash`: written
+by the writer of that run's `checkpointed`, `resumed`, `failed` or `completed`) or, from `audit verify`, a
 `root` over the first `stream_seq` records. A note that the stream no longer matches names what was lost.
 
 The notes form a chain of their own, sealed exactly like events (`events.chain`): each line is a note's
 canonical JSON, carrying `prev_hash`, followed by `"hash"` = SHA-256(prev_hash ‖ note) and the writer's
-`"signer"`/`"sig"` over `ftrain-anchor-v1:` ‖ hash. So a reader checks one signature, on the last line,
-plus the chain, whatever the file's length.
+`"signer"`/`"sig"` over `ftrain-anchor-v1:` ‖ hash. Format 2 (`"format":2`, its first member) names the run
+head `head_hash`, so every member name is unique (RFC 8259); format 1 lines (no `format`) named it `hash`,
+twice with the seal's, and still read and verify: hashes are over the stored bytes.
+
+Only notes a trusted writer vouches for count (`walk_back`, for every reader): the last line signed by a
+trusted key, and the notes its chain links to. A writer chains only onto such a note, so one signature
+vouches for the file whatever its length; a line no trusted note links to (unsigned, signed by another key,
+a copy of an older note) is reported and ignored.
 """
 
 import hashlib
+import itertools
+from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime
 
 import msgspec
@@ -22,22 +30,32 @@ from events.schema import EPOCH, Count
 from events.signing import ANCHOR_DOMAIN, Signature, Signer, TrustList, signature_valid
 
 ROOT_PREFIX = "sha256:"
+FORMAT = 2
+"""The note format written: 2 names the run head `head_hash`; 1 (no `format` member) named it `hash`."""
 
 
 class Anchor(msgspec.Struct, frozen=True, kw_only=True):
     """One note: the stream as it was, and one run's head or (audit) the root of the whole prefix."""
 
+    format: int = FORMAT
     stream: str
     created: str
     config: dict[str, str]
     stream_seq: Count
     run_id: str | None = None
     seq: Count | None = None
-    hash: str | None = None
+    head_hash: str | None = None
     root: str | None = None
     time: datetime = EPOCH
     note: str = ""
     prev_hash: str = GENESIS
+
+
+class _Stored(Anchor, frozen=True, kw_only=True):
+    """What a line's body may hold: a format 1 note has no `format` and names the run head `hash`."""
+
+    format: int = 1
+    hash: str | None = None
 
 
 class StreamFacts(msgspec.Struct, frozen=True):
@@ -59,6 +77,8 @@ class SignedAnchor(msgspec.Struct, frozen=True):
 
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder(Anchor)
+_stored_decoder = msgspec.json.Decoder(_Stored)
+_WRITTEN = b'{"format":%d,' % FORMAT
 
 
 def anchor_line(anchor: Anchor, signer: Signer) -> tuple[bytes, str]:
@@ -75,7 +95,7 @@ def read_line(line: bytes) -> SignedAnchor | None:
     if parts is None:
         return None
     try:
-        anchor = _decoder.decode(parts.body)
+        anchor = _read_body(parts.body)
     except (msgspec.DecodeError, msgspec.ValidationError):
         return None
     if link_hash(anchor.prev_hash, parts.body) != parts.hash:
@@ -83,34 +103,139 @@ def read_line(line: bytes) -> SignedAnchor | None:
     return SignedAnchor(anchor, parts.hash, parts.signature)
 
 
+def _read_body(body: bytes) -> Anchor:
+    """A note's body in either format: as written today (the `format` member first) at once; otherwise
+    through the reader of both, which takes a format 1 note's run head from its `hash`."""
+    if body.startswith(_WRITTEN):
+        return _decoder.decode(body)
+    stored = _stored_decoder.decode(body)
+    fields = {name: getattr(stored, name) for name in Anchor.__struct_fields__}
+    if stored.format == 1:
+        fields["head_hash"] = stored.hash
+    return Anchor(**fields)
+
+
 def signed_by(note: SignedAnchor, trust: TrustList) -> str | None:
     """Why `note`'s signature does not vouch for it (None: a trusted writer signed it)."""
     if note.signature is None:
         return "unsigned"
+    if trust.name(note.signature.signer) is None:  # first: a stranger's lines cost no signature check
+        return f"signed by {trust.describe(note.signature.signer)}"
     if not signature_valid(note.signature, ANCHOR_DOMAIN, note.hash.encode()):
         return "its signature does not verify"
-    if trust.name(note.signature.signer) is None:
-        return f"signed by {trust.describe(note.signature.signer)}"
     return None
 
 
-def chain_of(lines: list[bytes]) -> tuple[list[SignedAnchor], list[str]]:
-    """The notes of one anchor file that chain from its first, and what did not: torn or junk lines are
-    skipped (a crash between write and flush leaves one), a note linking to anything but the previous good
-    note is a finding."""
-    notes: list[SignedAnchor] = []
-    problems: list[str] = []
-    for number, line in enumerate(lines, 1):
-        note = read_line(line)
-        if note is None:
+class Kept(msgspec.Struct, frozen=True):
+    """A note that counts, at `position` in its file (a line number or a byte offset); `follows`: False when
+    the note it links to is not in the file (a line was removed or altered: the note itself is vouched)."""
+
+    position: int
+    note: SignedAnchor
+    follows: bool = True
+
+
+class Ignored(msgspec.Struct, frozen=True):
+    """A line that does not count, and why (no trusted note vouches for it)."""
+
+    position: int
+    why: str
+
+
+def walk_back(notes: Iterable[tuple[int, SignedAnchor]], trust: TrustList) -> Iterator[Kept | Ignored]:
+    """What counts among one file's notes, given newest first, as (position, note): the newest note signed
+    by a trusted key, then each note the kept one links to (vouched by the chain, no signature to check).
+    Lines passed over on the way are ignored (another's, or no one's); a kept note that a passed line copies
+    is the copy (an older note appended again) and is ignored instead. Lazy: a reader of the newest note
+    reads (and checks the signature of) one line and the one it links to, unless the file was tampered with."""
+    source: Iterator[tuple[int, SignedAnchor]] = iter(notes)
+    candidate: tuple[int, SignedAnchor] | None = None  # kept, the note it links to not found yet
+    passed: list[tuple[int, SignedAnchor]] = []
+    while True:
+        item = next(source, None)
+        if candidate is None:
+            if item is None:
+                return
+            why = signed_by(item[1], trust)
+            if why is None:
+                candidate = item
+            else:
+                yield Ignored(item[0], why)
             continue
-        expected = notes[-1].hash if notes else GENESIS
-        if note.anchor.prev_hash != expected:
-            problems.append(
-                f"line {number} does not follow the note before it (a line was removed or altered)"
-            )
-        notes.append(note)
-    return notes, problems
+        expected = candidate[1].anchor.prev_hash
+        if item is not None and item[1].hash != expected:
+            passed.append(item)
+            continue
+        copied = next((p for p in passed if p[1].hash == candidate[1].hash), None)
+        if copied is not None:  # the candidate repeats a line before it: that one is in its place
+            yield Ignored(candidate[0], "a copy of an earlier note")
+            source = itertools.chain(passed, [item] if item else [], source)
+            candidate, passed = None, []
+            continue
+        if item is None and expected != GENESIS:  # what it links to is gone: it counts, the gap is named
+            yield Kept(*candidate, follows=False)
+            source, candidate, passed = iter(passed), None, []
+            continue
+        for position, note in passed:
+            yield Ignored(position, signed_by(note, trust) or "not on the file's chain")
+        yield Kept(*candidate)
+        if item is None:
+            return
+        candidate, passed = item, []
+
+
+BROKEN_LINK = "does not follow the note before it (a line was removed or altered)"
+
+
+def findings(walked: Iterable[Kept | Ignored], where: Callable[[int, int], str]) -> list[str]:
+    """`walk_back`'s findings as lines, in the order walked: each gap, and each run of ignored lines with
+    one reason as one line; `where(first, last)` names positions ("line 3", "lines 3-9")."""
+    found: list[str] = []
+    run: list[Ignored] = []
+
+    def flush() -> None:
+        if run:
+            found.append(f"{where(run[-1].position, run[0].position)} {_verb(run)} {run[0].why}: ignored")
+            run.clear()
+
+    for step in walked:
+        if isinstance(step, Ignored) and run and run[-1].why != step.why:
+            flush()
+        if isinstance(step, Ignored):
+            run.append(step)
+            continue
+        flush()
+        if not step.follows:
+            found.append(f"{where(step.position, step.position)} {BROKEN_LINK}")
+    flush()
+    return found
+
+
+def _verb(run: list[Ignored]) -> str:
+    return "is" if len(run) == 1 else "are"
+
+
+def lines_where(first: int, last: int) -> str:
+    """Line numbers as findings name them."""
+    return f"line {first}" if first == last else f"lines {first}-{last}"
+
+
+def chain_of(lines: list[bytes], trust: TrustList) -> tuple[list[SignedAnchor], list[str]]:
+    """The notes of one anchor file that count, oldest first, and what did not (`walk_back`); torn or junk
+    lines are skipped (a crash between write and flush leaves one)."""
+    backwards = (
+        (number, note) for number in range(len(lines), 0, -1) if (note := read_line(lines[number - 1]))
+    )
+    notes: list[SignedAnchor] = []
+
+    def keeping(walked: Iterator[Kept | Ignored]) -> Iterator[Kept | Ignored]:
+        for step in walked:
+            if isinstance(step, Kept):
+                notes.append(step.note)
+            yield step
+
+    problems = findings(keeping(walk_back(backwards, trust)), lines_where)
+    return notes[::-1], problems[::-1]
 
 
 def stream_change(anchored: Anchor, found: StreamFacts | None) -> str | None:

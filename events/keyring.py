@@ -24,6 +24,7 @@ from cryptography.hazmat.primitives.serialization import (
 )
 
 from events.atomic_file import write_atomic
+from events.private import private_dir
 from events.signing import KEY_PREFIX, InvalidKey, Signer, TrustList, parse_public_key
 
 KEY_FILE = "signing.key"
@@ -37,11 +38,10 @@ class KeyringError(RuntimeError):
 
 
 def keys_dir(home: Path) -> Path:
-    """`<home>/keys`, created 0700 (and tightened to 0700 if it already exists)."""
-    directory = Path(home) / "keys"
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    os.chmod(directory, 0o700)
-    return directory
+    """`<home>/keys`, the home and it made 0700 with every missing parent; either one another user owns or
+    could have written to raises UnsafeDirectory: a key or trust list planted there must never be used."""
+    private_dir(Path(home))
+    return private_dir(Path(home) / "keys")
 
 
 @contextlib.contextmanager

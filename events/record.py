@@ -7,6 +7,8 @@
 import msgspec
 
 SUBJECT_ROOT = "ftrain.run"
+STREAM = "FTRAIN_EVENTS"
+"""The JetStream stream that holds every subject under `SUBJECT_ROOT`."""
 
 
 def run_subject(run_id: str, event_type: str = "*") -> str:

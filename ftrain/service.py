@@ -49,8 +49,9 @@ from projections.lifecycle import (
     skip,
 )
 from projections.projector import Projector
-from projections.readmodel import ReadModel, damaged
+from projections.readmodel import ReadModel, StoredRun, damaged
 from projections.run_log import BrokenRun, ContendedRun, RunLog
+from projections.vouching import Unvouched, Vouched
 from workers import progress
 from workers.checkpoint_dir import OUTSIDE_RUN
 from workers.layout import SetAsideKind
@@ -64,14 +65,17 @@ log = structlog.get_logger(__name__)
 
 
 class RunView(msgspec.Struct, frozen=True):
-    """A run as `status` and `list` show it: its state (None when none of its events was accepted) and the
-    first break of its chain, if any: a broken run must never look like a healthy one."""
+    """A run as `status`, `list` and `cost` show it: its state (None when none of its events was accepted),
+    the first break of its chain or else its first event no trusted writer vouches for, if any (a broken or
+    unvouched run must never look like a healthy one), and who vouches for it."""
 
     run_id: str
     state: RunState | None
     broken: Finding | None = None
     goodput: Goodput | None = None
     """Its goodput as of now, from its own events (None with no accepted event)."""
+    vouched: Vouched | None = None
+    """Who vouches for its events under today's trust list (None: no trusted writer, or no event accepted)."""
 
 
 class ResumeOutcome(msgspec.Struct, frozen=True):
@@ -158,27 +162,44 @@ class RunService:
         return state
 
     async def view(self, run_id: str) -> RunView:
-        """One run's caught-up state and chain break, or the first of its events no trusted writer vouches
-        for (read from the run's own log: one signature check); UsageError if the log never heard of it."""
+        """One run's caught-up state, judged as `views` judges it, with its goodput; UsageError if the log
+        never heard of it."""
         try:
-            state = await self.state_of(run_id)
-        except Refused:
-            state = None
-        broken = await self.model.broken(run_id)
-        if broken is None and state is not None:
-            try:
-                await RunLog(self.store, run_id).state()
-            except BrokenRun as exc:
-                broken = exc.finding
-        return RunView(run_id, state, broken, await self.goodput(run_id) if state else None)
+            validate_run_id(run_id)
+        except InvalidRunId as exc:
+            raise UsageError(str(exc)) from exc
+
+        async def read() -> tuple[StoredRun | None, Finding | None]:
+            return (await self.model.stored_runs_of([run_id])).get(run_id), await self.model.broken(run_id)
+
+        stored, broken = await self._caught_up(read)
+        if stored is None and broken is None:
+            raise UsageError(f"unknown run {run_id!r}")
+        view = self._judged(run_id, stored, broken)
+        return msgspec.structs.replace(view, goodput=await self.goodput(run_id)) if stored else view
 
     async def views(self, project: str | None = None) -> list[RunView]:
-        """Every run, or one project's, with its chain break; broken runs without any accepted event are
-        listed only when no project is asked for (their project is unknown)."""
-        states = {s.run_id: s for s in await self.states(project)}
-        broken = await self._caught_up(self.model.broken_runs)
-        ids = states.keys() | (broken.keys() if project is None else broken.keys() & states.keys())
-        return [RunView(r, states.get(r), broken.get(r)) for r in sorted(ids)]
+        """Every run, or one project's, each with its chain break or its first unvouched event; broken runs
+        without any accepted event are listed only when no project is asked for (their project is unknown)."""
+
+        async def read() -> tuple[list[StoredRun], dict[str, Finding]]:
+            return await self.model.stored_runs(project), await self.model.broken_runs()
+
+        runs, broken = await self._caught_up(read)
+        stored = {r.state.run_id: r for r in runs}
+        ids = stored.keys() | (broken.keys() if project is None else broken.keys() & stored.keys())
+        return [self._judged(r, stored.get(r), broken.get(r)) for r in sorted(ids)]
+
+    def _judged(self, run_id: str, stored: StoredRun | None, broken: Finding | None) -> RunView:
+        """A run as the views show it: whose signatures its events carry, judged against the trust list as
+        it is now (a key revoked since the fold counts as revoked); an unvouched run shows as broken."""
+        if stored is None:
+            return RunView(run_id, None, broken)
+        verdict = stored.vouching(self.store.trust)
+        if isinstance(verdict, Unvouched):
+            unvouched = Finding(run_id, verdict.stream_seq, verdict.seq, verdict.event_type, verdict.reason)
+            return RunView(run_id, stored.state, broken or unvouched)
+        return RunView(run_id, stored.state, broken, vouched=verdict)
 
     async def states(self, project: str | None = None) -> list[RunState]:
         """Every run, or one project's, caught up."""

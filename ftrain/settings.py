@@ -12,6 +12,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Final
+from urllib.parse import unquote, urlparse
 
 import nkeys
 
@@ -69,7 +70,18 @@ class InvalidSetting(ValueError):
 
 
 def _get(env: Env, name: str) -> str | None:
-    return env.get(name) or None
+    """The variable's value, which must be UTF-8 text: the environment hands over bytes (a path in another
+    encoding arrives surrogate-escaped), and ftrain records settings and paths in the log as text. Never
+    quoted in the refusal: the value may be a secret."""
+    value = env.get(name) or None
+    if value is not None:
+        try:
+            value.encode()
+        except UnicodeEncodeError as exc:
+            offset, code = len(value[: exc.start].encode()), ord(value[exc.start])
+            what = f"byte {code - 0xDC00:#x}" if 0xDC80 <= code <= 0xDCFF else f"U+{code:04X}"
+            raise InvalidSetting(f"{name} is not UTF-8 text ({what} at offset {offset})") from None
+    return value
 
 
 def home(env: Env = os.environ) -> Path:
@@ -82,7 +94,18 @@ def home(env: Env = os.environ) -> Path:
 def storage(env: Env = os.environ) -> str:
     """The checkpoint storage root as written (a path or URI; `workers.checkpoint_dir` judges it): default
     `<home>/checkpoints`."""
-    return _get(env, STORAGE) or str(home(env) / "checkpoints")
+    value = _get(env, STORAGE)
+    if value is None:
+        return str(home(env) / "checkpoints")
+    parsed = urlparse(value)
+    if parsed.scheme == "file":
+        try:
+            unquote(parsed.path, errors="strict")
+        except UnicodeDecodeError:
+            raise InvalidSetting(
+                f"{STORAGE}={value!r}: its %-escapes are not UTF-8 (ftrain records paths as text)"
+            ) from None
+    return value
 
 
 def nats(env: Env = os.environ) -> NatsSettings:

@@ -1,4 +1,5 @@
-"""The projector: folds the stream into the read model, from its last applied sequence to the stream's end."""
+"""The projector: folds the stream into the read model, from its last applied sequence to the stream's end,
+keeping each run's signers (`vouching`) beside its state; their signatures are checked once caught up."""
 
 import asyncio
 import sqlite3
@@ -13,6 +14,7 @@ from events.schema import AnyEvent, Checkpointed, CorruptSkipped
 from projections.audit import ChainWalk, Finding, Folded
 from projections.lifecycle import RunState
 from projections.readmodel import AuditRow, Batch, Position, ReadModel
+from projections.vouching import Stretch, extend
 
 log = structlog.get_logger(__name__)
 
@@ -61,8 +63,10 @@ class Projector:
         self.store = store
         self.model = model
         self.stream_id = stream_id
-        # Run states and broken runs as of the model's position `_cache_at`, so a batch need not re-read them.
+        # Run states, signers and broken runs as of the model's position `_cache_at`, so a batch need not
+        # re-read them.
         self._states: dict[str, RunState] = {}
+        self._signers: dict[str, list[Stretch]] = {}
         self._broken: set[str] = set()
         self._cache_at: Position | None = None
         self._checked_behind = False  # whether the model was compared with the stream's end yet
@@ -96,6 +100,7 @@ class Projector:
             count, complete = await self._apply_from(start)
             applied += count
             if complete:
+                await self.model.check_signatures()
                 return applied
             # another process applied first, or reset the model: resume from where it is now
             log.debug("readmodel_raced", last_seq=start.last_seq)
@@ -122,7 +127,7 @@ class Projector:
         ahead of it. Folding batch N+1 overlaps committing batch N (SQLite works in its own thread); the
         fold reads the cached states, which already include batch N."""
         if self._cache_at != start:
-            self._states, self._broken, self._cache_at = {}, set(), start
+            self._states, self._signers, self._broken, self._cache_at = {}, {}, set(), start
         applied, at, pending = 0, start, 0
         in_flight: asyncio.Future[bool] | None = None
         findings: list[Finding] = []
@@ -160,7 +165,9 @@ class Projector:
         batch = Batch()
         touched = {r.run_id for r in records}
         states: dict[str, RunState | None] = {r: s for r in touched if (s := self._states.get(r)) is not None}
-        states.update(await self.model.runs_of(touched - states.keys()))
+        signers = {r: list(self._signers[r]) for r in states}  # copies: a fold that fails leaves the cache
+        for run_id, stored in (await self.model.stored_runs_of(touched - states.keys())).items():
+            states[run_id], signers[run_id] = stored.state, stored.signers
         walk = ChainWalk(states, self._broken | await self.model.broken_among(touched - self._broken))
         for record in records:
             outcome = walk.feed(record)
@@ -170,6 +177,11 @@ class Projector:
             batch.runs[record.run_id] = outcome.state
             batch.audit.append(_accepted_row(record, outcome))
             event = outcome.event
+            stretches = signers.setdefault(record.run_id, [])
+            at = extend(
+                stretches, event.seq, record.stream_seq, record.event_type, outcome.hash, outcome.signature
+            )
+            batch.signers[(record.run_id, at)] = stretches[at]
             if isinstance(event, Checkpointed | CorruptSkipped):
                 seq = event.checkpoint_seq if isinstance(event, CorruptSkipped) else event.seq
                 ref = (
@@ -180,4 +192,5 @@ class Projector:
                 if ref is not None:
                     batch.checkpoints[(record.run_id, seq)] = ref
         batch.broken = walk.findings
+        self._signers.update(signers)
         return batch

@@ -5,6 +5,10 @@ commits only if the model is still at the position it was folded at (its stream,
 its last sequence), so applying is exactly-once across crashes, redeliveries and two processes catching up at
 once. A reset re-reads, in its own transaction, the state that justifies it, so it never wipes what another
 process applied after that decision.
+
+Whose signatures each run's events carry is stored too (`signers`: the run's stretches, `vouching`), never a
+verdict: the trust list can change after the fold, so a view judges them against the current one when it
+reads. A file of another schema version is emptied and replayed from the log on open (`SCHEMA_VERSION`).
 """
 
 import asyncio
@@ -23,8 +27,10 @@ import structlog
 
 from events.private import private_dir, private_file
 from events.schema import Checkpointed
+from events.signing import TrustList
 from projections.audit import Finding
 from projections.lifecycle import CheckpointRef, RunState
+from projections.vouching import Stretch, Unvouched, Vouched, judge
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -42,13 +48,21 @@ CREATE TABLE IF NOT EXISTS audit (
 CREATE INDEX IF NOT EXISTS audit_by_run ON audit (run_id, seq);
 CREATE TABLE IF NOT EXISTS broken_runs (
     run_id TEXT PRIMARY KEY, stream_seq INTEGER NOT NULL, seq INTEGER, reason TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS signers (
+    run_id TEXT NOT NULL, idx INTEGER NOT NULL, stretch TEXT NOT NULL, valid INTEGER,
+    PRIMARY KEY (run_id, idx));
+CREATE INDEX IF NOT EXISTS signers_unchecked ON signers (run_id, idx) WHERE valid IS NULL;
 """
-TABLES = ("runs", "checkpoints", "audit", "broken_runs")
+SCHEMA_VERSION = 1
+"""`PRAGMA user_version` of a model this code wrote. 0: before versioning (no `signers`); 1: `signers`."""
+TABLES = ("runs", "checkpoints", "audit", "broken_runs", "signers")
 OPEN_ATTEMPTS = 10
 log = structlog.get_logger(__name__)
 
 _state_decoder = msgspec.json.Decoder(RunState)
 _rows_decoder = msgspec.json.Decoder(list[list[Any]])
+_signers_decoder = msgspec.json.Decoder(list[tuple[Stretch, int | None]])
+_stretch_decoder = msgspec.json.Decoder(Stretch)
 _encoder = msgspec.json.Encoder()
 
 
@@ -83,6 +97,26 @@ class Batch(msgspec.Struct):
     checkpoints: dict[tuple[str, int], CheckpointRef] = msgspec.field(default_factory=dict)
     audit: list[AuditRow] = msgspec.field(default_factory=list)
     broken: dict[str, Finding] = msgspec.field(default_factory=dict)
+    signers: dict[tuple[str, int], Stretch] = msgspec.field(default_factory=dict)
+    """Each changed stretch by (run, index); written unchecked (`ReadModel.check_signatures` checks it)."""
+
+
+class StoredRun(msgspec.Struct, frozen=True):
+    """A run as the model holds it: its folded state, and the stretches of signers its events carry."""
+
+    state: RunState
+    signers: list[Stretch]
+
+    def vouching(self, trust: TrustList) -> Vouched | Unvouched | None:
+        """Who vouches for the run under `trust` (the trust list of the moment: never stored). Signers that
+        end before the state's head (a model an older ftrain kept folding) vouch for nothing."""
+        head = self.state.head
+        if not self.signers or self.signers[-1].last_stream_seq != head.stream_seq:
+            why = "the read model does not say who signed it (rebuild it: `ftrain replay --rebuild`)"
+            return Unvouched(
+                head.seq, head.stream_seq, self.signers[-1].last_type if self.signers else "?", why
+            )
+        return judge(self.signers, trust)
 
 
 def _set_aside(path: Path, exc: Exception) -> None:
@@ -104,6 +138,11 @@ def _encode_state(state: RunState) -> bytes:
     return _encoder.encode(msgspec.structs.replace(state, checkpoints=()))
 
 
+def _stretch_text(stretch: Stretch) -> str:
+    """A stretch as stored: unchecked (its `valid` lives in its own column, set by `check_signatures`)."""
+    return _encoder.encode(msgspec.structs.replace(stretch, valid=None)).decode()
+
+
 def _checkpoint_ref(run_id: str, row: Sequence[Any]) -> CheckpointRef:
     """A checkpoint from (seq, step, epoch, shards, uri, checkpoint_hash, size_bytes, status, reason, time)."""
     seq, step, epoch, shards, uri, checkpoint_hash, size_bytes, status, reason, time_text = row
@@ -119,6 +158,38 @@ def _checkpoint_ref(run_id: str, row: Sequence[Any]) -> CheckpointRef:
         size_bytes=size_bytes,
     )
     return CheckpointRef(recorded=recorded, status=status, reason=reason)
+
+
+async def _migrate(db: aiosqlite.Connection) -> None:
+    """Create the schema, once per file. A model another schema version wrote is dropped first (the
+    projector then replays the log into the new one: derived data, rebuilt identical); decided again inside
+    the transaction, so two processes opening it at once migrate it once."""
+    if await _version(db) == SCHEMA_VERSION:
+        return
+    await db.execute("BEGIN IMMEDIATE")
+    try:
+        if (version := await _version(db)) != SCHEMA_VERSION:
+            async with db.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"
+            ) as cur:
+                old = [str(row[0]) for row in await cur.fetchall()]
+            for table in old:
+                await db.execute(f'DROP TABLE "{table}"')
+            for statement in filter(str.strip, SCHEMA.split(";")):
+                await db.execute(statement)
+            await db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            if old:
+                log.info("readmodel_schema_replaced", version=version, now=SCHEMA_VERSION)
+        await db.execute("COMMIT")
+    except BaseException:
+        await db.execute("ROLLBACK")
+        raise
+
+
+async def _version(db: aiosqlite.Connection) -> int:
+    async with db.execute("PRAGMA user_version") as cur:
+        row = await cur.fetchone()
+    return int(row[0]) if row else 0
 
 
 def _checkpoint_row(run_id: str, c: CheckpointRef) -> tuple[Any, ...]:
@@ -150,7 +221,7 @@ class ReadModel:
             try:
                 await db.execute("PRAGMA journal_mode=WAL")
                 await db.execute("PRAGMA synchronous=NORMAL")
-                await db.executescript(SCHEMA)
+                await _migrate(db)
                 return cls(db, path)
             except sqlite3.OperationalError as exc:
                 await db.close()
@@ -248,6 +319,10 @@ class ReadModel:
                 "INSERT OR IGNORE INTO broken_runs VALUES (?, ?, ?, ?)",
                 [(f.run_id, f.stream_seq, f.seq, f.reason) for f in batch.broken.values()],
             )
+            await db.executemany(
+                "INSERT OR REPLACE INTO signers VALUES (?, ?, ?, NULL)",
+                [(run_id, idx, _stretch_text(s)) for (run_id, idx), s in batch.signers.items()],
+            )
             await db.execute("UPDATE meta SET value = ? WHERE key = 'last_seq'", (str(new_last),))
             await db.execute("COMMIT")
         except BaseException:
@@ -257,36 +332,71 @@ class ReadModel:
 
     async def run(self, run_id: str) -> RunState | None:
         """The folded state of one run."""
-        return (await self.runs_of([run_id])).get(run_id)
+        stored = (await self.stored_runs_of([run_id])).get(run_id)
+        return stored.state if stored else None
 
-    async def runs_of(self, run_ids: Iterable[str]) -> dict[str, RunState]:
-        """States of several runs at once (missing ones are absent)."""
+    async def runs(self, project: str | None = None) -> list[RunState]:
+        """All runs, or one project's, ordered by run id."""
+        return [r.state for r in await self.stored_runs(project)]
+
+    async def stored_runs_of(self, run_ids: Iterable[str]) -> dict[str, StoredRun]:
+        """Several runs at once, with their signers (missing ones are absent)."""
         ids = list(run_ids)
         if not ids:
             return {}
         marks = ",".join("?" * len(ids))
-        return await self._states(f"WHERE run_id IN ({marks})", ids)
+        return await self._stored(f"WHERE run_id IN ({marks})", ids)
 
-    async def runs(self, project: str | None = None) -> list[RunState]:
-        """All runs, or one project's, ordered by run id."""
+    async def stored_runs(self, project: str | None = None) -> list[StoredRun]:
+        """All runs, or one project's, with their signers, ordered by run id."""
         where, args = ("WHERE project = ?", (project,)) if project is not None else ("", ())
-        return sorted((await self._states(where, args)).values(), key=lambda s: s.run_id)
+        return sorted((await self._stored(where, args)).values(), key=lambda r: r.state.run_id)
 
-    async def _states(self, where: str, args: Sequence[Any]) -> dict[str, RunState]:
-        """Run states matching `where` on the runs table, each with its checkpoints in log order.
+    async def _stored(self, where: str, args: Sequence[Any]) -> dict[str, StoredRun]:
+        """Runs matching `where` on the runs table, each with its checkpoints in log order and its signers.
 
         One statement, so one snapshot: another process may commit between two separate reads."""
         query = (
             "SELECT r.state, (SELECT json_group_array(json_array(c.seq, c.step, c.epoch, c.shards, c.uri, "
             "c.checkpoint_hash, c.size_bytes, c.status, c.reason, c.time)) FROM "
-            f"(SELECT * FROM checkpoints WHERE run_id = r.run_id ORDER BY seq) AS c) FROM runs AS r {where}"
+            "(SELECT * FROM checkpoints WHERE run_id = r.run_id ORDER BY seq) AS c), "
+            "(SELECT json_group_array(json_array(json(s.stretch), s.valid)) FROM "
+            f"(SELECT * FROM signers WHERE run_id = r.run_id ORDER BY idx) AS s) FROM runs AS r {where}"
         )
-        states = {}
-        for blob, refs in await self._fetch(query, args):
+        stored = {}
+        for blob, refs, signers in await self._fetch(query, args):
             state = _state_decoder.decode(blob)
             checkpoints = tuple(_checkpoint_ref(state.run_id, row) for row in _rows_decoder.decode(refs))
-            states[state.run_id] = msgspec.structs.replace(state, checkpoints=checkpoints)
-        return states
+            stretches = [
+                msgspec.structs.replace(s, valid=None if valid is None else bool(valid))
+                for s, valid in _signers_decoder.decode(signers)
+            ]
+            stored[state.run_id] = StoredRun(
+                msgspec.structs.replace(state, checkpoints=checkpoints), stretches
+            )
+        return stored
+
+    async def check_signatures(self) -> None:
+        """Verify the newest signature of every stretch folded since the last check, and store the result.
+        Once per catch-up rather than per batch: a rebuild checks each run about once, not once per batch
+        that touched it. A stretch another process changed meanwhile is left to that process."""
+        unchecked = await self._fetch("SELECT run_id, idx, stretch FROM signers WHERE valid IS NULL")
+        if not unchecked:
+            return
+        checked = [
+            (_stretch_decoder.decode(text).verifies(), run_id, idx, text) for run_id, idx, text in unchecked
+        ]
+        db = self._db
+        await db.execute("BEGIN IMMEDIATE")
+        try:
+            await db.executemany(
+                "UPDATE signers SET valid = ? WHERE run_id = ? AND idx = ? AND stretch = ? AND valid IS NULL",
+                checked,
+            )
+            await db.execute("COMMIT")
+        except BaseException:
+            await db.execute("ROLLBACK")
+            raise
 
     async def hash_at(self, stream_seq: int) -> str | None:
         """The chain hash the model recorded for the event at `stream_seq` (None: none, or it was rejected)."""

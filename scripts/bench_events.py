@@ -756,10 +756,9 @@ async def bench(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         nc = Nats()
         await nc.connect(server.url, nkeys_seed=server.nkey_file)
         try:
-            anchors = AnchorFiles(anchor_files(settings), signer)
-            store = EventStore(
-                nc, actor=actor, signer=signer, anchors=anchors, trust=load_trust(settings.home)
-            )
+            trust = load_trust(settings.home)
+            anchors = AnchorFiles(anchor_files(settings), signer, trust)
+            store = EventStore(nc, actor=actor, signer=signer, anchors=anchors, trust=trust)
             unsigned = EventStore(nc, actor=actor)
             await store.ensure_stream()
             js = nc.jetstream(timeout=2.0)

@@ -12,7 +12,7 @@ import nats
 import pytest
 
 from events.jetstream.server import ServerProcess, throwaway_server
-from events.jetstream.store import STREAM
+from events.record import STREAM
 from ftrain.service import RunService
 from tests.netns import nodes as nodes
 

@@ -118,8 +118,7 @@ def test_an_older_open_server_is_replaced_not_reused(home: Path) -> None:
 
 
 def test_the_key_the_config_and_the_store_are_private_whatever_the_umask(home: Path) -> None:
-    home.mkdir(mode=0o755)
-    os.chmod(home, 0o777)  # an FTRAIN_HOME an older version (or the user) left open
+    home.mkdir(mode=0o755)  # an FTRAIN_HOME an older version left readable (one left writable is refused)
     previous = os.umask(0)
     try:
         server = ensure_server(home)

@@ -100,8 +100,8 @@ def test_the_seed_scenario_line_by_line(cli: Cli) -> None:
         f"Completed {RUN} — 12.50 GPU-hours (reported)"
     ]
     assert cli.ok("list", "JPCP") == [
-        "RUN                 PROJECT  STATE      STEP  RESUMES  FAILURES  GPU-HOURS",
-        f"{RUN}  JPCP     completed  1000  1        1         12.50",
+        "RUN                 PROJECT  STATE      STEP  RESUMES  FAILURES  GPU-HOURS  SIGNED BY",
+        f"{RUN}  JPCP     completed  1000  1        1         12.50      {SIGNER}",
     ]
     assert cli.ok("cost")[-1] == "total 12.50 GPU-hours over 1 run(s)"
     assert cli.ok("audit", "verify") == [

@@ -2,7 +2,8 @@
 
 `tests/vectors/events.json` is one run's chain from genesis: each stored payload, the hash before it and its
 own. `tests/vectors/checkpoint/` is a sealed checkpoint (data file, manifest, marker) and
-`tests/vectors/checkpoint.json` the digest of each. The README's "Test vectors for verifiers" describes them.
+`tests/vectors/checkpoint.json` the digest of each. `tests/vectors/anchors.json` is an anchor file whose
+lines mix both note formats, signed with the key of `signed-events.json`. The README's "Test vectors for verifiers" describes them.
 """
 
 import hashlib
@@ -14,7 +15,9 @@ from typing import Any
 
 import msgspec
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from events.anchors import Anchor, anchor_line, chain_of, read_line
 from events.chain import GENESIS, Broken, ChainHead, Linked, check_link, seal, unseal
 from events.record import parse_subject, run_subject
 from events.run_id import RUN_ID_MAX, InvalidRunId, validate_run_id
@@ -33,6 +36,7 @@ from events.schema import (
     encode_event,
     now,
 )
+from events.signing import Signer, TrustList
 from events.stored_schema import stored_schema
 from workers.integrity import Digest, DigestField, HexField, digest_of, from_hex, to_hex
 from workers.manifest import (
@@ -51,6 +55,8 @@ LEGACY_EVENTS: list[dict[str, str]] = json.loads((VECTORS / "events-before-attem
 """The same chain as written before events carried their attempt: stored bytes verify whatever the schema
 has become since (hashes are over stored bytes, never a re-encoding)."""
 CHECKPOINT = VECTORS / "checkpoint"
+ANCHORS: dict[str, Any] = json.loads((VECTORS / "anchors.json").read_text("utf-8"))
+SIGNING_SEED = json.loads((VECTORS / "signed-events.json").read_text("utf-8"))["private_key_seed"]
 DIGESTS: dict[str, str] = json.loads((VECTORS / "checkpoint.json").read_text("utf-8"))
 
 T = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
@@ -179,6 +185,103 @@ def test_a_hash_member_that_is_not_ascii_is_a_mismatch_not_a_crash() -> None:
     assert check_link(ChainHead(), "r1", "failed", forged) == Broken(
         "hash mismatch: the payload was altered", 1, "failed"
     )
+
+
+# -- anchor notes ---------------------------------------------------------------------------------------------
+
+
+def vector_anchors() -> list[Anchor]:
+    """The format 2 notes of `anchors.json`, built field by field (`prev_hash` from the vectors)."""
+    created, config = "2026-01-01 11:59:00.123456+00:00", {"deny_delete": "True", "max_age": "0.0"}
+    return [
+        Anchor(stream="FTRAIN_EVENTS", created=created, config=config, stream_seq=4, run_id=RUN, seq=4,
+               head_hash=EVENTS[3]["hash"], time=T.replace(hour=14)),
+        Anchor(stream="FTRAIN_EVENTS", created=created, config=config, stream_seq=6, root="sha256:" + "ab" * 32,
+               time=T.replace(hour=17), note="audit"),
+    ]  # fmt: skip
+
+
+def members(line: str) -> list[tuple[str, Any]]:
+    """Every member of a line's object, in order, as a plain JSON parser sees it (duplicates kept)."""
+    pairs: list[tuple[str, Any]] = json.loads(line, object_pairs_hook=list)
+    return pairs
+
+
+def test_each_anchor_line_hashes_and_verifies_with_nothing_but_hashlib_and_ed25519() -> None:
+    """Both formats: strip the trailing `hash`, `signer`, `sig` members, hash with the line before's hash,
+    check the signature over `ftrain-anchor-v1:` ‖ hash."""
+    public = Ed25519PublicKey.from_public_bytes(bytes.fromhex(ANCHORS["public_key"]))
+    prev = GENESIS
+    assert [v["format"] for v in ANCHORS["lines"]] == [1, 1, 2, 2]  # a file may mix them
+    for vector in ANCHORS["lines"]:
+        verified_body(vector["line"].encode(), vector, prev, public, b"ftrain-anchor-v1:")
+        prev = vector["hash"]
+
+
+def verified_body(
+    sealed: bytes, vector: dict[str, str], prev: str, public: Ed25519PublicKey, domain: bytes
+) -> bytes:
+    """The body of a signed vector, checked as the README tells a verifier: the trailing `hash`, `signer`,
+    `sig` members stripped, SHA-256 over the previous hash and the body, the signature over `domain` ‖ hash."""
+    trailer = f',"hash":"{vector["hash"]}","signer":"{vector["signer"]}","sig":"{vector["sig"]}"}}'.encode()
+    assert sealed.endswith(trailer) and vector["prev_hash"] == prev
+    body = sealed[: -len(trailer)] + b"}"
+    assert hashlib.sha256(prev.encode() + body).hexdigest() == vector["hash"]
+    public.verify(bytes.fromhex(vector["sig"]), domain + vector["hash"].encode())
+    return body
+
+
+def test_a_plain_json_parser_sees_every_member_of_a_format_2_line_once() -> None:
+    """Format 2 names the run head `head_hash`: `json.loads` and `jq` see it. Format 1 named it `hash`, a name
+    the seal repeats, so they kept only the seal's."""
+    for vector in ANCHORS["lines"]:
+        pairs = members(vector["line"])
+        names = [name for name, _ in pairs]
+        seal = dict(pairs[-3:])
+        assert (seal["hash"], seal["signer"], seal["sig"]) == (
+            vector["hash"],
+            vector["signer"],
+            vector["sig"],
+        )
+        if vector["format"] == 2:
+            assert len(names) == len(set(names)) and names[0] == "format" and pairs[0][1] == 2
+            assert dict(pairs)["head_hash"] == vector["head_hash"] and "hash" not in dict(pairs[:-3])
+        else:
+            assert names.count("hash") == 2 and "format" not in names and "head_hash" not in names
+            assert dict(pairs[:-3])["hash"] == vector["head_hash"]
+
+
+def test_a_file_mixing_both_formats_reads_each_run_head_and_verifies_as_one_chain() -> None:
+    lines = [v["line"].encode() for v in ANCHORS["lines"]]
+    notes, problems = chain_of(lines, TrustList({ANCHORS["public_key"]: "vector-writer"}))
+    assert problems == [] and len(notes) == len(lines)
+    for note, vector in zip(notes, ANCHORS["lines"], strict=True):
+        assert (note.anchor.format, note.anchor.head_hash, note.hash) == (
+            vector["format"], vector["head_hash"], vector["hash"],
+        )  # fmt: skip
+    assert notes[1].anchor.head_hash == EVENTS[1]["hash"]  # format 1's head, never the seal's hash
+    assert chain_of(lines, TrustList())[0] == []  # no trusted key: nothing counts
+
+
+def test_sealing_the_vector_notes_with_the_vector_key_reproduces_format_2_byte_for_byte() -> None:
+    signer = Signer(Ed25519PrivateKey.from_private_bytes(bytes.fromhex(SIGNING_SEED)))
+    written = [v for v in ANCHORS["lines"] if v["format"] == 2]
+    for anchor, vector in zip(vector_anchors(), written, strict=True):
+        stamped = msgspec.structs.replace(anchor, prev_hash=vector["prev_hash"])
+        assert anchor_line(stamped, signer) == ((vector["line"] + "\n").encode(), vector["hash"])
+        read = read_line(vector["line"].encode())
+        assert read is not None and read.anchor == stamped
+
+
+def test_every_note_ftrain_writes_has_unique_member_names() -> None:
+    """Whatever it holds: a run head, an audit root, a stream note."""
+    signer = Signer(Ed25519PrivateKey.generate())
+    for anchor in [
+        *vector_anchors(),
+        Anchor(stream="S", created="c", config={}, stream_seq=0, note="first seen"),
+    ]:
+        names = [name for name, _ in members(anchor_line(anchor, signer)[0].decode())]
+        assert len(names) == len(set(names)), names
 
 
 # -- the checkpoint: manifest, marker, digests ---------------------------------------------------------------

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from events.jetstream.server import ServerProcess
 from ftrain.supervise.attempts import attempt_commands
 from ftrain.supervise.elastic import next_hosts
 from ftrain.supervise.failure_report import FailureReport, failure
@@ -26,7 +27,7 @@ from ftrain.supervise.node_exec import (
 from ftrain.supervise.supervisor import Outcome, Relaunches, Supervisor
 from projections.lifecycle import FailIntent
 from tests.builders import Intents
-from tests.conftest import ftrain_process
+from tests.conftest import ftrain_process, stream_last_seq
 
 SPEC = LaunchSpec(
     run_id="r1",
@@ -55,10 +56,18 @@ def test_a_template_names_the_host(text: str, words: tuple[str, ...]) -> None:
     [
         ("", "is empty"),
         ("ssh node1", "does not name {host}"),
-        ("ssh {node}", "only {host} may be filled in"),
-        ("ssh {host} {0}", "only {host} may be filled in"),
         ("ssh '{host}", "No closing quotation"),
         ("ssh {host", "literal brace"),
+        ("env {host} {host:d}", "{host:d} carries a format spec"),
+        ("ssh {host:>999999999}", "{host:>999999999} carries a format spec"),
+        ("ssh {host:{host}}", "carries a format spec"),
+        ("ssh {host!r}", "{host!r} carries a conversion"),
+        ("ssh {host.x}", "{host.x} is an attribute or index"),
+        ("ssh {host[0]}", "{host[0]} is an attribute or index"),
+        ("ssh {host} {}", "{} is positional"),
+        ("ssh {host} {0}", "{0} is positional"),
+        ("ssh {node}", "{node} is not a field"),
+        ("ssh {host}}", "literal brace"),
     ],
 )
 def test_a_bad_template_is_refused_in_one_line(text: str, why: str) -> None:
@@ -268,6 +277,17 @@ def test_sigterm_reaches_every_node() -> None:
     proc.terminate()
     out, _ = proc.communicate(timeout=30)
     assert sorted(out.split()) == ["a", "b", "stopped", "stopped"] and proc.returncode == 0
+
+
+@pytest.mark.parametrize("template", ["env {host} {host:d}", "ssh {host:>999999999}", "ssh {host} {host!s}"])
+async def test_ftrain_run_refuses_a_format_spec_before_anything_is_appended(
+    env: dict[str, str], server: ServerProcess, template: str
+) -> None:
+    refused = ftrain_process(["run", "P", "--nodes", "2", "--gpus-per-node", "1", "--nodelist", "n[1-2]",
+                              "--run-id", "r-spec", "--node-exec", template], env)  # fmt: skip
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+    assert refused.stderr.startswith("ftrain run: error: --node-exec") and "Traceback" not in refused.stderr
+    assert await stream_last_seq(server) == 0  # no `launched`, no `failed`: the run does not exist
 
 
 def test_ftrain_run_refuses_a_bad_template_and_too_few_hosts(env: dict[str, str]) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from events.atomic_file import write_atomic
-from events.private import private_dir
+from events.private import UnsafeDirectory, private_dir
 from projections.readmodel import ReadModel
 from workers.checkpoint_dir import write_checkpoint
 from workers.fence import claim
@@ -52,8 +52,7 @@ def test_private_dirs_are_made_0700_and_tightened_only_when_ours(tmp_path: Path,
 async def test_the_outbox_and_the_read_model_are_private_with_their_wal(
     tmp_path: Path, open_umask: None
 ) -> None:
-    home = tmp_path / "home"
-    home.mkdir(mode=0o777)
+    home = tmp_path / "home"  # made by the first of them, 0700 whatever the umask
     outbox = Outbox(home / "outbox.sqlite")
     model = await ReadModel.open(home / "readmodel.sqlite")
     try:
@@ -64,6 +63,13 @@ async def test_the_outbox_and_the_read_model_are_private_with_their_wal(
     assert mode(home) == 0o700
     assert {"outbox.sqlite", "outbox.sqlite-wal", "readmodel.sqlite", "readmodel.sqlite-wal"} <= set(names)
     assert set(names.values()) == {0o600}, names
+    loose = tmp_path / "loose"  # others could have planted a database in it: refused, never tightened
+    loose.mkdir(mode=0o777)
+    with pytest.raises(UnsafeDirectory, match=r"loose is writable by group or others \(mode 777\)"):
+        Outbox(loose / "outbox.sqlite")
+    with pytest.raises(UnsafeDirectory, match=r"loose is writable by group or others \(mode 777\)"):
+        await ReadModel.open(loose / "readmodel.sqlite")
+    assert (mode(loose), list(loose.iterdir())) == (0o777, [])
 
 
 def test_checkpoint_directories_and_files_ftrain_writes_are_private(tmp_path: Path, open_umask: None) -> None:

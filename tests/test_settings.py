@@ -12,6 +12,7 @@ from events.jetstream.connection import NatsSettings
 from ftrain import settings
 from ftrain.settings import InvalidSetting
 from tests.conftest import ftrain_process
+from workers.checkpoint_dir import StorageError, confined, storage_root
 
 DEFAULT_HOME = Path.home() / ".local/share/ftrain"
 
@@ -229,3 +230,50 @@ def test_a_refused_url_is_quoted_without_its_password() -> None:
         settings.nats({"FTRAIN_NATS_URL": "nats://trainer:s3cret@a:4222,http://t0ken@b"})
     assert str(caught.value).startswith("FTRAIN_NATS_URL='nats://trainer:***@a:4222,http://***@b': http://")
     assert "s3cret" not in str(caught.value) and "t0ken" not in str(caught.value)
+
+
+NOT_UTF8 = os.fsdecode(b"/data/ckpt-\xff")
+"""A path as the environment hands over bytes that are not UTF-8: the byte as a surrogate escape."""
+
+
+@pytest.mark.parametrize(
+    "variable",
+    ["FTRAIN_HOME", "FTRAIN_STORAGE", "FTRAIN_ANCHOR_MIRROR", "FTRAIN_CKPT_DIR", "FTRAIN_NATS_TOKEN"],
+)
+def test_a_setting_that_is_not_utf8_is_refused_naming_it_and_never_quoted(variable: str) -> None:
+    env = {variable: NOT_UTF8 + "-s3cret"}
+    with pytest.raises(InvalidSetting) as caught:
+        (settings.nats(env), settings.storage(env), settings.ckpt_dir(env))
+    assert str(caught.value) == f"{variable} is not UTF-8 text (byte 0xff at offset 11)"
+
+
+def test_a_file_uri_whose_escapes_are_not_utf8_is_refused() -> None:
+    uri = "file:///data/ckpt-%FF/x"
+    with pytest.raises(InvalidSetting) as caught:
+        settings.storage({"FTRAIN_STORAGE": uri})
+    assert str(caught.value).startswith(f"FTRAIN_STORAGE={uri!r}: its %-escapes are not UTF-8")
+    assert settings.storage({"FTRAIN_STORAGE": "file:///data/ckpt-%C3%A9"}) == "file:///data/ckpt-%C3%A9"
+    assert settings.storage({"FTRAIN_STORAGE": "/data/ckpt-%FF"}) == "/data/ckpt-%FF"  # a path: no escapes
+
+
+@pytest.mark.parametrize("storage", ["file:///data/ckpt-%FF", NOT_UTF8])
+def test_the_cli_refuses_a_storage_that_is_not_utf8_before_a_launch(
+    env: dict[str, str], storage: str, tmp_path: Path
+) -> None:
+    done = ftrain_process(["launch", "P", "--nodes", "1", "--gpus-per-node", "1", "--nodelist", "n1"],
+                          {**env, "FTRAIN_STORAGE": storage})  # fmt: skip
+    assert (done.returncode, done.stdout) == (2, ""), done.stderr
+    assert done.stderr.startswith("ftrain launch: error: FTRAIN_STORAGE") and done.stderr.count("\n") == 1
+    listed = ftrain_process(["list", "--json"], env)
+    assert listed.returncode == 0 and "dist-P" not in listed.stdout  # nothing was launched
+
+
+def test_a_checkpoint_uri_whose_escapes_are_not_utf8_names_no_directory(tmp_path: Path) -> None:
+    """The same rule where a URI comes from the log: `%FF` once decoded to U+FFFD, another directory."""
+    run = tmp_path / "r1"
+    (run / "step-\ufffd").mkdir(parents=True)
+    for uri in (f"file://{run}/step-%FF", f"{run}/step-\udcff"):
+        with pytest.raises(StorageError, match="not UTF-8 once its %-escapes are decoded"):
+            storage_root(uri)
+        assert confined(uri, run) is None
+    assert confined(f"file://{run}/step-%EF%BF%BD", run) == run / "step-\ufffd"

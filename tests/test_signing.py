@@ -33,7 +33,7 @@ from projections.audit import ChainWalk, Finding
 from projections.log_anchors import AnchorCheck
 from projections.vouching import Vouched
 from tests.builders import T0, checkpointed, launched
-from tests.test_formats import vector_events
+from tests.test_formats import vector_events, verified_body
 
 VECTORS = json.loads((Path(__file__).parent / "vectors" / "signed-events.json").read_text("utf-8"))
 RUN = "vector-run"
@@ -53,13 +53,7 @@ def test_each_signed_vector_verifies_with_nothing_but_hashlib_and_ed25519() -> N
     prev = GENESIS
     for vector in VECTORS["events"]:
         payload = vector["payload"].encode()
-        trailer = (
-            f',"hash":"{vector["hash"]}","signer":"{vector["signer"]}","sig":"{vector["sig"]}"}}'.encode()
-        )
-        assert payload.endswith(trailer) and vector["prev_hash"] == prev
-        body = payload[: -len(trailer)] + b"}"
-        assert hashlib.sha256(prev.encode() + body).hexdigest() == vector["hash"]
-        public.verify(bytes.fromhex(vector["sig"]), b"ftrain-event-v1:" + vector["hash"].encode())
+        body = verified_body(payload, vector, prev, public, b"ftrain-event-v1:")
         assert unseal(payload) == (body, vector["hash"], Signature(vector["signer"], vector["sig"]))
         prev = vector["hash"]
 
@@ -234,31 +228,37 @@ def note(**fields: object) -> Anchor:
 
 def test_anchor_notes_chain_per_file_and_one_signature_vouches_for_the_file(tmp_path: Path) -> None:
     alice = key()
-    files = AnchorFiles([tmp_path / "a.log", tmp_path / "mirror" / "a.log"], alice)
-    files.append([note(run_id="r", seq=1, hash="a" * 64), note(run_id="r", seq=2, hash="b" * 64)])
+    trusted = TrustList({alice.public_key: "alice"})
+    files = AnchorFiles([tmp_path / "a.log", tmp_path / "mirror" / "a.log"], alice, trusted)
+    files.append([note(run_id="r", seq=1, head_hash="a" * 64), note(run_id="r", seq=2, head_hash="b" * 64)])
     files.append([note(stream_seq=12, time=T0 + timedelta(seconds=1))])
     for path in files.paths:
         assert path.stat().st_mode & 0o777 == 0o600
-        notes, problems = chain_of(read_lines(path))
+        notes, problems = chain_of(read_lines(path), trusted)
         assert problems == [] and [n.anchor.seq for n in notes] == [1, 2, None]
-        assert signed_by(notes[-1], TrustList({alice.public_key: "alice"})) is None
+        assert signed_by(notes[-1], trusted) is None
         assert signed_by(notes[-1], TrustList()) is not None
-    assert files.newest() == msgspec.structs.replace(
-        note(stream_seq=12, time=T0 + timedelta(seconds=1)), prev_hash=notes[-2].hash
+    assert files.newest() == (
+        msgspec.structs.replace(
+            note(stream_seq=12, time=T0 + timedelta(seconds=1)), prev_hash=notes[-2].hash
+        ),
+        [],
     )
 
 
 def test_a_removed_anchor_line_is_named_and_a_torn_one_skipped(tmp_path: Path) -> None:
-    files = AnchorFiles([tmp_path / "a.log"], key())
-    files.append([note(run_id="r", seq=n, hash="a" * 64) for n in (1, 2, 3)])
+    alice = key()
+    trusted = TrustList({alice.public_key: "alice"})
+    files = AnchorFiles([tmp_path / "a.log"], alice, trusted)
+    files.append([note(run_id="r", seq=n, head_hash="a" * 64) for n in (1, 2, 3)])
     lines = read_lines(files.paths[0])
-    assert chain_of([lines[0], lines[2]])[1] == [
+    assert chain_of([lines[0], lines[2]], trusted)[1] == [
         "line 2 does not follow the note before it (a line was removed or altered)"
     ]
     torn = lines[2][:40]
     (tmp_path / "a.log").write_bytes(b"".join(line + b"\n" for line in lines) + torn)
-    files.append([note(run_id="r", seq=4, hash="a" * 64)])  # starts on a fresh line, chained to seq 3
-    notes, problems = chain_of(read_lines(files.paths[0]))
+    files.append([note(run_id="r", seq=4, head_hash="a" * 64)])  # starts on a fresh line, chained to seq 3
+    notes, problems = chain_of(read_lines(files.paths[0]), trusted)
     assert problems == [] and [n.anchor.seq for n in notes] == [1, 2, 3, 4]
     assert read_line(b"junk") is None
 
@@ -410,16 +410,18 @@ def test_a_changed_stream_is_described_key_by_key() -> None:
 
 
 def test_an_anchor_file_held_by_a_stopped_process_never_stalls_a_writer(tmp_path: Path) -> None:
-    files = AnchorFiles([tmp_path / "a.log"], key())
-    files.append([note(run_id="r", seq=1, hash="a" * 64)])
+    alice = key()
+    trusted = TrustList({alice.public_key: "alice"})
+    files = AnchorFiles([tmp_path / "a.log"], alice, trusted)
+    files.append([note(run_id="r", seq=1, head_hash="a" * 64)])
     holder = os.open(tmp_path / "a.log", os.O_RDONLY)  # another open file: its flock excludes ours
     try:
         fcntl.flock(holder, fcntl.LOCK_EX)
         started = time.monotonic()
         with pytest.raises(AnchorBusy, match="locked by another process for 2 s"):
-            files.append([note(run_id="r", seq=2, hash="b" * 64)])
+            files.append([note(run_id="r", seq=2, head_hash="b" * 64)])
         assert 1.9 < time.monotonic() - started < 5
     finally:
         os.close(holder)
-    files.append([note(run_id="r", seq=2, hash="b" * 64)])  # released: written, chained after seq 1
-    assert [n.anchor.seq for n in chain_of(read_lines(files.paths[0]))[0]] == [1, 2]
+    files.append([note(run_id="r", seq=2, head_hash="b" * 64)])  # released: written, chained after seq 1
+    assert [n.anchor.seq for n in chain_of(read_lines(files.paths[0]), trusted)[0]] == [1, 2]

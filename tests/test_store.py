@@ -11,8 +11,8 @@ import pytest
 from events.chain import GENESIS, ChainHead
 from events.jetstream.client import Nats
 from events.jetstream.server import ServerProcess
-from events.jetstream.store import STREAM, AppendConflict, EventStore
-from events.record import parse_subject, run_subject
+from events.jetstream.store import AppendConflict, EventStore
+from events.record import STREAM, parse_subject, run_subject
 from tests.builders import checkpointed, launched
 from tests.conftest import free_port, start_configured_server
 

@@ -18,8 +18,7 @@ from nats.aio.client import Client
 
 from events.chain import seal, unseal
 from events.jetstream.server import ServerProcess
-from events.jetstream.store import STREAM
-from events.record import StoredRecord, run_subject
+from events.record import STREAM, StoredRecord, run_subject
 from events.schema import AnyEvent, CorruptSkipped, Failed, Resumed, encode_event, event_type, now
 from events.signing import Signer
 from ftrain import settings

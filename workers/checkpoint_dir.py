@@ -67,7 +67,12 @@ def storage_root(text: str) -> Path:
             f"storage {text!r}: file:// on host {parsed.netloc!r} is not supported (use file:///path)"
         )
     if parsed.scheme in ("", "file"):
-        path = Path(unquote(parsed.path) if parsed.scheme else text).expanduser()
+        try:  # a path the log cannot record as text, or whose escapes would decode to another path, is none
+            name = unquote(parsed.path, errors="strict") if parsed.scheme else text
+            name.encode()
+        except UnicodeError:
+            raise StorageError(f"storage {text!r}: not UTF-8 once its %-escapes are decoded") from None
+        path = Path(name).expanduser()
         if not path.is_absolute():
             path = Path.cwd() / path
         return path

@@ -10,7 +10,6 @@ allowlist. Tensors DCP already loads with `weights_only=True`.
 
 import io
 import os
-import pickle
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,7 @@ from workers.checkpoint_dir import file_verdict
 from workers.integrity import Hashed, digest_of
 from workers.manifest import FileEntry
 from workers.storage.verdict import entry_verdict
-from workers.unpickle import ForbiddenPickle, restricted_loads, torch_load
+from workers.unpickle import RefusedPickle, restricted_loads, torch_load
 
 METADATA = ".metadata"
 
@@ -54,11 +53,8 @@ def parse_metadata(raw: bytes, files: Sequence[FileEntry]) -> Metadata | str:
         return reason
     try:
         metadata = restricted_loads(raw, f"`{METADATA}`")
-    except ForbiddenPickle as exc:
+    except RefusedPickle as exc:  # hostile or malformed, yet it matched its manifest: its writer wrote it so
         return str(exc)
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError) as exc:
-        # a malformed pickle that matched its manifest: its writer wrote it so
-        return f"file {METADATA} unreadable: {type(exc).__name__}"
     if not isinstance(metadata, Metadata):
         return f"file {METADATA} holds a {type(metadata).__name__}, not DCP metadata"
     return metadata

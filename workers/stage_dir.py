@@ -8,14 +8,15 @@ root control (or sticky ones, like /tmp, where others cannot move it).
 """
 
 import os
-import stat
 import tempfile
-from contextlib import suppress
 from pathlib import Path
 
+from events.private import UnsafeDirectory, check_dir, safe_dir
 
-class UnsafeDirectory(PermissionError):
-    """A directory ftrain would write into is a link, another user's, or writable by others."""
+__all__ = ["UnsafeDirectory", "claim_dir", "default_stage_dir", "safe_stage_dir", "same_device"]
+
+LABEL = "staging directory"
+CHOOSE = "choose another with --ckpt-stage-dir"
 
 
 def default_stage_dir(job: str) -> Path:
@@ -26,16 +27,9 @@ def default_stage_dir(job: str) -> Path:
 def safe_stage_dir(path: Path) -> Path:
     """`path`, created (0700, with any missing parents) unless it exists; raises UnsafeDirectory unless it
     is a directory, not a link, owned by this user and not writable by group or others, and every
-    directory above it is this user's or root's and, if others may write to it, sticky."""
-    path = path.absolute()
-    missing = [p for p in (path, *path.parents) if not os.path.lexists(p)]
-    _check_above(missing[-1].parent if missing else path.parent)  # before creating anything there
-    for directory in reversed(missing):
-        with suppress(FileExistsError):  # another rank of this node made it meanwhile: checked below
-            os.mkdir(directory, 0o700)
-    _check(path, os.lstat(path), leaf=True)
-    _check_above(path.parent)
-    return path
+    directory above it is this user's or root's and, if others may write to it, sticky (`events.private`
+    decides, as for every private directory; an existing one is not tightened: it may be the user's)."""
+    return safe_dir(path, label=LABEL, choose=CHOOSE)
 
 
 def same_device(stage: Path, destination: Path) -> bool:
@@ -56,31 +50,5 @@ def claim_dir(parent: Path, name: str) -> bool:
         created = True
     except FileExistsError:
         created = False
-    _check(path, os.lstat(path), leaf=True)
+    check_dir(path, what=f"{LABEL} {path}", choose=CHOOSE)
     return created
-
-
-def _check_above(directory: Path) -> None:
-    """Check `directory` and every one above it; links among them are fine when they land somewhere safe."""
-    real = directory.resolve()
-    for above in (real, *real.parents):
-        _check(above, os.lstat(above), leaf=False)
-
-
-def _check(path: Path, st: os.stat_result, *, leaf: bool) -> None:
-    uid, what = os.getuid(), f"staging directory {path}" if leaf else f"{path} (above the staging directory)"
-    if stat.S_ISLNK(st.st_mode):
-        raise UnsafeDirectory(f"{what} is a symbolic link; refusing to follow it")
-    if not stat.S_ISDIR(st.st_mode):
-        raise UnsafeDirectory(f"{what} is not a directory")
-    if st.st_uid not in ((uid,) if leaf else (uid, 0)):
-        raise UnsafeDirectory(
-            f"{what} is owned by uid {st.st_uid}, not this user (uid {uid}); "
-            "choose another with --ckpt-stage-dir"
-        )
-    writable_by_others = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
-    if writable_by_others and (leaf or not st.st_mode & stat.S_ISVTX):
-        raise UnsafeDirectory(
-            f"{what} is writable by group or others (mode {stat.S_IMODE(st.st_mode):o}); "
-            "make it 0700 or choose another"
-        )

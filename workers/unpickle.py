@@ -5,14 +5,24 @@ code if the manifest's writer was hostile. DCP's `.metadata`, DCP's non-tensor i
 and RNG states of older checkpoints load only through here; a global outside the allowlist is refused with
 its name. The allowlist is what real checkpoints reference (DCP's metadata classes, tensor rebuilding,
 dtypes, containers, numpy arrays); a training script adds its own types with `allow_pickled`.
+
+Whatever else goes wrong while loading (a malformed stream, an allowed global called with arguments it
+refuses: an unknown codec, a tensor outside its storage) is a `CorruptPickle` naming the exception, so the
+checkpoint is judged corrupt rather than crashing the resume. Not a MemoryError, unless the stream itself
+asks for more bytes than it holds: a shortage while loading a sound checkpoint is no verdict on it. The
+globals that could turn a few bytes into gigabytes (`bytearray(n)`, numpy arrays of a given shape) accept
+only the forms pickle writes.
 """
 
 import _compat_pickle
 import io
 import pickle
+import pickletools
+from collections.abc import Callable
 from types import SimpleNamespace
-from typing import IO, Any
+from typing import IO, Any, Final
 
+import numpy
 import torch
 
 _ALLOWED: set[tuple[str, str]] = {
@@ -42,11 +52,81 @@ _ALLOWED: set[tuple[str, str]] = {
     ("numpy._core.multiarray", "_reconstruct"),
     ("numpy.core.multiarray", "_reconstruct"),  # numpy 1 pickles
 }
+_NUMPY_RECONSTRUCT: Final[Callable[..., Any]] = numpy.empty(0).__reduce__()[0]  # type: ignore[assignment]
+"""The function numpy pickles an array with (`numpy._core.multiarray._reconstruct`; `numpy.core` in 1.x)."""
 _DTYPES = frozenset(name for name in dir(torch) if isinstance(getattr(torch, name), torch.dtype))
+MAX_REASON: Final = 200
+"""The longest exception text a refusal quotes (it becomes a verdict in the log)."""
 
 
-class ForbiddenPickle(pickle.UnpicklingError):
+class RefusedPickle(pickle.UnpicklingError):
+    """Checkpoint bytes the unpickler will not load: the checkpoint is refused as corrupt, never run."""
+
+
+class ForbiddenPickle(RefusedPickle):
     """A pickle in a checkpoint names a global outside the allowlist: the checkpoint is refused, unrun."""
+
+
+class CorruptPickle(RefusedPickle):
+    """Bytes that do not load through the allowlist: malformed, or allowed globals that refused their
+    arguments. The message names the exception."""
+
+
+class _NdarrayType:
+    """What `numpy.ndarray` resolves to: the type a pickle hands `_reconstruct`, never called (a call would
+    allocate whatever shape the pickle names)."""
+
+
+_NDARRAY: Final = _NdarrayType()
+
+
+def _bytearray(*args: Any) -> bytearray:
+    """`bytearray` as pickles write it (from bytes, or a string and its encoding), never `bytearray(n)`."""
+    if args and isinstance(args[0], int):
+        raise ValueError("bytearray(n) is not how a pickle writes a bytearray")
+    return bytearray(*args)
+
+
+def _reconstruct(subtype: Any, shape: Any, dtype: Any) -> numpy.ndarray[Any, Any]:
+    """numpy's `_reconstruct` as numpy pickles an array: an empty ndarray, filled by BUILD from the pickle's
+    own bytes (any other shape would be allocated here, from nothing)."""
+    if subtype is not _NDARRAY or shape != (0,):
+        raise ValueError("an array is pickled as _reconstruct(ndarray, (0,), dtype)")
+    return _NUMPY_RECONSTRUCT(numpy.ndarray, (0,), dtype)  # type: ignore[no-any-return]
+
+
+_BOUNDED: Final[dict[tuple[str, str], Any]] = {
+    ("builtins", "bytearray"): _bytearray,
+    ("numpy", "ndarray"): _NDARRAY,
+    ("numpy._core.multiarray", "_reconstruct"): _reconstruct,
+    ("numpy.core.multiarray", "_reconstruct"): _reconstruct,
+}
+"""Allowed globals a pickle gets in a bounded form."""
+
+
+def _corrupt(what: str, exc: BaseException) -> CorruptPickle:
+    reason = " ".join(f"{type(exc).__name__}: {exc}".split())
+    return CorruptPickle(f"{what} does not unpickle: {reason[:MAX_REASON]}")
+
+
+def _overrun(file: IO[bytes]) -> ValueError | None:
+    """Why an in-memory pickle's stream is malformed: a length past its end, an unknown opcode, an opcode
+    across the end of its frame (the C unpickler answers those with a MemoryError); None when it is sound or
+    not in memory."""
+    if not isinstance(file, io.BytesIO):
+        return None
+    try:
+        ops = list(pickletools.genops(file.getvalue()))
+    except ValueError as exc:
+        return exc
+    starts = [pos or 0 for _, _, pos in ops]  # bytes always have positions
+    frame_end = 0
+    for (op, arg, _), pos, end in zip(ops, starts, [*starts[1:], starts[-1] + 1], strict=True):
+        if pos < frame_end < end:
+            return ValueError(f"{op.name} at byte {pos} crosses the end of its frame")
+        if op.name == "FRAME":
+            frame_end = end + int(arg or 0)
+    return None
 
 
 def allow_pickled(*objects: type | Any) -> None:
@@ -66,30 +146,48 @@ class RestrictedUnpickler(pickle.Unpickler):
 
     what = "a pickle"
 
+    def __init__(self, file: IO[bytes], **kwargs: Any) -> None:
+        super().__init__(file, **kwargs)
+        self.file = file
+
     def find_class(self, module: str, name: str) -> Any:
         # protocol 2 (torch.save's) writes Python 2 names, which pickle maps back: judge what it will load
         module, name = _compat_pickle.NAME_MAPPING.get((module, name), (module, name))
         module = _compat_pickle.IMPORT_MAPPING.get(module, module)
         if not allowed(module, name):
             raise ForbiddenPickle(f"{self.what} names {module}.{name}, which is not allowed")
-        return super().find_class(module, name)
+        return _BOUNDED.get((module, name)) or super().find_class(module, name)
+
+    def load(self) -> Any:
+        """The one object; whatever the bytes make go wrong is a RefusedPickle naming it."""
+        try:
+            return super().load()
+        except (RefusedPickle, OSError):  # OSError: the stream's own read, no verdict on its bytes
+            raise
+        except MemoryError as exc:
+            if (malformed := _overrun(self.file)) is None:
+                raise
+            raise _corrupt(self.what, malformed) from exc
+        except Exception as exc:  # an allowed global may raise anything; KeyboardInterrupt is no Exception
+            raise _corrupt(self.what, exc) from exc
 
 
 def restricted_load(stream: IO[bytes], what: str) -> Any:
-    """Unpickle one object from `stream` through the allowlist. Raises ForbiddenPickle."""
+    """Unpickle one object from `stream` through the allowlist. Raises RefusedPickle."""
     unpickler = RestrictedUnpickler(stream)
     unpickler.what = what
     return unpickler.load()
 
 
 def restricted_loads(data: bytes, what: str) -> Any:
-    """Unpickle `data` through the allowlist. Raises ForbiddenPickle."""
+    """Unpickle `data` through the allowlist. Raises RefusedPickle."""
     return restricted_load(io.BytesIO(data), what)
 
 
 def torch_load(stream: IO[bytes], what: str) -> Any:
     """`torch.load` of `torch.save` bytes with its unpickler bound to the allowlist (torch subclasses the
-    given module's Unpickler for storages; every other global still passes `find_class` here)."""
+    given module's Unpickler for storages; every other global still passes `find_class` here). Raises
+    RefusedPickle, also for a malformed archive around the pickle."""
 
     class Bound(RestrictedUnpickler):
         pass
@@ -100,4 +198,9 @@ def torch_load(stream: IO[bytes], what: str) -> Any:
         Unpickler=Bound,
         load=lambda f, **kwargs: Bound(f, **kwargs).load(),
     )
-    return torch.load(stream, map_location="cpu", weights_only=False, pickle_module=module)
+    try:
+        return torch.load(stream, map_location="cpu", weights_only=False, pickle_module=module)
+    except (RefusedPickle, MemoryError, OSError):
+        raise
+    except Exception as exc:
+        raise _corrupt(what, exc) from exc

@@ -9,8 +9,8 @@ server's direct get; its whitespace test on names goes one character at a time t
   protocol parser (measured here: 127–145k messages/s against 48–55k through a callback subscription);
 - for every other subscription, a header parser with nats-py's contract and a regular-expression test.
 
-nats-py is pinned to the version these hooks (`_process_msg`, `_parse_header_lines`, `Subscription._id`)
-were written against; the tests exercise both paths on every read.
+nats-py is pinned to the version these hooks (`_process_msg`, `_parse_header_lines`, `Subscription._id`,
+`_resp_map`) were written against; the tests exercise both paths on every read.
 """
 
 import re
@@ -72,6 +72,13 @@ class Nats(Client):
         """End a raw subscription."""
         self._raw_handlers.pop(sub._id, None)
         await sub.unsubscribe()
+
+    def fail_requests(self, exc: Exception) -> None:
+        """End every request still awaiting its reply with `exc`. For a publish the server refused: its -ERR
+        names the subject, not the request, and the refused request would otherwise wait out its timeout."""
+        for future in list(self._resp_map.values()):
+            if not future.done():
+                future.set_exception(exc)
 
     async def _process_msg(
         self, sid: int, subject: bytes, reply: bytes, data: bytes, headers: bytes | None

@@ -92,6 +92,15 @@ def _connect_options(settings: NatsSettings) -> dict[str, Any]:
     return options
 
 
+class PermissionDenied(nats.errors.Error):
+    """The server refused a publish the credential may not make: a read-only key appending, or changing the
+    stream. Not retried: asking again cannot help."""
+
+
+PERMISSION_DENIED = "permissions violation for publish"
+"""How nats-py hands on the server's `-ERR 'Permissions Violation for Publish to …'` (lower-cased)."""
+
+
 def _refusal(errors: list[Exception]) -> str | None:
     """A definitive refusal among the client's errors (bad credentials, an untrusted certificate), if any:
     retrying cannot help, and it says more than the connection reset that follows it."""
@@ -118,11 +127,17 @@ async def open_store(
 
     async def remember(exc: Exception) -> None:
         """Keep the client's errors for the message (without an error callback nats-py prints a traceback
-        per reconnect attempt); a refusal (bad credentials) ends the attempt at once."""
+        per reconnect attempt); a refusal (bad credentials) ends the attempt at once, and a refused publish
+        ends the request waiting on it (the server never answers it)."""
         errors.append(exc)
         log.debug("nats_error", error=redact_text(f"{type(exc).__name__}: {exc}", secrets))
         if _refusal([exc]):
             refused.set()
+        if PERMISSION_DENIED in str(exc):
+            said = str(exc).removeprefix("nats: ")
+            nc.fail_requests(
+                PermissionDenied(f"refused by the server: {said} (this key may not change the log)")
+            )
 
     nc = Nats()
     connecting = asyncio.ensure_future(
@@ -156,7 +171,8 @@ async def open_store(
         raise LogUnavailable(f"event log unreachable at {redact_urls(urls)}: {shown}") from failure
     actor = process_actor(rank)
     signer = load_signer(settings.home, f"{actor.user}@{actor.host}")
-    anchors = AnchorFiles(anchor_files(settings), signer)
+    trust = load_trust(settings.home, settings.trusted_keys, accept_unsigned=settings.accept_unsigned)
+    anchors = AnchorFiles(anchor_files(settings), signer, trust)
     try:
         yield EventStore(
             nc,
@@ -165,7 +181,7 @@ async def open_store(
             actor=actor,
             signer=signer,
             anchors=anchors,
-            trust=load_trust(settings.home, settings.trusted_keys, accept_unsigned=settings.accept_unsigned),
+            trust=trust,
         )
     finally:
         anchors.close()

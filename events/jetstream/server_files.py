@@ -2,8 +2,9 @@
 
 ``server.conf``, ``server.json`` (the :class:`ServerProcess` record), ``server.log`` (appended to by every
 start), ``server.pid`` (nats-server's own pid file), ``user.nk`` (the nkey seed every ftrain client signs in
-with: other users on the machine can reach 127.0.0.1 too), ``lock`` (flock serialising check-and-start/stop) and
-``store/`` (JetStream ``store_dir``). All of it is private (0700 directories, 0600 files). The port is kept
+with: other users on the machine can reach 127.0.0.1 too), ``reader.nk`` (once issued: the seed of a user that
+may read the log but not append to it or change the stream), ``lock`` (flock serialising check-and-start/stop)
+and ``store/`` (JetStream ``store_dir``). All of it is private (0700 directories, 0600 files). The port is kept
 across restarts when it is still free, so the URL is too.
 """
 
@@ -23,6 +24,7 @@ import nkeys
 from events.atomic_file import write_atomic
 from events.jetstream.server_procs import HOST
 from events.private import open_private, private_dir
+from events.record import STREAM, SUBJECT_ROOT
 
 SERVER_NAME: Final = "ftrain-embedded"
 
@@ -41,7 +43,8 @@ class ServerProcess(msgspec.Struct, frozen=True):
 
 def nats_dir(home: Path, *, create: bool = True) -> Path:
     """Absolute, so the config path in the server's cmdline is stable whatever the caller's cwd. Creating it
-    also makes (or tightens) the home and this directory 0700."""
+    also makes the home and this directory 0700, or refuses either when it is not this user's alone
+    (`events.private.UnsafeDirectory`)."""
     d = (Path(home) / "nats").absolute()
     if create:
         private_dir(d.parent)
@@ -68,10 +71,30 @@ def seed_path(directory: Path) -> Path:
     return directory / "user.nk"
 
 
+def reader_seed_path(directory: Path) -> Path:
+    """The read-only user's nkey seed, kept here (0600) so that issuing it again hands out the same key."""
+    return directory / "reader.nk"
+
+
 def user_key(directory: Path) -> str:
     """The public key of the user nkey, made (seed written 0600, atomically) on first use and kept after,
     so clients that hold the seed file keep working across restarts."""
-    path = seed_path(directory)
+    return _public_key(seed_path(directory))
+
+
+def reader_key(directory: Path) -> str | None:
+    """The read-only user's public key; None while none was issued."""
+    return issue_reader_key(directory) if reader_seed_path(directory).exists() else None
+
+
+def issue_reader_key(directory: Path) -> str:
+    """The read-only user's public key, made on first use and kept like the writer's, so a reader's copy of
+    the seed keeps working across restarts."""
+    return _public_key(reader_seed_path(directory))
+
+
+def _public_key(path: Path) -> str:
+    """The public key of the user nkey seed at `path`, made on first use."""
     try:
         seed = path.read_bytes().strip()
     except FileNotFoundError:
@@ -89,10 +112,67 @@ def user_key(directory: Path) -> str:
     return public.decode()
 
 
-def write_config(path: Path, *, port: int, store_dir: Path, user: str, host: str = HOST) -> None:
-    """Write a local JetStream config that admits only the nkey `user` and fsyncs every write before the ack.
+def reader_permissions(stream: str = STREAM, indent: str = "  ") -> str:
+    """The NATS `permissions` of a user that reads the log every way ftrain and nats-py read it, and changes
+    nothing: the events' subjects live, stream info, stored and last messages (direct or not), consumers
+    (ordered, push or pull, durable or not; create, info, next, acks, flow control) and replies to its own
+    inboxes. Everything else is refused by the allow lists; the deny list names what must never be allowed:
+    appends, and deleting, purging, updating or creating streams, messages and consumers.
 
-    Only the public key is in it. ``sync_interval: always`` is what backs the promise that no acknowledged
+    Written for the embedded server and quoted, as is, for a cluster of the user's own (README)."""
+    api = "$JS.API"
+    publish = [
+        f"{api}.INFO",
+        f"{api}.STREAM.NAMES",
+        f"{api}.STREAM.INFO.{stream}",
+        f"{api}.STREAM.MSG.GET.{stream}",
+        f"{api}.DIRECT.GET.{stream}",
+        f"{api}.DIRECT.GET.{stream}.>",
+        f"{api}.CONSUMER.CREATE.{stream}",
+        f"{api}.CONSUMER.CREATE.{stream}.>",
+        f"{api}.CONSUMER.DURABLE.CREATE.{stream}.*",
+        f"{api}.CONSUMER.INFO.{stream}.*",
+        f"{api}.CONSUMER.MSG.NEXT.{stream}.*",
+        f"$JS.ACK.{stream}.>",
+        f"$JS.FC.{stream}.>",
+    ]
+    deny = [
+        f"{SUBJECT_ROOT}.>",
+        f"{api}.STREAM.CREATE.>",
+        f"{api}.STREAM.UPDATE.>",
+        f"{api}.STREAM.DELETE.>",
+        f"{api}.STREAM.PURGE.>",
+        f"{api}.STREAM.MSG.DELETE.>",
+        f"{api}.CONSUMER.DELETE.>",
+    ]
+    subscribe = [f"{SUBJECT_ROOT}.>", "_INBOX.>"]
+
+    def subjects(key: str, names: list[str], depth: int) -> list[str]:
+        items = [f"{indent * (depth + 1)}{json.dumps(n)}," for n in names]
+        return [f"{indent * depth}{key}: [", *items, f"{indent * depth}]"]
+
+    return "\n".join(
+        [
+            "permissions: {",
+            f"{indent}publish: {{",
+            *subjects("allow", publish, 2),
+            *subjects("deny", deny, 2),
+            f"{indent}}}",
+            f"{indent}subscribe: {{",
+            *subjects("allow", subscribe, 2),
+            f"{indent}}}",
+            "}",
+        ]
+    )
+
+
+def write_config(
+    path: Path, *, port: int, store_dir: Path, user: str, reader: str | None = None, host: str = HOST
+) -> None:
+    """Write a local JetStream config that admits only the nkey `user` (and `reader`, read-only) and fsyncs
+    every write before the ack.
+
+    Only the public keys are in it. ``sync_interval: always`` is what backs the promise that no acknowledged
     event is lost even on power loss (measured ~0.2-0.4 ms extra per publish). No ``http`` monitoring port:
     nothing else listens. The pid file sits next to the config (``<stem>.pid``).
     """
@@ -104,7 +184,7 @@ def write_config(path: Path, *, port: int, store_dir: Path, user: str, host: str
             f"listen: {q(f'{host}:{port}')}",
             f"pid_file: {q(str(path.with_suffix('.pid')))}",
             "max_payload: 1048576  # the nats default (1 MiB), pinned",
-            f"authorization {{ users = [ {{ nkey: {q(user)} }} ] }}",
+            f"authorization {{ users = [ {{ nkey: {q(user)} }}{_reader_entry(reader)} ] }}",
             "jetstream {",
             f"  store_dir: {q(str(store_dir))}",
             "  sync_interval: always",
@@ -113,6 +193,14 @@ def write_config(path: Path, *, port: int, store_dir: Path, user: str, host: str
         ]
     )
     write_atomic(path, text.encode())
+
+
+def _reader_entry(reader: str | None) -> str:
+    """The read-only user's entry in the config's user list, after the writer's; nothing while none."""
+    if reader is None:
+        return ""
+    permissions = reader_permissions().replace("\n", "\n  ")
+    return f",\n  {{ nkey: {json.dumps(reader)}\n  {permissions} }}\n"
 
 
 def read_record(directory: Path) -> ServerProcess | None:

@@ -12,7 +12,7 @@ import socket
 import time
 import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import msgspec
 import nats.errors
@@ -25,12 +25,11 @@ from events.anchor_file import AnchorFiles
 from events.anchors import Anchor, StreamFacts, stream_change
 from events.chain import ChainHead, seal, unseal
 from events.jetstream.client import Nats, header_value, is_status
-from events.record import SUBJECT_ROOT, StoredRecord, parse_subject, run_subject
+from events.record import STREAM, SUBJECT_ROOT, StoredRecord, parse_subject, run_subject
 from events.run_id import validate_run_id
 from events.schema import Actor, AnyEvent, decode_event, encode_event, event_type, now
 from events.signing import Signer, TrustList
 
-STREAM = "FTRAIN_EVENTS"
 ANCHORED_TYPES = frozenset({"checkpointed", "resumed", "failed", "completed"})
 """Event types whose writer anchors the run's new head outside the stream."""
 RETENTION_FIELDS = (
@@ -122,6 +121,15 @@ class LogTampered(RuntimeError):
     until `ftrain server repair` records that the operator accepts it."""
 
 
+class Repaired(NamedTuple):
+    """What `repair` found: what differed from the newest note that counts (None: nothing), the stream as
+    accepted, and the anchor lines ignored (no trusted writer vouches for them)."""
+
+    change: str | None
+    facts: StreamFacts
+    ignored: list[str]
+
+
 def _facts(info: Any) -> StreamFacts:
     config = info.config
     values = {name: getattr(config, name, None) for name in RETENTION_FIELDS}
@@ -202,7 +210,7 @@ class EventStore:
         """Check the stream against the newest anchor (raises LogTampered when it differs), create it when
         there is neither; returns its creation time, which identifies it to read models."""
         facts = await self.facts()
-        newest = self.anchors.newest() if self.anchors else None
+        newest = self.anchors.newest().anchor if self.anchors else None
         if newest is not None and (change := stream_change(newest, facts)) is not None:
             raise LogTampered(
                 f"{change}; nothing was appended (`ftrain server repair` accepts it, on record)"
@@ -222,11 +230,12 @@ class EventStore:
             info = await self._js.stream_info(self.stream)
         return _facts(info)
 
-    async def repair(self) -> tuple[str | None, StreamFacts]:
+    async def repair(self) -> Repaired:
         """Accept the stream as it is now, on record: re-create it if gone and restore ftrain's retention
-        settings if changed, then anchor the result with what was found. Returns (what differed, facts)."""
+        settings if changed, then anchor the result with what was found (against the newest note that
+        counts: a line no trusted writer vouches for is ignored, and listed)."""
         facts = await self.facts()
-        newest = self.anchors.newest() if self.anchors else None
+        newest, ignored = self.anchors.newest() if self.anchors else (None, [])
         change = stream_change(newest, facts) if newest is not None else None
         if facts is None:
             facts = await self._create()
@@ -238,7 +247,7 @@ class EventStore:
             self.anchors.append(
                 [Anchor(**self._identity(facts), note=f"repair: {change or 'nothing differed'}")]
             )
-        return change, facts
+        return Repaired(change, facts, ignored)
 
     def _identity(self, facts: StreamFacts) -> dict[str, Any]:
         return {
@@ -264,7 +273,7 @@ class EventStore:
         if self.anchors is None or self._facts is None:
             return
         identity = {**self._identity(self._facts), "stream_seq": last_seq}
-        notes = [Anchor(**identity, run_id=r, seq=h.seq, hash=h.hash) for r, h in sorted(heads.items())]
+        notes = [Anchor(**identity, run_id=r, seq=h.seq, head_hash=h.hash) for r, h in sorted(heads.items())]
         self._anchor_or_warn([*notes, Anchor(**identity, root=root, note="audit")] if root else notes)
 
     async def last_seq(self) -> int:

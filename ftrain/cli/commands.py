@@ -2,6 +2,8 @@
 error leaves no trace), `run` executes it against the service and prints the result."""
 
 import argparse
+import os
+import stat
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -72,9 +74,14 @@ def _state_json(raw: bytes) -> bytes:
 
 
 def _directory_sources(path: Path, shards: int) -> list[tuple[str, bytes | Path]]:
+    """Every file under `path` (sub-directories included), checked; anything that is not a directory must be
+    a file ftrain can copy, or the input is refused naming it: nothing is left out silently."""
     if not path.is_dir():
         raise UsageError(f"--path {path}: not a directory")
-    files = sorted(p for p in path.rglob("*") if p.is_file())
+    try:
+        files = sorted(p for p in path.rglob("*") if not p.is_dir())
+    except OSError as exc:
+        raise UsageError(f"--path {path}: {exc.strerror or exc}") from exc
     if not files:
         raise UsageError(f"--path {path}: no files")
     names = [str(p.relative_to(path)) for p in files]
@@ -89,7 +96,29 @@ def _directory_sources(path: Path, shards: int) -> list[tuple[str, bytes | Path]
         raise UsageError(
             f"--path {path} holds {len(dcp_shards)} .distcp shard(s) but --shards {shards} was given"
         )
+    for name, file in zip(names, files, strict=True):
+        if why := _not_copyable(file):
+            raise UsageError(f"--path {path}: {name}: {why}")
     return list(zip(names, files, strict=True))
+
+
+def _not_copyable(file: Path) -> str | None:
+    """Why `file` cannot be a checkpoint's data file (None: it can): it must open and read as a regular
+    file that holds what its size says. A /proc or /sys file claims 0 bytes and holds more, or refuses the
+    read or the kernel copy outright; a FIFO, a socket, a device or a dangling link is no file to copy."""
+    try:
+        fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # non-blocking: a FIFO must not hang
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                return "not a regular file"
+            if os.pread(fd, 1, 0) and info.st_size == 0:
+                return "its size is 0 bytes but it holds data (a /proc or /sys file?)"
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return None
 
 
 def _is_utf8(name: str) -> bool:

@@ -1,7 +1,8 @@
 """The `ftrain` command line: a thin shell over `ftrain.service.RunService`.
 
 Exit codes: 0 success; 1 refused on the merits (no valid checkpoint, failed audit, illegal transition,
-event log unreachable; `run`: gave up retrying); 2 usage or bad input; `run` stopped by signal N: 128+N.
+event log unreachable; `run`: gave up retrying); 2 usage or bad input (a home, or a directory in it, that is
+not private to this user included); `run` stopped by signal N: 128+N.
 Errors are one line on stderr and nothing is written.
 """
 
@@ -20,6 +21,7 @@ import nats.errors
 from events.jetstream.server import NatsServerError
 from events.jetstream.store import LogTampered, LogUnavailable
 from events.keyring import KeyringError
+from events.private import UnsafeDirectory
 from events.run_id import InvalidRunId, validate_run_id
 from events.schema import (
     FAILURE_REASONS,
@@ -33,6 +35,7 @@ from events.schema import (
 )
 from events.stored_schema import stored_schema
 from ftrain.cli.keys_cmd import add_keys_parser
+from ftrain.cli.visible import visible
 from ftrain.errors import Refused, UsageError
 from ftrain.settings import InvalidSetting
 from ftrain.supervise.launch_spec import STRATEGIES
@@ -197,8 +200,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--follow", action="store_true", help="then print new events as they land, until stopped")
     p.add_argument("--json", action="store_true", help="one JSON object per line")
 
-    p = sub.add_parser("server", help="the embedded nats-server; repair: accept a changed stream, on record")
-    p.add_argument("action", choices=("start", "stop", "status", "repair"))
+    p = sub.add_parser(
+        "server",
+        help="the embedded nats-server; repair: accept a changed stream, on record; credentials --read-only: "
+        "the key auditors and stream consumers sign in with",
+    )
+    p.add_argument("action", choices=("start", "stop", "status", "repair", "credentials"))
+    p.add_argument(
+        "--read-only", action="store_true", help="credentials: a key that may read and tail, never append"
+    )
+    p.add_argument("--out", type=Path, metavar="FILE", help="credentials: also write the seed to FILE (0600)")
 
     p = sub.add_parser("storage", help="the embedded SeaweedFS S3 server, for development and tests")
     p.add_argument("action", choices=("start", "stop", "status"))
@@ -242,7 +253,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         configure()
         return _dispatch(args)
-    except (UsageError, InvalidSetting, InvalidEvent) as exc:
+    except (UsageError, InvalidSetting, InvalidEvent, UnsafeDirectory) as exc:
         _fail(2, f"ftrain {args.command}: error: {exc}")
     except (Refused, LogUnavailable, LogTampered, KeyringError, NatsServerError) as exc:
         _fail(1, f"ftrain {args.command}: {exc}")
@@ -259,7 +270,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _fail(code: int, line: str) -> NoReturn:
-    sys.stderr.write(line.replace("\n", " ") + "\n")
+    sys.stderr.write(visible(line) + "\n")  # one line, whatever a publisher put in a reason it quotes
     raise SystemExit(code)
 
 
@@ -274,7 +285,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "server":
         from ftrain.cli.server_cmd import server_command
 
-        return server_command(args.action, os.environ)
+        return server_command(args, os.environ)
     if args.command == "storage":
         from ftrain.cli.storage_cmd import storage_command
 

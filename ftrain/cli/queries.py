@@ -1,6 +1,7 @@
 """The read-only commands: status, list, cost (per project, or one run's goodput), audit verify, replay."""
 
 import argparse
+from datetime import datetime
 from typing import Any
 
 import msgspec
@@ -24,11 +25,15 @@ def checkpoint_document(ref: CheckpointRef) -> dict[str, Any]:
 
 def view_document(view: RunView) -> dict[str, Any]:
     """A run in `status --json` and `list --json`: its status document, or only its name when none of its
-    events was accepted; a broken run's `state` is "broken" and `broken` carries the finding."""
+    events was accepted; a broken or unvouched run's `state` is "broken" and `broken` carries the finding
+    (for an unvouched one: its first event no trusted writer vouches for, and why). `vouched`: whether a
+    trusted writer vouches for the run (or it is an unsigned log accepted); `signed_by`: that writer."""
     doc: dict[str, Any] = status_document(view.state) if view.state else {"run_id": view.run_id}
     if view.broken is not None:
         doc["state"] = "broken"
     doc["broken"] = view.broken
+    doc["vouched"] = view.vouched is not None
+    doc["signed_by"] = view.vouched.signer if view.vouched else None
     if view.goodput is not None:
         doc["goodput"] = goodput_view.document(view.goodput)
     return doc
@@ -75,14 +80,15 @@ async def run_status(app: RunService, args: argparse.Namespace, _: None) -> int:
 
 
 async def run_list(app: RunService, args: argparse.Namespace, _: None) -> int:
-    """Runs, optionally of one project; a broken run shows as BROKEN."""
+    """Runs, optionally of one project; a broken or unvouched run shows as BROKEN, and SIGNED BY says who
+    vouches for each (UNVOUCHED: no trusted writer)."""
     views = await app.views(args.project)
     if args.json:
         render.emit_json([view_document(v) for v in views])
         return 0
     moment = now()
     rows = [
-        (v.run_id, "?", "BROKEN", "-", "-", "-", "-")
+        (v.run_id, "?", "BROKEN", "-", "-", "-", "-", "-")
         if v.state is None
         else (
             v.run_id,
@@ -92,35 +98,48 @@ async def run_list(app: RunService, args: argparse.Namespace, _: None) -> int:
             str(v.state.resume_count),
             str(v.state.failures),
             f"{v.state.gpu_hours_at(moment):.2f}",
+            render.vouched_by(v.vouched),
         )
         for v in views
     ]
-    render.emit(render.table(("RUN", "PROJECT", "STATE", "STEP", "RESUMES", "FAILURES", "GPU-HOURS"), rows))
+    header = ("RUN", "PROJECT", "STATE", "STEP", "RESUMES", "FAILURES", "GPU-HOURS", "SIGNED BY")
+    render.emit(render.table(header, rows))
     return 0
 
 
 async def run_cost(app: RunService, args: argparse.Namespace, _: None) -> int:
-    """GPU-hours per run and in total; with --run, that run's goodput and GPU-hours."""
+    """GPU-hours per run and in total; with --run, that run's goodput and GPU-hours. A broken or unvouched
+    run's hours are shown but never added to the total: what a forger appended was not spent."""
     if args.run is not None:
         return await _run_goodput(app, args)
-    states = await app.states(args.project)
     moment = now()
-    per_run = [
-        (s.run_id, s.status, s.gpus, round(s.gpu_hours_at(moment), 6), s.cost_source or "so far")
-        for s in states
-    ]
-    total = round(sum(r[3] for r in per_run), 6)
+    priced = [(v, _cost_document(v, v.state, moment)) for v in await app.views(args.project) if v.state]
+    docs = [doc for _, doc in priced]
+    total = sum(d["gpu_hours"] for d in docs if d["broken"] is None)
+    uncounted = sum(d["gpu_hours"] for d in docs if d["broken"] is not None)
     if args.json:
-        runs = [
-            {"run_id": r, "state": st, "gpus": g, "gpu_hours": h, "source": src}
-            for r, st, g, h, src in per_run
-        ]
-        render.emit_json({"project": args.project, "runs": runs, "total_gpu_hours": total})
+        render.emit_json({"project": args.project, "runs": docs,
+                          "total_gpu_hours": round(total, 6), "uncounted_gpu_hours": round(uncounted, 6)})  # fmt: skip
         return 0
-    rows = [(r, st, str(g), f"{h:.2f}", src) for r, st, g, h, src in per_run]
-    render.emit(render.table(("RUN", "STATE", "GPUS", "GPU-HOURS", "SOURCE"), rows))
-    render.emit(f"total {total:.2f} GPU-hours over {len(per_run)} run(s)")
+    rows = [
+        (d["run_id"], d["state"].upper() if d["broken"] else d["state"], str(d["gpus"]), f"{d['gpu_hours']:.2f}",
+         d["source"], render.vouched_by(v.vouched))
+        for v, d in priced
+    ]  # fmt: skip
+    render.emit(render.table(("RUN", "STATE", "GPUS", "GPU-HOURS", "SOURCE", "SIGNED BY"), rows))
+    left_out = sum(1 for d in docs if d["broken"] is not None)
+    line = f"total {total:.2f} GPU-hours over {len(priced) - left_out} run(s)"
+    if left_out:
+        line += f"; not counted: {uncounted:.2f} GPU-hours of {left_out} broken or unvouched run(s)"
+    render.emit(line)
     return 0
+
+
+def _cost_document(view: RunView, state: RunState, moment: datetime) -> dict[str, Any]:
+    """A run in `cost --json`: its hours so far or as completed, and whether they count (`broken` null)."""
+    return {"run_id": state.run_id, "state": "broken" if view.broken else state.status, "gpus": state.gpus,
+            "gpu_hours": round(state.gpu_hours_at(moment), 6), "source": state.cost_source or "so far",
+            "vouched": view.vouched is not None, "broken": view.broken}  # fmt: skip
 
 
 async def _run_goodput(app: RunService, args: argparse.Namespace) -> int:

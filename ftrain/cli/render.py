@@ -1,4 +1,8 @@
-"""Human-readable lines for the CLI; the wording follows the product's reference documents."""
+"""Human-readable lines for the CLI; the wording follows the product's reference documents.
+
+Every line goes out through `emit`, which makes what the log's publishers wrote visible (`visible`): the
+functions here format fields as they are stored and never escape them themselves.
+"""
 
 import sys
 from collections import Counter
@@ -9,9 +13,11 @@ from typing import Any
 import msgspec
 
 from events.schema import AnyEvent, Checkpointed, Completed, CorruptSkipped, Failed, Launched, Resumed
+from ftrain.cli.visible import visible
 from ftrain.supervise.launch_spec import format_command
 from projections.audit import Finding
 from projections.lifecycle import RunState, skipped_line
+from projections.vouching import Vouched
 
 
 def short_hash(digest: str) -> str:
@@ -93,11 +99,10 @@ def status(state: RunState, moment: datetime) -> list[str]:
 
 
 def table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> list[str]:
-    """Left-aligned columns."""
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    return [
-        "  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in [header, *rows]
-    ]
+    """Left-aligned columns, measured as they will be shown (escapes included)."""
+    cells = [[visible(str(c)) for c in r] for r in [header, *rows]]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
 
 
 def finding(item: Finding) -> str:
@@ -110,6 +115,13 @@ def signers(by_run: dict[str, str | None]) -> str:
     counts = Counter(by_run.values())
     named = [f"{name or 'unsigned, accepted'} ({n} run(s))" for name, n in sorted(counts.items(), key=str)]
     return f"; signed by {', '.join(named)}" if named else ""
+
+
+def vouched_by(vouched: Vouched | None) -> str:
+    """The SIGNED BY column: the trusted writer, `unsigned, accepted`, or UNVOUCHED."""
+    if vouched is None:
+        return "UNVOUCHED"
+    return vouched.signer or "unsigned, accepted"
 
 
 def summary(event: AnyEvent) -> str:
@@ -129,11 +141,14 @@ def summary(event: AnyEvent) -> str:
 
 
 def emit(lines: str | list[str]) -> None:
-    """Print output lines."""
-    sys.stdout.write(("\n".join(lines) if isinstance(lines, list) else lines) + "\n")
+    """Print output lines for a person, each made visible: a line feed inside one is shown, not obeyed."""
+    sys.stdout.write(
+        "\n".join(visible(line) for line in ([lines] if isinstance(lines, str) else lines)) + "\n"
+    )
     sys.stdout.flush()
 
 
 def emit_json(value: Any) -> None:
-    """Print one JSON document."""
+    """Print one JSON document, on one line, the stored strings unchanged (JSON escapes what must be)."""
     sys.stdout.write(msgspec.json.encode(value).decode() + "\n")
+    sys.stdout.flush()

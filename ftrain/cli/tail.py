@@ -11,8 +11,6 @@ import signal
 from contextlib import aclosing, suppress
 from typing import Any
 
-import msgspec
-
 from events.jetstream.store import EventStore
 from ftrain.cli import render
 from ftrain.errors import UsageError
@@ -48,9 +46,10 @@ async def _tail(store: EventStore, args: argparse.Namespace, stop: asyncio.Event
             async for records in batches:
                 for record in records:
                     verdict = event_verdict(walk, record, store.trust)
-                    render.emit(
-                        msgspec.json.encode(_document(verdict)).decode() if args.json else _line(verdict)
-                    )
+                    if args.json:
+                        render.emit_json(_document(verdict))
+                    else:
+                        render.emit(_line(verdict))
                     next_seq, shown = record.stream_seq + 1, shown + 1
                 if stop.is_set():
                     return shown

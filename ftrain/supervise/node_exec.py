@@ -55,7 +55,8 @@ class TemplateError(ValueError):
 
 
 def parse_template(text: str) -> tuple[str, ...]:
-    """The template's words; it must name `{host}` and no other field."""
+    """The template's words; it must name `{host}`, plainly, and no other field: `str.format` would read a
+    format spec, a conversion or an index too (`{host:>999999999}` pads to a gigabyte), so none passes here."""
     try:
         words = tuple(shlex.split(text))
     except ValueError as exc:
@@ -64,16 +65,41 @@ def parse_template(text: str) -> tuple[str, ...]:
         raise TemplateError("--node-exec is empty")
     for word in words:
         try:
-            fields = {name for _, name, _, _ in string.Formatter().parse(word) if name is not None}
+            fields = [
+                (name, spec, conversion)
+                for _, name, spec, conversion in string.Formatter().parse(word)
+                if name is not None
+            ]
         except ValueError as exc:
             raise TemplateError(
                 f"--node-exec {text!r}: {exc} (write a literal brace as {{{{ or }}}})"
             ) from exc
-        if fields - {"host"}:
-            raise TemplateError(f"--node-exec {text!r}: only {HOST} may be filled in, not {sorted(fields)}")
+        for name, spec, conversion in fields:
+            if problem := _field_problem(name, spec, conversion):
+                shown = (
+                    "{" + name + (f"!{conversion}" if conversion else "") + (f":{spec}" if spec else "") + "}"
+                )
+                raise TemplateError(
+                    f"--node-exec {text!r}: {shown} {problem} (only a plain {HOST} is filled in)"
+                )
     if not any(HOST in word for word in words):
         raise TemplateError(f"--node-exec {text!r} does not name {HOST}")
     return words
+
+
+def _field_problem(name: str, spec: str | None, conversion: str | None) -> str | None:
+    """Why a replacement field is not a plain `{host}`; None when it is."""
+    if not name or name.isdigit():
+        return "is positional"
+    if "." in name or "[" in name:
+        return "is an attribute or index"
+    if name != "host":
+        return "is not a field"
+    if conversion:
+        return "carries a conversion"
+    if spec:
+        return "carries a format spec"
+    return None
 
 
 def node_argv(

@@ -24,7 +24,7 @@ from workers.checkpoint_dir import StorageUnavailable, verify_files
 from workers.dcp_reader import Rejected, RestrictedLoadPlanner, VerifiedReader, load_metadata
 from workers.manifest import FileEntry, Manifest
 from workers.recorder import Recorder as Recording
-from workers.unpickle import ForbiddenPickle
+from workers.unpickle import RefusedPickle
 
 _SHARD = re.compile(r"__(\d+)_\d+\.distcp$")
 log = structlog.get_logger(__name__)
@@ -91,7 +91,7 @@ def load_verified(
         )
     except CheckpointException as exc:  # raised on every rank, with every rank's failure
         return load_failure(path, exc)
-    except ForbiddenPickle as exc:  # this rank's own state (an old RNG pickle): the others must hear of it
+    except RefusedPickle as exc:  # this rank's own state (an old RNG pickle): the others must hear of it
         refused = str(exc)
     finally:
         state.restore_rng = True
@@ -120,7 +120,7 @@ def load_failure(path: Path, exc: CheckpointException) -> str:
     failures = [exc.failures[rank][0] for rank in sorted(exc.failures)]
     if unavailable := next((f for f in failures if isinstance(f, StorageUnavailable)), None):
         raise stopped(unavailable) from exc
-    if refused := next((f for f in failures if isinstance(f, ForbiddenPickle | Rejected)), None):
+    if refused := next((f for f in failures if isinstance(f, RefusedPickle | Rejected)), None):
         return str(refused)
     first = failures[0]
     raise ResumeFailed(
