@@ -25,7 +25,7 @@ from datetime import datetime
 
 import msgspec
 
-from events.chain import GENESIS, link_hash, seal, unseal
+from events.chain import GENESIS, is_digest, link_hash, seal, unseal
 from events.schema import EPOCH, Count
 from events.signing import ANCHOR_DOMAIN, Signature, Signer, TrustList, signature_valid
 
@@ -98,7 +98,7 @@ def read_line(line: bytes) -> SignedAnchor | None:
         anchor = _read_body(parts.body)
     except (msgspec.DecodeError, msgspec.ValidationError):
         return None
-    if link_hash(anchor.prev_hash, parts.body) != parts.hash:
+    if not is_digest(anchor.prev_hash) or link_hash(anchor.prev_hash, parts.body) != parts.hash:
         return None
     return SignedAnchor(anchor, parts.hash, parts.signature)
 

@@ -54,6 +54,12 @@ class Broken(msgspec.Struct, frozen=True):
     event_type: str | None = None
 
 
+def is_digest(value: str) -> bool:
+    """Whether `value` has a chain hash's form, 64 lowercase hex digits: a `prev_hash` of any other form is
+    refused before it is hashed (a non-ASCII one cannot even be encoded)."""
+    return len(value) == 64 and all(c in "0123456789abcdef" for c in value)
+
+
 def link_hash(prev_hash: str, body: bytes) -> str:
     """SHA-256 over the previous hash and the event's canonical bytes."""
     digest = hashlib.sha256(prev_hash.encode("ascii"))
@@ -115,6 +121,8 @@ def check_link(head: ChainHead, run_id: str, subject_type: str, payload: bytes) 
         return Broken(
             f"stored under run {run_id!r} type {subject_type!r} but says {event.run_id!r} {etype!r}", seq
         )
+    if not is_digest(event.prev_hash):
+        return Broken("prev_hash is not 64 hex digits", seq, str(etype))
     if link_hash(event.prev_hash, body) != claimed:
         return Broken("hash mismatch: the payload was altered", seq, str(etype))
     if seq != head.seq + 1:

@@ -3,6 +3,7 @@
 import hashlib
 
 import msgspec
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -68,3 +69,13 @@ def test_unsealed_and_undecodable_payloads_are_broken() -> None:
     result = check_link(ChainHead(), "r1", "failed", junk)
     assert isinstance(result, Broken) and result.reason.startswith("undecodable payload")
     assert unseal(b"") is None
+
+
+@pytest.mark.parametrize("prev", ["é" * 64, "F" * 64, "0" * 63, ""])
+def test_a_prev_hash_of_any_other_form_is_broken_never_a_crash(prev: str) -> None:
+    """One publish with a non-ASCII prev_hash used to raise UnicodeEncodeError in every reader."""
+    body = encode_event(Failed(run_id="r1", seq=1, prev_hash=prev, reason="x"))
+    digest = hashlib.sha256(prev.encode() + body).hexdigest()
+    payload = body[:-1] + f',"hash":"{digest}"}}'.encode()
+    result = check_link(ChainHead(), "r1", "failed", payload)
+    assert isinstance(result, Broken) and result.reason == "prev_hash is not 64 hex digits"
