@@ -122,7 +122,7 @@ def check_link(head: ChainHead, run_id: str, subject_type: str, payload: bytes) 
             f"stored under run {run_id!r} type {subject_type!r} but says {event.run_id!r} {etype!r}", seq
         )
     if not is_digest(event.prev_hash):
-        return Broken("prev_hash is not 64 hex digits", seq, str(etype))
+        return Broken(f"prev_hash {event.prev_hash[:12]}… is not 64 hex digits", seq, str(etype))
     if link_hash(event.prev_hash, body) != claimed:
         return Broken("hash mismatch: the payload was altered", seq, str(etype))
     if seq != head.seq + 1:

@@ -78,4 +78,4 @@ def test_a_prev_hash_of_any_other_form_is_broken_never_a_crash(prev: str) -> Non
     digest = hashlib.sha256(prev.encode() + body).hexdigest()
     payload = body[:-1] + f',"hash":"{digest}"}}'.encode()
     result = check_link(ChainHead(), "r1", "failed", payload)
-    assert isinstance(result, Broken) and result.reason == "prev_hash is not 64 hex digits"
+    assert isinstance(result, Broken) and result.reason == f"prev_hash {prev[:12]}… is not 64 hex digits"

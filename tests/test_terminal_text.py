@@ -133,7 +133,7 @@ async def test_error_lines_escape_what_the_chain_walk_quotes(hostile: None, env:
     assert line.startswith(
         "ftrain fail: run linkbreak's log is broken, refusing to append: run linkbreak: seq 2 "
     )
-    assert "prev_hash \\x1b[8m\\r\\n" in line and line.endswith("… does not match the hash of seq 1"), line
+    assert "prev_hash \\x1b[8m\\r\\n" in line and line.endswith("… is not 64 hex digits"), line
 
 
 async def test_log_lines_on_a_terminal_escape_it_too(hostile: None, env: dict[str, str]) -> None:
