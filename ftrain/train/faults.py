@@ -19,6 +19,7 @@ import os
 import signal
 import time
 
+from events.private import FILE_MODE, private_dir
 from ftrain import settings
 from ftrain.supervise.procs import signal_job
 
@@ -52,9 +53,9 @@ def _first_time(name: str) -> bool:
     once = settings.kill_once()
     if once is None:
         return True
-    once.mkdir(parents=True, exist_ok=True)
+    private_dir(once, tighten=False)
     try:
-        os.close(os.open(once / name, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        os.close(os.open(once / name, os.O_CREAT | os.O_EXCL | os.O_WRONLY, FILE_MODE))
     except FileExistsError:
         return False
     return True

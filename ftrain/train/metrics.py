@@ -13,6 +13,8 @@ from typing import Any
 
 import msgspec
 
+from events.private import open_private, private_dir
+
 _encoder = msgspec.json.Encoder()
 
 
@@ -170,9 +172,9 @@ class MetricsWriter:
     """Appends one JSON object per line, flushed each time (a SIGKILL loses at most the line being written)."""
 
     def __init__(self, directory: Path, rank: int) -> None:
-        directory.mkdir(parents=True, exist_ok=True)
+        private_dir(directory, tighten=False)  # a resume reads these back for goodput's lost time
         self.path = metrics_path(directory, rank)
-        self._file = self.path.open("ab")
+        self._file = os.fdopen(open_private(self.path, os.O_WRONLY | os.O_APPEND), "ab")
 
     def write(self, record: dict[str, Any]) -> None:
         """Append `record` with a wall-clock timestamp."""
