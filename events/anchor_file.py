@@ -15,7 +15,7 @@ from typing import NamedTuple
 import msgspec
 import structlog
 
-from events.anchors import (
+from ftrain.events.anchors import (
     Anchor,
     Ignored,
     Kept,
@@ -25,9 +25,9 @@ from events.anchors import (
     read_line,
     walk_back,
 )
-from events.chain import GENESIS
-from events.private import private_dir
-from events.signing import Signer, TrustList
+from ftrain.events.chain import GENESIS
+from ftrain.events.private import private_dir
+from ftrain.events.signing import Signer, TrustList
 
 FIRST_READ = 4096
 TAIL_BYTES = 64 * 1024

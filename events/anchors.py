@@ -25,9 +25,9 @@ from datetime import datetime
 
 import msgspec
 
-from events.chain import GENESIS, is_digest, link_hash, seal, unseal
-from events.schema import EPOCH, Count
-from events.signing import ANCHOR_DOMAIN, Signature, Signer, TrustList, signature_valid
+from ftrain.events.chain import GENESIS, is_digest, link_hash, seal, unseal
+from ftrain.events.schema import EPOCH, Count
+from ftrain.events.signing import ANCHOR_DOMAIN, Signature, Signer, TrustList, signature_valid
 
 ROOT_PREFIX = "sha256:"
 FORMAT = 2

@@ -4,7 +4,7 @@ import contextlib
 import os
 from pathlib import Path
 
-from events.private import FILE_MODE
+from ftrain.events.private import FILE_MODE
 
 
 def fsync_dir(path: Path) -> None:

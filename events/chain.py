@@ -16,8 +16,8 @@ from typing import NamedTuple
 
 import msgspec
 
-from events.schema import AnyEvent, decode_event, event_type
-from events.signing import Signature
+from ftrain.events.schema import AnyEvent, decode_event, event_type
+from ftrain.events.signing import Signature
 
 SignHash = Callable[[str], Signature]
 

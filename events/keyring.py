@@ -23,9 +23,9 @@ from cryptography.hazmat.primitives.serialization import (
     load_pem_private_key,
 )
 
-from events.atomic_file import write_atomic
-from events.private import private_dir
-from events.signing import KEY_PREFIX, InvalidKey, Signer, TrustList, parse_public_key
+from ftrain.events.atomic_file import write_atomic
+from ftrain.events.private import private_dir
+from ftrain.events.signing import KEY_PREFIX, InvalidKey, Signer, TrustList, parse_public_key
 
 KEY_FILE = "signing.key"
 TRUSTED_FILE = "trusted"

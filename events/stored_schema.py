@@ -9,8 +9,8 @@ from typing import Any
 
 import msgspec
 
-from events.run_id import RUN_ID_MAX, RUN_ID_PATTERN
-from events.schema import AnyEvent, Checkpointed, Resumed
+from ftrain.events.run_id import RUN_ID_MAX, RUN_ID_PATTERN
+from ftrain.events.schema import AnyEvent, Checkpointed, Resumed
 
 ENVELOPE = ("type", "run_id", "seq", "id", "time", "actor", "prev_hash", "hash")
 HEX64 = "^[0-9a-f]{64}$"

@@ -2,7 +2,7 @@
 
 import re
 
-from events.schema import CheckpointPolicy
+from ftrain.events.schema import CheckpointPolicy
 
 _UNITS = {"s": 1, "sec": 1, "secs": 1, "m": 60, "min": 60, "mins": 60, "h": 3600, "hr": 3600, "hrs": 3600}
 _PATTERN = re.compile(r"(\d+(?:\.\d+)?)\s*([a-z]+)")

@@ -8,10 +8,10 @@ from collections.abc import AsyncIterator
 
 import msgspec
 
-from events.jetstream.store import EventStore
-from events.schema import AnyEvent
-from projections.audit import ChainWalk, Finding
-from projections.log_anchors import AnchorCheck
+from ftrain.events.jetstream.store import EventStore
+from ftrain.events.schema import AnyEvent
+from ftrain.projections.audit import ChainWalk, Finding
+from ftrain.projections.log_anchors import AnchorCheck
 
 
 class AuditReport(msgspec.Struct, frozen=True):

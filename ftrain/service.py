@@ -18,11 +18,13 @@ from typing import TypeVar
 import msgspec
 import structlog
 
-from events.chain import ChainHead
-from events.jetstream.connection import NatsSettings, endpoint_name, open_store
-from events.jetstream.store import AppendConflict, EventStore, LogTampered
-from events.run_id import InvalidRunId, validate_run_id
-from events.schema import (
+from ftrain import settings as ftrain_settings
+from ftrain.errors import Refused, UsageError
+from ftrain.events.chain import ChainHead
+from ftrain.events.jetstream.connection import NatsSettings, endpoint_name, open_store
+from ftrain.events.jetstream.store import AppendConflict, EventStore, LogTampered
+from ftrain.events.run_id import InvalidRunId, validate_run_id
+from ftrain.events.schema import (
     AnyEvent,
     Checkpointed,
     Completed,
@@ -33,12 +35,10 @@ from events.schema import (
     event_type,
     now,
 )
-from ftrain import settings as ftrain_settings
-from ftrain.errors import Refused, UsageError
 from ftrain.history import AuditReport, TimelineEntry, timeline, verify
-from projections.audit import Finding
-from projections.goodput import Goodput, measure
-from projections.lifecycle import (
+from ftrain.projections.audit import Finding
+from ftrain.projections.goodput import Goodput, measure
+from ftrain.projections.lifecycle import (
     IllegalTransition,
     ResumePlan,
     RunState,
@@ -48,16 +48,16 @@ from projections.lifecycle import (
     resume_from,
     skip,
 )
-from projections.projector import Projector
-from projections.readmodel import ReadModel, StoredRun, damaged
-from projections.run_log import BrokenRun, ContendedRun, RunLog
-from projections.vouching import Unvouched, Vouched
-from workers import progress
-from workers.checkpoint_dir import OUTSIDE_RUN
-from workers.layout import SetAsideKind
-from workers.storage.errors import CheckpointExists, StorageError, StorageUnavailable
-from workers.storage.open import open_storage
-from workers.storage.port import CheckpointStorage, StoredCheckpoint
+from ftrain.projections.projector import Projector
+from ftrain.projections.readmodel import ReadModel, StoredRun, damaged
+from ftrain.projections.run_log import BrokenRun, ContendedRun, RunLog
+from ftrain.projections.vouching import Unvouched, Vouched
+from ftrain.workers import progress
+from ftrain.workers.checkpoint_dir import OUTSIDE_RUN
+from ftrain.workers.layout import SetAsideKind
+from ftrain.workers.storage.errors import CheckpointExists, StorageError, StorageUnavailable
+from ftrain.workers.storage.open import open_storage
+from ftrain.workers.storage.port import CheckpointStorage, StoredCheckpoint
 
 CONFLICT_RETRIES = 20
 T = TypeVar("T")

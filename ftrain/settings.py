@@ -16,10 +16,10 @@ from urllib.parse import unquote, urlparse
 
 import nkeys
 
-from events.jetstream.connection import NatsSettings
-from events.redact import redact_urls
-from events.run_id import InvalidRunId, validate_run_id
-from events.signing import KEY_PREFIX, InvalidKey, parse_public_key
+from ftrain.events.jetstream.connection import NatsSettings
+from ftrain.events.redact import redact_urls
+from ftrain.events.run_id import InvalidRunId, validate_run_id
+from ftrain.events.signing import KEY_PREFIX, InvalidKey, parse_public_key
 
 HOME: Final = "FTRAIN_HOME"
 STORAGE: Final = "FTRAIN_STORAGE"

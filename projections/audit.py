@@ -2,12 +2,12 @@
 
 import msgspec
 
-from events.chain import Broken, ChainHead, check_link
-from events.record import StoredRecord
-from events.schema import AnyEvent
-from events.signing import Signature, TrustList
-from projections.lifecycle import IllegalTransition, RunState, apply
-from projections.vouching import Unvouched, Vouched, Vouching
+from ftrain.events.chain import Broken, ChainHead, check_link
+from ftrain.events.record import StoredRecord
+from ftrain.events.schema import AnyEvent
+from ftrain.events.signing import Signature, TrustList
+from ftrain.projections.lifecycle import IllegalTransition, RunState, apply
+from ftrain.projections.vouching import Unvouched, Vouched, Vouching
 
 
 class Finding(msgspec.Struct, frozen=True):

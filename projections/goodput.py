@@ -33,7 +33,7 @@ from itertools import pairwise
 import msgspec
 from msgspec import UNSET, UnsetType
 
-from events.schema import AnyEvent, Checkpointed, Completed, CorruptSkipped, Failed, Launched, Resumed
+from ftrain.events.schema import AnyEvent, Checkpointed, Completed, CorruptSkipped, Failed, Launched, Resumed
 
 TERMS = ("productive", "checkpoint_stall", "startup", "restart", "down", "recomputed")
 """The measured terms, in the order they are shown; `other` is what they leave of the wall time."""

@@ -8,13 +8,13 @@ that the stream is the one anchored (not re-created, reconfigured or shorter). N
 
 from pathlib import Path
 
-from events.anchor_file import read_lines
-from events.anchors import Anchor, PrefixRoot, StreamFacts, chain_of, stream_change
-from events.chain import ChainHead
-from events.record import StoredRecord
-from events.signing import TrustList
-from projections.audit import Finding, Folded
-from projections.lifecycle import RunState
+from ftrain.events.anchor_file import read_lines
+from ftrain.events.anchors import Anchor, PrefixRoot, StreamFacts, chain_of, stream_change
+from ftrain.events.chain import ChainHead
+from ftrain.events.record import StoredRecord
+from ftrain.events.signing import TrustList
+from ftrain.projections.audit import Finding, Folded
+from ftrain.projections.lifecycle import RunState
 
 REPAIR = "repair:"
 

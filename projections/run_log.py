@@ -8,11 +8,11 @@ the expected position; when another writer got there first, it folds the new eve
 
 from collections.abc import Callable
 
-from events.chain import ChainHead
-from events.jetstream.store import AppendConflict, Appended, EventStore
-from events.schema import AnyEvent
-from projections.audit import ChainWalk, Finding
-from projections.lifecycle import RunState, check
+from ftrain.events.chain import ChainHead
+from ftrain.events.jetstream.store import AppendConflict, Appended, EventStore
+from ftrain.events.schema import AnyEvent
+from ftrain.projections.audit import ChainWalk, Finding
+from ftrain.projections.lifecycle import RunState, check
 
 CONFLICT_RETRIES = 20
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 
 import msgspec
 
-from events.signing import EVENT_DOMAIN, Signature, TrustList, signature_valid
+from ftrain.events.signing import EVENT_DOMAIN, Signature, TrustList, signature_valid
 
 
 class Unvouched(msgspec.Struct, frozen=True):

@@ -68,7 +68,7 @@ from ftrain.logs import configure as configure_logs
 from ftrain.train.checkpointing import CheckpointManager
 from ftrain.train.config import CheckpointConfig
 from ftrain.train.state import TrainState
-from workers.layout import step_dir
+from ftrain.workers.layout import step_dir
 
 WORLD = 2  # ranks on CPU; on CUDA one per GPU, at most this many
 CPU = torch.device("cpu")

@@ -48,15 +48,15 @@ from typing import Any, NamedTuple
 import msgspec
 from nats.js import JetStreamContext
 
-from events.anchor_file import AnchorFiles
-from events.chain import ChainHead, SignHash, seal
-from events.jetstream.client import Nats
-from events.jetstream.connection import NatsSettings, anchor_files
-from events.jetstream.server import nats_server_binary, throwaway_server
-from events.jetstream.store import EventStore, process_actor
-from events.keyring import load_signer, load_trust
-from events.record import run_subject
-from events.schema import (
+from ftrain.events.anchor_file import AnchorFiles
+from ftrain.events.chain import ChainHead, SignHash, seal
+from ftrain.events.jetstream.client import Nats
+from ftrain.events.jetstream.connection import NatsSettings, anchor_files
+from ftrain.events.jetstream.server import nats_server_binary, throwaway_server
+from ftrain.events.jetstream.store import EventStore, process_actor
+from ftrain.events.keyring import load_signer, load_trust
+from ftrain.events.record import run_subject
+from ftrain.events.schema import (
     Actor,
     AnyEvent,
     Checkpointed,
@@ -68,9 +68,9 @@ from events.schema import (
     now,
 )
 from ftrain.logs import configure as configure_logs
+from ftrain.projections.lifecycle import RunState, apply, corrupt_skipped_event, resumed_event
 from ftrain.service import RunService
 from ftrain.train.run_log import read_run
-from projections.lifecycle import RunState, apply, corrupt_skipped_event, resumed_event
 
 CONCURRENT_RUNS = 8
 SEQ_BLOCKS = 10

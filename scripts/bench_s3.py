@@ -69,10 +69,10 @@ from ftrain.examples.model import MODELS
 from ftrain.logs import configure as configure_logs
 from ftrain.train.checkpointing import CheckpointManager
 from ftrain.train.config import CheckpointConfig
-from workers.s3.bucket import TRANSFER
-from workers.s3.client import make_client
-from workers.s3.server import REGION, throwaway_storage_server
-from workers.storage.s3_store import VERIFY_THREADS, parse_s3_uri
+from ftrain.workers.s3.bucket import TRANSFER
+from ftrain.workers.s3.client import make_client
+from ftrain.workers.s3.server import REGION, throwaway_storage_server
+from ftrain.workers.storage.s3_store import VERIFY_THREADS, parse_s3_uri
 
 FT_SAVE, RAW_SAVE, S3TC_SAVE = (
     "ftrain S3 sync (sealed)",

@@ -26,12 +26,12 @@ EQUIVALENTS = ROOT / "tests" / "mutation_equivalents.txt"
 KILLED = {"killed", "timeout", "caught by type check"}
 PACKAGES = ("events", "projections", "workers", "ftrain", "tests")
 CONSTANTS: tuple[tuple[str, str, str], ...] = (
-    ("events/chain.py", 'GENESIS = "0" * 64', 'GENESIS = "0" * 63'),
-    ("events/chain.py", 'GENESIS = "0" * 64', 'GENESIS = "1" * 64'),
-    ("events/schema.py", "    seq: Count = 0", "    seq: Count = 1"),
-    ("workers/manifest.py", "FORMAT = 2", "FORMAT = 3"),
-    ("workers/integrity.py", 'ALGORITHM: Final = "sha256"', 'ALGORITHM: Final = "sha-256"'),
-    ("workers/layout.py", 'MARKER: Final = ".complete"', 'MARKER: Final = ".done"'),
+    ("ftrain/events/chain.py", 'GENESIS = "0" * 64', 'GENESIS = "0" * 63'),
+    ("ftrain/events/chain.py", 'GENESIS = "0" * 64', 'GENESIS = "1" * 64'),
+    ("ftrain/events/schema.py", "    seq: Count = 0", "    seq: Count = 1"),
+    ("ftrain/workers/manifest.py", "FORMAT = 2", "FORMAT = 3"),
+    ("ftrain/workers/integrity.py", 'ALGORITHM: Final = "sha256"', 'ALGORITHM: Final = "sha-256"'),
+    ("ftrain/workers/layout.py", 'MARKER: Final = ".complete"', 'MARKER: Final = ".done"'),
     ("projections/lifecycle/state.py", "    step: int = 0", "    step: int = 1"),
     ("projections/lifecycle/state.py", "    epoch: int = 0", "    epoch: int = 1"),
     ("projections/lifecycle/state.py", "    resume_count: int = 0", "    resume_count: int = 1"),

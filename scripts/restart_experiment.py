@@ -34,9 +34,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
-from events.redact import redact_url
 from ftrain import settings
 from ftrain.errors import UsageError
+from ftrain.events.redact import redact_url
 from ftrain.experiments.config import (
     CONFIG,
     KILLS,
@@ -55,7 +55,7 @@ from ftrain.logs import configure as configure_logging
 from ftrain.service import RunService
 from ftrain.supervise.procs import children, signal_job
 from ftrain.train.metrics import decode_record, metrics_path
-from workers.layout import complete_steps, run_dir
+from ftrain.workers.layout import complete_steps, run_dir
 
 POLL_S = 0.05
 TAIL_BYTES = 4096

@@ -5,11 +5,11 @@ from pathlib import Path
 
 import msgspec
 
-from events.chain import ChainHead
-from events.jetstream.store import process_actor
-from events.schema import AnyEvent, Checkpointed, Launched
-from projections.lifecycle import CompleteIntent, FailIntent, RunState, apply
-from workers.checkpoint_dir import write_checkpoint
+from ftrain.events.chain import ChainHead
+from ftrain.events.jetstream.store import process_actor
+from ftrain.events.schema import AnyEvent, Checkpointed, Launched
+from ftrain.projections.lifecycle import CompleteIntent, FailIntent, RunState, apply
+from ftrain.workers.checkpoint_dir import write_checkpoint
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 SIGNER = "{0.user}@{0.host}".format(process_actor())

@@ -11,8 +11,8 @@ from pathlib import Path
 import nats
 import pytest
 
-from events.jetstream.server import ServerProcess, throwaway_server
-from events.record import STREAM
+from ftrain.events.jetstream.server import ServerProcess, throwaway_server
+from ftrain.events.record import STREAM
 from ftrain.service import RunService
 from tests.netns import nodes as nodes
 
@@ -113,7 +113,7 @@ def start_configured_server(directory: Path, config: str, port: int) -> subproce
     import socket
     import time
 
-    from events.jetstream.server import nats_server_binary
+    from ftrain.events.jetstream.server import nats_server_binary
 
     directory.mkdir(parents=True, exist_ok=True)
     conf = directory / "server.conf"

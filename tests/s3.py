@@ -11,14 +11,14 @@ from typing import Any
 
 import msgspec
 
-from workers.s3.client import make_client
-from workers.s3.server import (
+from ftrain.workers.s3.client import make_client
+from ftrain.workers.s3.server import (
     SeaweedProcess,
     ensure_storage_server,
     kill_storage_server,
     throwaway_storage_server,
 )
-from workers.storage.s3_store import S3Storage
+from ftrain.workers.storage.s3_store import S3Storage
 
 
 class Endpoint(msgspec.Struct, frozen=True):

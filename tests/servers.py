@@ -5,8 +5,8 @@ from pathlib import Path
 
 import structlog
 
-from events.jetstream.server import NatsServerError, ServerProcess, start_server
-from events.jetstream.server_procs import send_signal, server_alive, wait_gone
+from ftrain.events.jetstream.server import NatsServerError, ServerProcess, start_server
+from ftrain.events.jetstream.server_procs import send_signal, server_alive, wait_gone
 
 log = structlog.get_logger(__name__)
 

@@ -11,16 +11,16 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from structlog.testing import capture_logs
 
-from events.anchor_file import AnchorFiles, read_lines
-from events.anchors import Anchor, anchor_line, read_line
-from events.chain import ChainHead, seal
-from events.jetstream.server import ServerProcess
-from events.record import STREAM
-from events.schema import now
-from events.signing import Signer, TrustList
 from ftrain import settings
+from ftrain.events.anchor_file import AnchorFiles, read_lines
+from ftrain.events.anchors import Anchor, anchor_line, read_line
+from ftrain.events.chain import ChainHead, seal
+from ftrain.events.jetstream.server import ServerProcess
+from ftrain.events.record import STREAM
+from ftrain.events.schema import now
+from ftrain.events.signing import Signer, TrustList
+from ftrain.projections.log_anchors import AnchorCheck
 from ftrain.service import RunService
-from projections.log_anchors import AnchorCheck
 from tests.builders import T0
 from tests.test_failures import checkpoint, launch
 from tests.test_trust import intruder, run

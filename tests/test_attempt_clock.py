@@ -4,7 +4,7 @@ the same timelines `tests/test_goodput.py` folds."""
 import msgspec
 from msgspec import UNSET
 
-from events.schema import INT64_MAX, MAX_AMOUNT, Checkpointed, encode_event
+from ftrain.events.schema import INT64_MAX, MAX_AMOUNT, Checkpointed, encode_event
 from ftrain.train.attempt_clock import AttemptClock
 
 

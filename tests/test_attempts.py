@@ -16,6 +16,9 @@ from pathlib import Path
 import pytest
 
 from ftrain.supervise.procs import children, signal_job
+from ftrain.workers.fence import owner
+from ftrain.workers.layout import MARKER, complete_steps
+from ftrain.workers.manifest import decode_marker
 from tests.conftest import ftrain_process
 from tests.training import (
     alive,
@@ -26,9 +29,6 @@ from tests.training import (
     torchrun_env,
     wait_for,
 )
-from workers.fence import owner
-from workers.layout import MARKER, complete_steps
-from workers.manifest import decode_marker
 
 pytestmark = pytest.mark.timeout(600)
 ITERS = ("--train-iters", "40", "--save-interval", "10")

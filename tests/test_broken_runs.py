@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from events.jetstream.server import ServerProcess
-from events.record import run_subject
+from ftrain.events.jetstream.server import ServerProcess
+from ftrain.events.record import run_subject
 from tests.conftest import ftrain_process, stream_last_seq
 from tests.test_failures import files_under, raw_publish
 from tests.training import RESUMED, torchrun

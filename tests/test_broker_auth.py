@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from events.jetstream.server import (
+from ftrain.events.jetstream.server import (
     ServerProcess,
     ensure_server,
     nats_server_binary,
     stop_server,
     throwaway_server,
 )
-from events.jetstream.server_procs import js_ready
+from ftrain.events.jetstream.server_procs import js_ready
 from tests.conftest import free_port, plain_connect
 
 # A keyless client, stdlib only so it runs as another uid: connect, publish, ping; print the server's answer,

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from events.chain import GENESIS, Broken, ChainHead, Linked, check_link, link_hash, seal, unseal
-from events.schema import Failed, decode_event, encode_event
+from ftrain.events.chain import GENESIS, Broken, ChainHead, Linked, check_link, link_hash, seal, unseal
+from ftrain.events.schema import Failed, decode_event, encode_event
 
 
 def sealed(seq: int, prev: str, reason: str = "preempted", run_id: str = "r1") -> tuple[bytes, str]:

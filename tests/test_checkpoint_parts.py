@@ -26,11 +26,12 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 import ftrain.train.metrics
-import workers.dcp_writer
-import workers.files
-from events.chain import ChainHead
+import ftrain.workers.dcp_writer
+import ftrain.workers.files
+from ftrain.events.chain import ChainHead
 from ftrain.examples.data import ResumableLoader, synthetic_tokens
 from ftrain.experiments.inputs import set_aside_steps
+from ftrain.projections.lifecycle import apply, plan_resume
 from ftrain.settings import KILL_POINTS
 from ftrain.train import checkpointing
 from ftrain.train.checkpointing import CheckpointManager
@@ -39,9 +40,7 @@ from ftrain.train.metrics import Record, last_iter, lost_seconds, process_start_
 from ftrain.train.resume import cleanup_stale, set_aside_planned
 from ftrain.train.resume_load import owned
 from ftrain.train.state import TrainState
-from projections.lifecycle import apply, plan_resume
-from tests.builders import checkpointed, launched
-from workers.checkpoint_dir import (
+from ftrain.workers.checkpoint_dir import (
     WrittenCheckpoint,
     marker_hash,
     on_disk,
@@ -50,10 +49,10 @@ from workers.checkpoint_dir import (
     verify_checkpoint,
     write_checkpoint,
 )
-from workers.dcp_writer import HashingFileSystem, HashingWriter
-from workers.fanout import FanOutError, fan_out
-from workers.integrity import Digest, Hashed, hash_file
-from workers.layout import (
+from ftrain.workers.dcp_writer import HashingFileSystem, HashingWriter
+from ftrain.workers.fanout import FanOutError, fan_out
+from ftrain.workers.integrity import Digest, Hashed, hash_file
+from ftrain.workers.layout import (
     MANIFEST,
     MARKER,
     PARTIAL,
@@ -64,9 +63,10 @@ from workers.layout import (
     run_dir,
     set_asides,
 )
-from workers.manifest import FileEntry, Manifest
-from workers.retention import prune
-from workers.staging import StagingBuffers
+from ftrain.workers.manifest import FileEntry, Manifest
+from ftrain.workers.retention import prune
+from ftrain.workers.staging import StagingBuffers
+from tests.builders import checkpointed, launched
 
 
 def tree(root: Path) -> set[str]:
@@ -87,7 +87,7 @@ def spy_hash_file(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
         calls.append(Path(path))
         return hash_file(path)
 
-    monkeypatch.setattr(workers.dcp_writer, "hash_file", spy)
+    monkeypatch.setattr(ftrain.workers.dcp_writer, "hash_file", spy)
     return calls
 
 
@@ -116,7 +116,7 @@ def test_hashing_writer_lists_every_file_dcp_wrote_with_its_digest(
     from_disk = spy_hash_file(monkeypatch)
     synced: list[int] = []
     read_back: list[int] = []
-    real_fsync, real_hash_fd = os.fsync, workers.files.hash_fd
+    real_fsync, real_hash_fd = os.fsync, ftrain.workers.files.hash_fd
 
     def fsync(fd: int) -> None:
         synced.append(os.fstat(fd).st_ino)
@@ -127,7 +127,7 @@ def test_hashing_writer_lists_every_file_dcp_wrote_with_its_digest(
         return real_hash_fd(fd)
 
     monkeypatch.setattr(os, "fsync", fsync)
-    monkeypatch.setattr(workers.files, "hash_fd", hash_fd)
+    monkeypatch.setattr(ftrain.workers.files, "hash_fd", hash_fd)
     ckpt = tmp_path / "ckpt"
     writer = HashingWriter(ckpt, sync_files=durable)
     dcp_save(model_and_optimizer_state(), storage_writer=writer, no_dist=True)

@@ -334,9 +334,9 @@ def corrupt_truncate(d: Path) -> None:
 
 def corrupt_manifest_and_marker(d: Path) -> None:
     """Rewrite the manifest so it agrees with tampered data and re-stamp the marker: only the log catches it."""
-    from workers.integrity import digest_of
-    from workers.layout import MARKER
-    from workers.manifest import Marker
+    from ftrain.workers.integrity import digest_of
+    from ftrain.workers.layout import MARKER
+    from ftrain.workers.manifest import Marker
 
     manifest = json.loads((d / "manifest.json").read_text())
     manifest["epoch"] = 99

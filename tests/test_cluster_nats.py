@@ -77,10 +77,10 @@ def test_the_stream_leader_killed_mid_run_loses_no_acknowledged_event(nodes: "ha
 
 RECORDER = """
 import hashlib, os, sys
-from events.schema import Checkpointed
+from ftrain.events.schema import Checkpointed
 from ftrain import settings
-from projections.lifecycle import CheckpointIntent
-from workers.recorder import Recorder
+from ftrain.projections.lifecycle import CheckpointIntent
+from ftrain.workers.recorder import Recorder
 
 run, root, steps = sys.argv[1], sys.argv[2], [int(s) for s in sys.argv[3:]]
 recorder = Recorder(run, settings.nats(os.environ), rank=0)
@@ -165,10 +165,10 @@ async def until_leaderless(nodes: "harness.Cluster", node: str) -> int:
 
 READER = """
 import asyncio, os, sys
-from events.jetstream.connection import open_store
-from events.jetstream.store import LogTampered, LogUnavailable
+from ftrain.events.jetstream.connection import open_store
+from ftrain.events.jetstream.store import LogTampered, LogUnavailable
 from ftrain import settings
-from projections.run_log import RunLog
+from ftrain.projections.run_log import RunLog
 
 async def main(run):
     async with open_store(settings.nats(os.environ), deadline=3) as store:

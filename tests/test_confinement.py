@@ -7,12 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from events.schema import Checkpointed
+from ftrain.events.schema import Checkpointed
+from ftrain.projections.run_log import RunLog
 from ftrain.service import RunService
 from ftrain.train.resume import cleanup_stale
-from projections.run_log import RunLog
-from tests.test_failures import checkpoint, launch
-from workers.checkpoint_dir import (
+from ftrain.workers.checkpoint_dir import (
     OUTSIDE_RUN,
     StorageUnavailable,
     confined,
@@ -23,8 +22,9 @@ from workers.checkpoint_dir import (
     verify_checkpoint,
     write_checkpoint,
 )
-from workers.layout import MARKER, assembly_dir, complete_steps, process_writer
-from workers.retention import prune
+from ftrain.workers.layout import MARKER, assembly_dir, complete_steps, process_writer
+from ftrain.workers.retention import prune
+from tests.test_failures import checkpoint, launch
 
 RUN = "conf-run"
 

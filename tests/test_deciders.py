@@ -6,8 +6,8 @@ from datetime import UTC, datetime, timedelta
 import msgspec
 import pytest
 
-from events.schema import AnyEvent, Checkpointed, Completed, CorruptSkipped, Failed, Resumed
-from projections.lifecycle import (
+from ftrain.events.schema import AnyEvent, Checkpointed, Completed, CorruptSkipped, Failed, Resumed
+from ftrain.projections.lifecycle import (
     CheckpointIntent,
     CompleteIntent,
     FailIntent,
@@ -24,7 +24,7 @@ from projections.lifecycle import (
     resume_from,
     resumed_event,
 )
-from projections.lifecycle import skip as skip_checkpoint
+from ftrain.projections.lifecycle import skip as skip_checkpoint
 from tests.test_judge_rules import FAILED, RUN, T0, ckpt, fold, launched
 
 AT = T0 + timedelta(hours=1)

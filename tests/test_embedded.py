@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from events.jetstream.server import ServerProcess
+from ftrain.events.jetstream.server import ServerProcess
 from tests.builders import SIGNER
 from tests.conftest import ftrain_process, login, modules_imported_by
 
@@ -88,7 +88,7 @@ def test_demo_against_an_external_server(tmp_path: Path, server: ServerProcess) 
 
 def test_the_control_plane_never_imports_torch() -> None:
     wanted = {"ftrain.cli.main", "ftrain.cli.commands", "ftrain.service", "ftrain.cli.demo", "ftrain.cli.demo_log",
-              "ftrain.supervise.supervisor", "workers.recorder", "ftrain.settings", "events.jetstream.store", "projections.projector"}  # fmt: skip
+              "ftrain.supervise.supervisor", "ftrain.workers.recorder", "ftrain.settings", "ftrain.events.jetstream.store", "ftrain.projections.projector"}  # fmt: skip
     loaded = modules_imported_by(wanted)
     assert wanted <= loaded
     assert not {m for m in loaded if m.partition(".")[0] == "torch"}

@@ -18,10 +18,10 @@ import msgspec
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from events.chain import seal
-from events.jetstream.server import ServerProcess
-from events.schema import Checkpointed, decode_event, encode_event, now
-from events.signing import Signer
+from ftrain.events.chain import seal
+from ftrain.events.jetstream.server import ServerProcess
+from ftrain.events.schema import Checkpointed, decode_event, encode_event, now
+from ftrain.events.signing import Signer
 from tests.builders import SIGNER
 from tests.conftest import ftrain_process
 from tests.test_failures import MALLORY, raw_publish

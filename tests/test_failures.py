@@ -21,12 +21,14 @@ import msgspec
 import pytest
 from nats.js.errors import BadRequestError
 
-from events.chain import GENESIS, ChainHead, link_hash, seal, unseal
-from events.jetstream.connection import open_store
-from events.jetstream.server import ServerProcess
-from events.jetstream.store import WRONG_LAST_SEQUENCE, AppendConflict, Appended, LogUnavailable
-from events.record import run_subject
-from events.schema import (
+from ftrain import settings
+from ftrain.errors import Refused
+from ftrain.events.chain import GENESIS, ChainHead, link_hash, seal, unseal
+from ftrain.events.jetstream.connection import open_store
+from ftrain.events.jetstream.server import ServerProcess
+from ftrain.events.jetstream.store import WRONG_LAST_SEQUENCE, AppendConflict, Appended, LogUnavailable
+from ftrain.events.record import run_subject
+from ftrain.events.schema import (
     Actor,
     AnyEvent,
     Checkpointed,
@@ -38,11 +40,9 @@ from events.schema import (
     encode_event,
     now,
 )
-from ftrain import settings
-from ftrain.errors import Refused
+from ftrain.projections.projector import Projector
+from ftrain.projections.readmodel import ReadModel
 from ftrain.service import ResumeOutcome, RunService, checkpoint_storage, readmodel_path
-from projections.projector import Projector
-from projections.readmodel import ReadModel
 from tests.builders import SIGNER
 from tests.conftest import ftrain_process, plain_connect, stream_last_seq
 from tests.servers import kill_server, restart_server

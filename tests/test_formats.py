@@ -17,11 +17,11 @@ import msgspec
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from events.anchors import Anchor, anchor_line, chain_of, read_line
-from events.chain import GENESIS, Broken, ChainHead, Linked, check_link, seal, unseal
-from events.record import parse_subject, run_subject
-from events.run_id import RUN_ID_MAX, InvalidRunId, validate_run_id
-from events.schema import (
+from ftrain.events.anchors import Anchor, anchor_line, chain_of, read_line
+from ftrain.events.chain import GENESIS, Broken, ChainHead, Linked, check_link, seal, unseal
+from ftrain.events.record import parse_subject, run_subject
+from ftrain.events.run_id import RUN_ID_MAX, InvalidRunId, validate_run_id
+from ftrain.events.schema import (
     MAX_EVENT_BYTES,
     Actor,
     AnyEvent,
@@ -36,10 +36,10 @@ from events.schema import (
     encode_event,
     now,
 )
-from events.signing import Signer, TrustList
-from events.stored_schema import stored_schema
-from workers.integrity import Digest, DigestField, HexField, digest_of, from_hex, to_hex
-from workers.manifest import (
+from ftrain.events.signing import Signer, TrustList
+from ftrain.events.stored_schema import stored_schema
+from ftrain.workers.integrity import Digest, DigestField, HexField, digest_of, from_hex, to_hex
+from ftrain.workers.manifest import (
     FORMAT,
     FileEntry,
     Manifest,

@@ -8,10 +8,10 @@ import uuid
 import msgspec
 import pytest
 
-from events.chain import ChainHead
-from events.jetstream.server import ServerProcess
-from events.record import run_subject
-from events.schema import AnyEvent
+from ftrain.events.chain import ChainHead
+from ftrain.events.jetstream.server import ServerProcess
+from ftrain.events.record import run_subject
+from ftrain.events.schema import AnyEvent
 from ftrain.service import RunService
 from tests.test_cli import Cli
 from tests.test_failures import raw_publish

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from workers.integrity import (
+from ftrain.workers.integrity import (
     ALGORITHM,
     Hashed,
     Hasher,
@@ -16,7 +16,7 @@ from workers.integrity import (
     hash_stream,
     to_hex,
 )
-from workers.layout import (
+from ftrain.workers.layout import (
     MANIFEST,
     MARKER,
     PARTIAL,

@@ -27,10 +27,10 @@ import pytest
 import torch
 
 from ftrain.examples.model import MODELS, TinyGPT, parameter_count
+from ftrain.workers.checkpoint_dir import read_manifest, verify_files
+from ftrain.workers.layout import complete_steps
+from ftrain.workers.manifest import Manifest
 from tests.training import final_digest, metrics, resumed_step, torchrun_command, torchrun_env
-from workers.checkpoint_dir import read_manifest, verify_files
-from workers.layout import complete_steps
-from workers.manifest import Manifest
 
 pytestmark = [
     pytest.mark.timeout(900),

@@ -18,14 +18,14 @@ from typing import Any
 
 import pytest
 
+from ftrain.projections.lifecycle import CheckpointIntent
 from ftrain.supervise.procs import attempt_processes, end_attempt
-from projections.lifecycle import CheckpointIntent
+from ftrain.workers.fence import owner
+from ftrain.workers.layout import MARKER, complete_steps, set_asides
+from ftrain.workers.manifest import decode_marker
+from ftrain.workers.outbox import Outbox, outbox_path
 from tests.netns import FTRAIN, stream_leader
 from tests.training import alive, final_digest, stopped, torchrun, wait_for
-from workers.fence import owner
-from workers.layout import MARKER, complete_steps, set_asides
-from workers.manifest import decode_marker
-from workers.outbox import Outbox, outbox_path
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 TRAIN = ("-m", "ftrain.examples.train", "--train-iters", "20", "--save-interval", "5")

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from nats.js.api import StorageType
 
-from events.jetstream import server as ns
-from events.jetstream.server import (
+from ftrain.events.jetstream import server as ns
+from ftrain.events.jetstream.server import (
     NatsServerError,
     ServerProcess,
     ensure_server,
@@ -28,7 +28,7 @@ from events.jetstream.server import (
     stop_server,
     throwaway_server,
 )
-from events.jetstream.server_files import SERVER_NAME, user_key
+from ftrain.events.jetstream.server_files import SERVER_NAME, user_key
 from tests.conftest import plain_connect
 from tests.servers import kill_server, restart_server
 
@@ -114,7 +114,7 @@ def test_start_server_refuses_a_second_server_on_the_same_store(home: Path) -> N
 
 def test_concurrent_ensure_from_processes_starts_one_server(home: Path) -> None:
     code = (
-        "import sys, msgspec; from pathlib import Path; from events.jetstream.server import ensure_server; "
+        "import sys, msgspec; from pathlib import Path; from ftrain.events.jetstream.server import ensure_server; "
         "sys.stdout.buffer.write(msgspec.json.encode(ensure_server(Path(sys.argv[1]))))"
     )
     procs = [

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from events.jetstream.server import ServerProcess
+from ftrain.events.jetstream.server import ServerProcess
+from ftrain.projections.lifecycle import FailIntent
 from ftrain.supervise.attempts import attempt_commands
 from ftrain.supervise.elastic import next_hosts
 from ftrain.supervise.failure_report import FailureReport, failure
@@ -25,7 +26,6 @@ from ftrain.supervise.node_exec import (
     parse_template,
 )
 from ftrain.supervise.supervisor import Outcome, Relaunches, Supervisor
-from projections.lifecycle import FailIntent
 from tests.builders import Intents
 from tests.conftest import ftrain_process, stream_last_seq
 

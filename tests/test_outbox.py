@@ -21,9 +21,10 @@ import msgspec
 import pytest
 import structlog
 
-from events.chain import ChainHead, unseal
-from events.jetstream.server import ServerProcess
-from events.schema import (
+from ftrain import settings
+from ftrain.events.chain import ChainHead, unseal
+from ftrain.events.jetstream.server import ServerProcess
+from ftrain.events.schema import (
     Actor,
     AnyEvent,
     Checkpointed,
@@ -34,10 +35,8 @@ from events.schema import (
     Resumed,
     decode_event,
 )
-from ftrain import settings
-from ftrain.service import RunService
-from projections import run_log
-from projections.lifecycle import (
+from ftrain.projections import run_log
+from ftrain.projections.lifecycle import (
     CheckpointIntent,
     CompleteIntent,
     FailIntent,
@@ -50,12 +49,13 @@ from projections.lifecycle import (
     check,
     decide_intent,
 )
-from projections.run_log import ContendedRun, RunLog
+from ftrain.projections.run_log import ContendedRun, RunLog
+from ftrain.service import RunService
+from ftrain.workers.outbox import Outbox, outbox_path
+from ftrain.workers.recorder import Recorder, deliver
 from tests.builders import T0, fold, launched
 from tests.conftest import free_port
 from tests.servers import kill_server, restart_server
-from workers.outbox import Outbox, outbox_path
-from workers.recorder import Recorder, deliver
 
 RUN = "run-outbox"
 AT = T0 + timedelta(hours=1)
@@ -311,9 +311,9 @@ async def test_with_the_broker_down_record_keeps_each_intent_and_they_land_in_or
 CHILD = """
 import os, signal, sys
 from ftrain import settings
-from workers.recorder import Recorder
-from projections.lifecycle import CheckpointIntent, FailIntent
-from events.schema import Checkpointed
+from ftrain.workers.recorder import Recorder
+from ftrain.projections.lifecycle import CheckpointIntent, FailIntent
+from ftrain.events.schema import Checkpointed
 
 run_id, first, count, then = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 recorder = Recorder(run_id, settings.nats(os.environ), rank=0)  # as a trainer's rank 0
@@ -462,8 +462,8 @@ UNREAD = """
 import os, sys, time
 from ftrain import settings
 from ftrain.logs import configure
-from projections.lifecycle import FailIntent
-from workers.recorder import Recorder
+from ftrain.projections.lifecycle import FailIntent
+from ftrain.workers.recorder import Recorder
 
 configure()  # logging as the trainer sets it up: warnings and errors to stderr
 time.sleep(0.5)  # by now nobody reads our stderr: every write to it fails (EPIPE)

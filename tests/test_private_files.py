@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from events.atomic_file import write_atomic
-from events.private import UnsafeDirectory, private_dir
-from projections.readmodel import ReadModel
-from workers.checkpoint_dir import write_checkpoint
-from workers.fence import claim
-from workers.outbox import Outbox
+from ftrain.events.atomic_file import write_atomic
+from ftrain.events.private import UnsafeDirectory, private_dir
+from ftrain.projections.readmodel import ReadModel
+from ftrain.workers.checkpoint_dir import write_checkpoint
+from ftrain.workers.fence import claim
+from ftrain.workers.outbox import Outbox
 
 
 def mode(path: Path) -> int:

@@ -15,10 +15,10 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
 
-from events.private import UnsafeDirectory, private_dir
-from events.signing import KEY_PREFIX, Signer
-from projections.readmodel import ReadModel
-from workers.outbox import Outbox
+from ftrain.events.private import UnsafeDirectory, private_dir
+from ftrain.events.signing import KEY_PREFIX, Signer
+from ftrain.projections.readmodel import ReadModel
+from ftrain.workers.outbox import Outbox
 
 NOBODY = 65534
 UMASKS = [0o000, 0o002, 0o022]

@@ -13,16 +13,16 @@ from pathlib import Path
 
 import msgspec
 
-from events.chain import ChainHead
-from events.jetstream.server import throwaway_server
-from events.schema import Failed
+from ftrain.events.chain import ChainHead
+from ftrain.events.jetstream.server import throwaway_server
+from ftrain.events.schema import Failed
+from ftrain.projections.projector import Projector
+from ftrain.projections.readmodel import Batch, Position, ReadModel
 from ftrain.service import RunService
-from projections.projector import Projector
-from projections.readmodel import Batch, Position, ReadModel
+from ftrain.workers.storage.file_store import FileStorage
 from tests.builders import checkpointed, launched, written_checkpoint
 from tests.conftest import login
 from tests.projecting import keep_catching_up
-from workers.storage.file_store import FileStorage
 
 # The stress test: enough rounds that the check-then-reset race of issue 15 shows up on a loaded 2-core machine.
 STRESS_ROUNDS = 15

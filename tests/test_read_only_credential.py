@@ -16,8 +16,8 @@ import nkeys
 import pytest
 from nats.js.api import ConsumerConfig, StreamConfig
 
-from events.jetstream.server import admits, ensure_server, server_status, stop_server
-from events.record import STREAM
+from ftrain.events.jetstream.server import admits, ensure_server, server_status, stop_server
+from ftrain.events.record import STREAM
 from tests.conftest import ftrain_process, last_seq_at
 
 RUN = "dist-P-1x2-fsdp"

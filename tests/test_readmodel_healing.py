@@ -6,8 +6,8 @@ import os
 import sqlite3
 from pathlib import Path
 
-from events.jetstream.server import ServerProcess
 from ftrain import settings
+from ftrain.events.jetstream.server import ServerProcess
 from ftrain.service import RunService, readmodel_path
 from tests.builders import launched
 from tests.conftest import ftrain_process

@@ -2,7 +2,7 @@
 
 import pytest
 
-from events.redact import redact_text, redact_url, redact_urls
+from ftrain.events.redact import redact_text, redact_url, redact_urls
 
 
 @pytest.mark.parametrize(

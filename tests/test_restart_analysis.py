@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 import msgspec
 import pytest
 
-from events.schema import AnyEvent, Checkpointed, Completed, Failed, Resumed
+from ftrain.events.schema import AnyEvent, Checkpointed, Completed, Failed, Resumed
 from ftrain.experiments.analysis import analyze, analyze_phase
 from ftrain.experiments.config import Kill, parse_injection
 from ftrain.experiments.readings import PhaseInput

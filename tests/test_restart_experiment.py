@@ -15,8 +15,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from events.jetstream.server import stop_server
-from events.schema import AnyEvent, Checkpointed, Failed, Resumed, event_type
+from ftrain.events.jetstream.server import stop_server
+from ftrain.events.schema import AnyEvent, Checkpointed, Failed, Resumed, event_type
 from ftrain.experiments.config import PHASES, ExperimentConfig, Kill, read_config, read_kills
 from ftrain.service import RunService
 from tests.training import FINAL

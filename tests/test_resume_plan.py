@@ -2,8 +2,8 @@
 
 import pytest
 
-from events.schema import Checkpointed, Completed, CorruptSkipped, Failed
-from projections.lifecycle import (
+from ftrain.events.schema import Checkpointed, Completed, CorruptSkipped, Failed
+from ftrain.projections.lifecycle import (
     Candidate,
     IllegalTransition,
     OnDisk,

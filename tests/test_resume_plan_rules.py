@@ -1,6 +1,6 @@
 """Which directories a resume plan sets aside as unrecorded: exactly those newer than anything the log recorded."""
 
-from projections.lifecycle import OnDisk, plan_resume
+from ftrain.projections.lifecycle import OnDisk, plan_resume
 from tests.test_judge_rules import FAILED, ckpt, fold, launched, restart
 
 

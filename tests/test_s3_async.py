@@ -20,13 +20,13 @@ import pytest
 from botocore.exceptions import ClientError
 
 from ftrain.supervise.procs import attempt_processes, children, signal_job
+from ftrain.workers.layout import MARKER, WRITER_CLAIM
+from ftrain.workers.s3.server import kill_storage_server, throwaway_storage_server
+from ftrain.workers.storage import s3_fence
 from tests.conftest import ftrain_process
 from tests.s3 import Endpoint, restart_seaweedfs, seaweedfs
 from tests.test_s3_training import job_env, keys, sealed
 from tests.training import final_digest, resumed_step, stopped, torchrun, torchrun_command, torchrun_env
-from workers.layout import MARKER, WRITER_CLAIM
-from workers.s3.server import kill_storage_server, throwaway_storage_server
-from workers.storage import s3_fence
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 ITERS = ("--train-iters", "30", "--save-interval", "5")

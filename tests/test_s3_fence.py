@@ -6,12 +6,12 @@ from collections.abc import Iterator
 
 import pytest
 
+from ftrain.workers.fence import Fenced
+from ftrain.workers.layout import ATTEMPT
+from ftrain.workers.storage import s3_fence
+from ftrain.workers.storage.errors import StorageUnavailable
+from ftrain.workers.storage.s3_store import S3Storage
 from tests.s3 import Endpoint, endpoint
-from workers.fence import Fenced
-from workers.layout import ATTEMPT
-from workers.storage import s3_fence
-from workers.storage.errors import StorageUnavailable
-from workers.storage.s3_store import S3Storage
 
 RUN = "r1"
 

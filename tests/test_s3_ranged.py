@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from ftrain.workers.integrity import digest_of
+from ftrain.workers.manifest import FileEntry
+from ftrain.workers.s3.ranged import Ranges, fetch_file, fetch_files
+from ftrain.workers.storage.errors import StorageUnavailable
 from tests.s3 import Endpoint, endpoint
-from workers.integrity import digest_of
-from workers.manifest import FileEntry
-from workers.s3.ranged import Ranges, fetch_file, fetch_files
-from workers.storage.errors import StorageUnavailable
 
 KINDS = ("seaweedfs", "moto")
 MIB = 1 << 20

@@ -18,12 +18,12 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from ftrain.train.object_resume import FetchForLoad
 from ftrain.train.resume_load import ResumeFailed, ResumeStopped, load_failure
+from ftrain.workers.dcp_reader import Rejected
+from ftrain.workers.storage.errors import StorageUnavailable
+from ftrain.workers.unpickle import ForbiddenPickle
 from tests.conftest import free_port
 from tests.s3 import Endpoint, seaweedfs
 from tests.training import torchrun_env
-from workers.dcp_reader import Rejected
-from workers.storage.errors import StorageUnavailable
-from workers.unpickle import ForbiddenPickle
 
 pytestmark = pytest.mark.timeout(300)
 OWNED = {0: [".metadata", "__0_0.distcp"], 1: ["__1_0.distcp"]}

@@ -10,13 +10,13 @@ import msgspec
 import pytest
 from botocore.exceptions import ClientError
 
+from ftrain.workers.integrity import Hashed, hash_file
+from ftrain.workers.layout import MARKER, WRITER_CLAIM
+from ftrain.workers.s3.client import reason
+from ftrain.workers.storage.errors import CheckpointExists, StorageError, StorageUnavailable
+from ftrain.workers.storage.s3_partial import Claim
+from ftrain.workers.storage.s3_store import S3Storage
 from tests.s3 import Endpoint, endpoint
-from workers.integrity import Hashed, hash_file
-from workers.layout import MARKER, WRITER_CLAIM
-from workers.s3.client import reason
-from workers.storage.errors import CheckpointExists, StorageError, StorageUnavailable
-from workers.storage.s3_partial import Claim
-from workers.storage.s3_store import S3Storage
 
 KINDS = ("seaweedfs", "moto")
 

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
+from ftrain.workers.layout import MARKER
+from ftrain.workers.s3.server import kill_storage_server, throwaway_storage_server
 from tests.conftest import ftrain_process
 from tests.s3 import Endpoint, restart_seaweedfs, seaweedfs
 from tests.training import final_digest, resumed_step, torchrun, torchrun_command, torchrun_env
-from workers.layout import MARKER
-from workers.s3.server import kill_storage_server, throwaway_storage_server
 
 pytestmark = pytest.mark.timeout(300)
 ITERS = ("--train-iters", "30", "--save-interval", "5")

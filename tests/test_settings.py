@@ -8,11 +8,11 @@ from pathlib import Path
 import nkeys
 import pytest
 
-from events.jetstream.connection import NatsSettings
 from ftrain import settings
+from ftrain.events.jetstream.connection import NatsSettings
 from ftrain.settings import InvalidSetting
+from ftrain.workers.checkpoint_dir import StorageError, confined, storage_root
 from tests.conftest import ftrain_process
-from workers.checkpoint_dir import StorageError, confined, storage_root
 
 DEFAULT_HOME = Path.home() / ".local/share/ftrain"
 

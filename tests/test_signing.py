@@ -13,8 +13,8 @@ import msgspec
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from events.anchor_file import AnchorBusy, AnchorFiles, read_lines
-from events.anchors import (
+from ftrain.events.anchor_file import AnchorBusy, AnchorFiles, read_lines
+from ftrain.events.anchors import (
     Anchor,
     PrefixRoot,
     StreamFacts,
@@ -24,14 +24,21 @@ from events.anchors import (
     signed_by,
     stream_change,
 )
-from events.chain import GENESIS, ChainHead, seal, unseal
-from events.keyring import KeyringError, load_signer, load_trust, revoke, trust
-from events.record import StoredRecord, parse_subject
-from events.schema import encode_event
-from events.signing import EVENT_DOMAIN, Signature, Signer, TrustList, parse_public_key, signature_valid
-from projections.audit import ChainWalk, Finding
-from projections.log_anchors import AnchorCheck
-from projections.vouching import Vouched
+from ftrain.events.chain import GENESIS, ChainHead, seal, unseal
+from ftrain.events.keyring import KeyringError, load_signer, load_trust, revoke, trust
+from ftrain.events.record import StoredRecord, parse_subject
+from ftrain.events.schema import encode_event
+from ftrain.events.signing import (
+    EVENT_DOMAIN,
+    Signature,
+    Signer,
+    TrustList,
+    parse_public_key,
+    signature_valid,
+)
+from ftrain.projections.audit import ChainWalk, Finding
+from ftrain.projections.log_anchors import AnchorCheck
+from ftrain.projections.vouching import Vouched
 from tests.builders import T0, checkpointed, launched
 from tests.test_formats import vector_events, verified_body
 

@@ -8,7 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from workers.stage_dir import UnsafeDirectory, claim_dir, default_stage_dir, safe_stage_dir, same_device
+from ftrain.workers.stage_dir import (
+    UnsafeDirectory,
+    claim_dir,
+    default_stage_dir,
+    safe_stage_dir,
+    same_device,
+)
 
 NOBODY = 65534
 

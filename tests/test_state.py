@@ -6,9 +6,9 @@ from datetime import UTC, datetime, timedelta
 import msgspec
 import pytest
 
-from events.chain import ChainHead
-from events.schema import AnyEvent, Checkpointed, Completed, CorruptSkipped, Failed, Launched, Resumed
-from projections.lifecycle import (
+from ftrain.events.chain import ChainHead
+from ftrain.events.schema import AnyEvent, Checkpointed, Completed, CorruptSkipped, Failed, Launched, Resumed
+from ftrain.projections.lifecycle import (
     IllegalTransition,
     ResumeIntent,
     RunState,

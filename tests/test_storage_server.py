@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from ftrain.cli.main import main
-from workers.s3.client import make_client
-from workers.s3.server import DEFAULT_BUCKET, read_record, seaweed_dir
+from ftrain.workers.s3.client import make_client
+from ftrain.workers.s3.server import DEFAULT_BUCKET, read_record, seaweed_dir
 
 
 def _ftrain(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, list[str]]:

@@ -8,17 +8,22 @@ from pathlib import Path
 
 import pytest
 
-from events.jetstream.server import ServerProcess
-from events.schema import Checkpointed, Resumed
 from ftrain import settings
+from ftrain.events.jetstream.server import ServerProcess
+from ftrain.events.schema import Checkpointed, Resumed
 from ftrain.service import RunService
+from ftrain.workers.checkpoint_dir import (
+    StorageUnavailable,
+    file_verdict,
+    verify_checkpoint,
+    write_checkpoint,
+)
+from ftrain.workers.integrity import digest_of
+from ftrain.workers.manifest import FileEntry
+from ftrain.workers.recorder import Recorder
 from tests.conftest import free_port, ftrain_process, stream_last_seq
 from tests.test_failures import files_under
 from tests.training import RESUMED, torchrun
-from workers.checkpoint_dir import StorageUnavailable, file_verdict, verify_checkpoint, write_checkpoint
-from workers.integrity import digest_of
-from workers.manifest import FileEntry
-from workers.recorder import Recorder
 
 pytestmark = pytest.mark.timeout(300)
 

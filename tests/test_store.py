@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from events.chain import GENESIS, ChainHead
-from events.jetstream.client import Nats
-from events.jetstream.server import ServerProcess
-from events.jetstream.store import AppendConflict, EventStore
-from events.record import STREAM, parse_subject, run_subject
+from ftrain.events.chain import GENESIS, ChainHead
+from ftrain.events.jetstream.client import Nats
+from ftrain.events.jetstream.server import ServerProcess
+from ftrain.events.jetstream.store import AppendConflict, EventStore
+from ftrain.events.record import STREAM, parse_subject, run_subject
 from tests.builders import checkpointed, launched
 from tests.conftest import free_port, start_configured_server
 
@@ -101,7 +101,7 @@ def test_subjects() -> None:
 
 
 async def test_an_invalid_run_id_is_never_published(store: EventStore) -> None:
-    from events.run_id import InvalidRunId
+    from ftrain.events.run_id import InvalidRunId
 
     for bad in ("a.b", "*", ">", "", "x" * 129):
         with pytest.raises(InvalidRunId):
@@ -124,8 +124,8 @@ async def test_stored_headers_cannot_impersonate_the_servers(store: EventStore) 
 
 RETRY_UNTIL_UNAVAILABLE = """
 import asyncio, sys
-from events.jetstream.client import Nats
-from events.jetstream.store import EventStore, LogUnavailable
+from ftrain.events.jetstream.client import Nats
+from ftrain.events.jetstream.store import EventStore, LogUnavailable
 from ftrain.logs import configure
 
 async def main() -> None:

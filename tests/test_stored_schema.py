@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from events.chain import GENESIS, seal
-from events.schema import Failed, encode_event, now
-from events.signing import Signer
-from events.stored_schema import ENVELOPE, stored_schema
+from ftrain.events.chain import GENESIS, seal
+from ftrain.events.schema import Failed, encode_event, now
+from ftrain.events.signing import Signer
+from ftrain.events.stored_schema import ENVELOPE, stored_schema
 from tests.conftest import ftrain_process
 
 VECTORS = Path(__file__).parent / "vectors"

@@ -17,13 +17,13 @@ from typing import Any
 
 import pytest
 
+from ftrain.projections.lifecycle import FailIntent
 from ftrain.supervise.attempts import child_env, srun_command
 from ftrain.supervise.failure_report import FailureReport, failure
 from ftrain.supervise.launch_spec import LaunchSpec
 from ftrain.supervise.opening import NotOpened
 from ftrain.supervise.procs import attempt_processes, end_attempt
 from ftrain.supervise.supervisor import Relaunches, Supervisor, backoff_delay
-from projections.lifecycle import FailIntent
 from tests.builders import SIGNER, Intents
 from tests.conftest import free_port
 from tests.test_cli import Cli

@@ -11,11 +11,11 @@ import subprocess
 import msgspec
 import pytest
 
-from events.chain import seal
-from events.jetstream.server import ServerProcess
-from events.record import run_subject
-from events.schema import Failed, Launched, encode_event, now
 from ftrain.cli.visible import visible
+from ftrain.events.chain import seal
+from ftrain.events.jetstream.server import ServerProcess
+from ftrain.events.record import run_subject
+from ftrain.events.schema import Failed, Launched, encode_event, now
 from ftrain.service import RunService
 from tests.test_failures import MALLORY, checkpoint, launch, launch_maker
 from tests.test_progress import ftrain as on_a_terminal

@@ -15,12 +15,12 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from ftrain.workers.checkpoint_dir import marker_hash, read_manifest, verify_checkpoint
+from ftrain.workers.integrity import Digest
+from ftrain.workers.layout import MANIFEST, MARKER, complete_steps
+from ftrain.workers.manifest import FileEntry, Marker, decode_manifest, encode_manifest
+from ftrain.workers.stage_dir import same_device
 from tests.training import final_digest, metrics, resumed_step, torchrun
-from workers.checkpoint_dir import marker_hash, read_manifest, verify_checkpoint
-from workers.integrity import Digest
-from workers.layout import MANIFEST, MARKER, complete_steps
-from workers.manifest import FileEntry, Marker, decode_manifest, encode_manifest
-from workers.stage_dir import same_device
 
 pytestmark = pytest.mark.timeout(600)
 ITERS = ("--train-iters", "30", "--save-interval", "5")

@@ -9,14 +9,14 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from events.jetstream.server import ServerProcess
-from events.schema import Checkpointed, CorruptSkipped, Launched, Resumed
 from ftrain import settings
+from ftrain.events.jetstream.server import ServerProcess
+from ftrain.events.schema import Checkpointed, CorruptSkipped, Launched, Resumed
 from ftrain.service import RunService
+from ftrain.workers.outbox import Outbox, outbox_path
 from tests.servers import kill_server, restart_server
 from tests.test_training import flip
 from tests.training import FINAL, RESUMED, launch_logged, torchrun, torchrun_command, torchrun_env
-from workers.outbox import Outbox, outbox_path
 
 pytestmark = pytest.mark.timeout(300)
 RUN = "logged-1"

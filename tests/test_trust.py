@@ -16,16 +16,16 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from nats.aio.client import Client
 
-from events.chain import seal, unseal
-from events.jetstream.server import ServerProcess
-from events.record import STREAM, StoredRecord, run_subject
-from events.schema import AnyEvent, CorruptSkipped, Failed, Resumed, encode_event, event_type, now
-from events.signing import Signer
 from ftrain import settings
+from ftrain.events.chain import seal, unseal
+from ftrain.events.jetstream.server import ServerProcess
+from ftrain.events.record import STREAM, StoredRecord, run_subject
+from ftrain.events.schema import AnyEvent, CorruptSkipped, Failed, Resumed, encode_event, event_type, now
+from ftrain.events.signing import Signer
+from ftrain.projections.audit import Folded, fold_record
+from ftrain.projections.lifecycle import RunState, completed_event
 from ftrain.service import RunService
 from ftrain.train.run_log import RunBroken, read_run
-from projections.audit import Folded, fold_record
-from projections.lifecycle import RunState, completed_event
 from tests.builders import SIGNER
 from tests.conftest import ftrain_process, plain_connect
 from tests.servers import kill_server, restart_server

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from ftrain.train.state import rng_state, set_rng_state
-from workers.checkpoint_dir import write_checkpoint
-from workers.dcp_reader import load_metadata
-from workers.unpickle import ForbiddenPickle, allow_pickled, restricted_loads, torch_load
+from ftrain.workers.checkpoint_dir import write_checkpoint
+from ftrain.workers.dcp_reader import load_metadata
+from ftrain.workers.unpickle import ForbiddenPickle, allow_pickled, restricted_loads, torch_load
 
 
 class Touch:

@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from events.jetstream.server import ServerProcess
-from events.schema import now
-from events.signing import Signature, Signer
 from ftrain import settings
+from ftrain.events.jetstream.server import ServerProcess
+from ftrain.events.schema import now
+from ftrain.events.signing import Signature, Signer
+from ftrain.projections.lifecycle import completed_event
 from ftrain.service import RunService, readmodel_path
-from projections.lifecycle import completed_event
 from tests.builders import SIGNER
 from tests.conftest import ftrain_process
 from tests.test_failures import checkpoint, launch

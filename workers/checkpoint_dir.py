@@ -19,12 +19,12 @@ from urllib.parse import unquote, urlparse
 import msgspec
 import structlog
 
-from events.atomic_file import fsync_dir, write_atomic
-from events.private import DIR_MODE, private_dir
-from projections.lifecycle import OnDisk
-from workers.files import copy_hashing, write_file
-from workers.integrity import Hashed, digest_of, hash_files, to_hex
-from workers.layout import (
+from ftrain.events.atomic_file import fsync_dir, write_atomic
+from ftrain.events.private import DIR_MODE, private_dir
+from ftrain.projections.lifecycle import OnDisk
+from ftrain.workers.files import copy_hashing, write_file
+from ftrain.workers.integrity import Hashed, digest_of, hash_files, to_hex
+from ftrain.workers.layout import (
     MANIFEST,
     MARKER,
     RESERVED,
@@ -38,12 +38,19 @@ from workers.layout import (
     set_aside_path,
     step_dir,
 )
-from workers.manifest import FileEntry, Manifest, Marker, decode_manifest, decode_marker, encode_manifest
-from workers.nofollow import remove_dir, rename_entry
-from workers.storage.errors import CheckpointExists as CheckpointExists
-from workers.storage.errors import StorageError as StorageError
-from workers.storage.errors import StorageUnavailable as StorageUnavailable
-from workers.storage.verdict import entry_verdict, judge_manifest
+from ftrain.workers.manifest import (
+    FileEntry,
+    Manifest,
+    Marker,
+    decode_manifest,
+    decode_marker,
+    encode_manifest,
+)
+from ftrain.workers.nofollow import remove_dir, rename_entry
+from ftrain.workers.storage.errors import CheckpointExists as CheckpointExists
+from ftrain.workers.storage.errors import StorageError as StorageError
+from ftrain.workers.storage.errors import StorageUnavailable as StorageUnavailable
+from ftrain.workers.storage.verdict import entry_verdict, judge_manifest
 
 OUTSIDE_RUN: Final = "outside the run's storage root"
 """Why a checkpoint URI is refused unread: it does not name a directory of the run's own."""

@@ -22,10 +22,10 @@ if TYPE_CHECKING:
 
 from torch.distributed.checkpoint.filesystem import FileSystem, FileSystemWriter
 
-from events.private import open_private, private_dir
-from workers.files import synced_digest
-from workers.integrity import Hashed, Hasher, hash_file
-from workers.manifest import FileEntry
+from ftrain.events.private import open_private, private_dir
+from ftrain.workers.files import synced_digest
+from ftrain.workers.integrity import Hashed, Hasher, hash_file
+from ftrain.workers.manifest import FileEntry
 
 
 class _WriteStream(io.RawIOBase):

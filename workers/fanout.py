@@ -9,12 +9,12 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from events.atomic_file import fsync_dir
-from events.private import private_dir
-from workers.files import copy_hashing
-from workers.integrity import Hashed
-from workers.layout import partial_path
-from workers.manifest import FileEntry
+from ftrain.events.atomic_file import fsync_dir
+from ftrain.events.private import private_dir
+from ftrain.workers.files import copy_hashing
+from ftrain.workers.integrity import Hashed
+from ftrain.workers.layout import partial_path
+from ftrain.workers.manifest import FileEntry
 
 
 class FanOutError(OSError):

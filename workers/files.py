@@ -9,8 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import BinaryIO
 
-from events.private import open_private
-from workers.integrity import CHUNK, Hashed, digest_of, hash_fd
+from ftrain.events.private import open_private
+from ftrain.workers.integrity import CHUNK, Hashed, digest_of, hash_fd
 
 
 def write_file(path: Path, data: bytes) -> Hashed:

@@ -15,7 +15,7 @@ from typing import IO, Annotated, Final, NewType
 
 import msgspec
 
-from workers import progress
+from ftrain.workers import progress
 
 ALGORITHM: Final = "sha256"
 CHUNK: Final = 8 << 20

@@ -12,7 +12,7 @@ from typing import Any
 
 import msgspec
 
-from workers.integrity import DigestField, HexField, from_hex
+from ftrain.workers.integrity import DigestField, HexField, from_hex
 
 FORMAT = 2
 

@@ -17,9 +17,9 @@ from pathlib import Path
 import msgspec
 import structlog
 
-from events.private import private_dir, private_file
-from events.schema import Actor, now
-from projections.lifecycle import Intent
+from ftrain.events.private import private_dir, private_file
+from ftrain.events.schema import Actor, now
+from ftrain.projections.lifecycle import Intent
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS pending (

@@ -22,14 +22,14 @@ import msgspec
 import nats.errors
 import structlog
 
-from events.chain import unseal
-from events.jetstream.connection import NatsSettings, open_store
-from events.jetstream.server import NatsServerError
-from events.jetstream.store import LogUnavailable, process_actor
-from events.schema import AnyEvent
-from projections.lifecycle import IllegalTransition, Intent, RunState, decide_intent
-from projections.run_log import BrokenRun, ContendedRun, RunLog
-from workers.outbox import Outbox, PendingIntent, outbox_path
+from ftrain.events.chain import unseal
+from ftrain.events.jetstream.connection import NatsSettings, open_store
+from ftrain.events.jetstream.server import NatsServerError
+from ftrain.events.jetstream.store import LogUnavailable, process_actor
+from ftrain.events.schema import AnyEvent
+from ftrain.projections.lifecycle import IllegalTransition, Intent, RunState, decide_intent
+from ftrain.projections.run_log import BrokenRun, ContendedRun, RunLog
+from ftrain.workers.outbox import Outbox, PendingIntent, outbox_path
 
 PERIOD_S = 1.0
 BACKOFF_MIN_S = 0.5

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import structlog
 
-from workers.layout import MARKER, complete_steps, step_dir
-from workers.nofollow import remove_dir
+from ftrain.workers.layout import MARKER, complete_steps, step_dir
+from ftrain.workers.nofollow import remove_dir
 
 MIN_KEEP = 2
 log = structlog.get_logger(__name__)

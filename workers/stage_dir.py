@@ -11,7 +11,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from events.private import UnsafeDirectory, check_dir, safe_dir
+from ftrain.events.private import UnsafeDirectory, check_dir, safe_dir
 
 __all__ = ["UnsafeDirectory", "claim_dir", "default_stage_dir", "safe_stage_dir", "same_device"]
 

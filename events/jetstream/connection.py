@@ -12,11 +12,11 @@ import msgspec
 import nats.errors
 import structlog
 
-from events.anchor_file import AnchorFiles
-from events.jetstream.client import Nats
-from events.jetstream.store import EventStore, LogUnavailable, process_actor
-from events.keyring import load_signer, load_trust
-from events.redact import redact_text, redact_urls
+from ftrain.events.anchor_file import AnchorFiles
+from ftrain.events.jetstream.client import Nats
+from ftrain.events.jetstream.store import EventStore, LogUnavailable, process_actor
+from ftrain.events.keyring import load_signer, load_trust
+from ftrain.events.redact import redact_text, redact_urls
 
 log = structlog.get_logger(__name__)
 PING_SECONDS = 2
@@ -68,7 +68,7 @@ def server_endpoint(settings: NatsSettings) -> tuple[list[str], dict[str, Any]]:
     and signs in with its key, when no URL is configured."""
     if settings.url is not None:
         return [u.strip() for u in settings.url.split(",") if u.strip()], _connect_options(settings)
-    from events.jetstream.server import ensure_server
+    from ftrain.events.jetstream.server import ensure_server
 
     embedded = ensure_server(settings.home)
     return [embedded.url], {"nkeys_seed": embedded.nkey_file}

@@ -28,8 +28,8 @@ from typing import NamedTuple
 import nkeys
 import structlog
 
-from events.installed import bundled_binary
-from events.jetstream.server_files import (
+from ftrain.events.installed import bundled_binary
+from ftrain.events.jetstream.server_files import (
     ServerProcess,
     conf_path,
     issue_reader_key,
@@ -46,7 +46,7 @@ from events.jetstream.server_files import (
     write_config,
     write_record,
 )
-from events.jetstream.server_procs import (
+from ftrain.events.jetstream.server_procs import (
     BINARY,
     HOST,
     POLL,
@@ -58,7 +58,7 @@ from events.jetstream.server_procs import (
     terminate,
     wait_gone,
 )
-from events.private import open_private, private_dir
+from ftrain.events.private import open_private, private_dir
 
 __all__ = [
     "NatsServerError",

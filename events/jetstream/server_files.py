@@ -21,10 +21,10 @@ from typing import Final
 import msgspec
 import nkeys
 
-from events.atomic_file import write_atomic
-from events.jetstream.server_procs import HOST
-from events.private import open_private, private_dir
-from events.record import STREAM, SUBJECT_ROOT
+from ftrain.events.atomic_file import write_atomic
+from ftrain.events.jetstream.server_procs import HOST
+from ftrain.events.private import open_private, private_dir
+from ftrain.events.record import STREAM, SUBJECT_ROOT
 
 SERVER_NAME: Final = "ftrain-embedded"
 

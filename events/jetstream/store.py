@@ -21,14 +21,14 @@ from nats.js import JetStreamContext
 from nats.js.api import StorageType, StreamConfig
 from nats.js.errors import BadRequestError, NotFoundError, ServiceUnavailableError
 
-from events.anchor_file import AnchorFiles
-from events.anchors import Anchor, StreamFacts, stream_change
-from events.chain import ChainHead, seal, unseal
-from events.jetstream.client import Nats, header_value, is_status
-from events.record import STREAM, SUBJECT_ROOT, StoredRecord, parse_subject, run_subject
-from events.run_id import validate_run_id
-from events.schema import Actor, AnyEvent, decode_event, encode_event, event_type, now
-from events.signing import Signer, TrustList
+from ftrain.events.anchor_file import AnchorFiles
+from ftrain.events.anchors import Anchor, StreamFacts, stream_change
+from ftrain.events.chain import ChainHead, seal, unseal
+from ftrain.events.jetstream.client import Nats, header_value, is_status
+from ftrain.events.record import STREAM, SUBJECT_ROOT, StoredRecord, parse_subject, run_subject
+from ftrain.events.run_id import validate_run_id
+from ftrain.events.schema import Actor, AnyEvent, decode_event, encode_event, event_type, now
+from ftrain.events.signing import Signer, TrustList
 
 ANCHORED_TYPES = frozenset({"checkpointed", "resumed", "failed", "completed"})
 """Event types whose writer anchors the run's new head outside the stream."""

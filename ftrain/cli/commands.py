@@ -10,14 +10,14 @@ from typing import Any, NamedTuple
 
 import msgspec
 
-from events.schema import CorruptSkipped
 from ftrain.cli import render
 from ftrain.cli.launch import prepare_launch, run_launch
 from ftrain.cli.queries import run_audit, run_cost, run_list, run_replay, run_status
 from ftrain.cli.tail import run_tail
 from ftrain.errors import Refused, UsageError
+from ftrain.events.schema import CorruptSkipped
 from ftrain.service import RunService
-from workers.layout import RESERVED
+from ftrain.workers.layout import RESERVED
 
 MAX_STATE_BYTES = 1024 * 1024
 

@@ -15,8 +15,8 @@ import sys
 from ftrain.cli.shell import Shell
 from ftrain.errors import UsageError
 from ftrain.service import checkpoint_storage
-from workers.layout import checkpoint_path
-from workers.storage.file_store import FileStorage
+from ftrain.workers.layout import checkpoint_path
+from ftrain.workers.storage.file_store import FileStorage
 
 
 def _launch(ftrain: Shell, *argv: str) -> str | None:

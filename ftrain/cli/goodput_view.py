@@ -4,7 +4,7 @@ table, and the JSON document both `--json` outputs carry. A term the log cannot 
 from typing import Any
 
 from ftrain.cli.render import table
-from projections.goodput import TERMS, Goodput
+from ftrain.projections.goodput import TERMS, Goodput
 
 UNKNOWN = "unknown"
 LABELS = {

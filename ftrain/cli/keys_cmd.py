@@ -7,12 +7,12 @@ import argparse
 from collections.abc import Mapping
 from typing import Any
 
-from events.jetstream.store import process_actor
-from events.keyring import keys_dir, load_signer, load_trust, revoke, trust
-from events.signing import KEY_PREFIX, InvalidKey
 from ftrain import settings
 from ftrain.cli.render import emit
 from ftrain.errors import Refused, UsageError
+from ftrain.events.jetstream.store import process_actor
+from ftrain.events.keyring import keys_dir, load_signer, load_trust, revoke, trust
+from ftrain.events.signing import KEY_PREFIX, InvalidKey
 
 
 def keys_command(args: argparse.Namespace, env: Mapping[str, str]) -> int:

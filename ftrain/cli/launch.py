@@ -13,12 +13,13 @@ from typing import NamedTuple, TypeVar
 
 import msgspec
 
-from events.run_id import RUN_ID_MAX, InvalidRunId, validate_run_id
-from events.schema import Completed, InvalidEvent, Launched, encode_event
 from ftrain import settings
 from ftrain.cadence import parse_checkpoint_every
 from ftrain.cli import render
 from ftrain.errors import Refused, UsageError
+from ftrain.events.run_id import RUN_ID_MAX, InvalidRunId, validate_run_id
+from ftrain.events.schema import Completed, InvalidEvent, Launched, encode_event
+from ftrain.projections.lifecycle import IllegalTransition, check_relaunch
 from ftrain.service import RunService, checkpoint_storage
 from ftrain.supervise.attempts import attempt_commands, child_env
 from ftrain.supervise.hostlist import HostlistError, resolve_allocation
@@ -26,10 +27,9 @@ from ftrain.supervise.launch_spec import DEFAULT_TRAIN_CMD, LaunchSpec, LaunchSp
 from ftrain.supervise.node_exec import TemplateError, parse_template
 from ftrain.supervise.opening import NotOpened, append_relaunch, open_attempt
 from ftrain.supervise.supervisor import Relaunches, Supervisor
-from projections.lifecycle import IllegalTransition, check_relaunch
-from workers.checkpoint_dir import uri_path
-from workers.layout import run_dir
-from workers.storage.open import is_object_storage
+from ftrain.workers.checkpoint_dir import uri_path
+from ftrain.workers.layout import run_dir
+from ftrain.workers.storage.open import is_object_storage
 
 T = TypeVar("T")
 
@@ -219,7 +219,7 @@ async def start_run(app: RunService, args: argparse.Namespace, plan: RunPlan) ->
 
 def supervise(args: argparse.Namespace) -> int:
     """`ftrain run`: check everything, record the launch (or check the relaunch), then supervise attempts."""
-    from workers.recorder import Recorder
+    from ftrain.workers.recorder import Recorder
 
     plan = prepare_run(args)
     launched, attempt = asyncio.run(_with_app(lambda app: start_run(app, args, plan)))

@@ -18,12 +18,15 @@ from typing import NoReturn
 import msgspec
 import nats.errors
 
-from events.jetstream.server import NatsServerError
-from events.jetstream.store import LogTampered, LogUnavailable
-from events.keyring import KeyringError
-from events.private import UnsafeDirectory
-from events.run_id import InvalidRunId, validate_run_id
-from events.schema import (
+from ftrain.cli.keys_cmd import add_keys_parser
+from ftrain.cli.visible import visible
+from ftrain.errors import Refused, UsageError
+from ftrain.events.jetstream.server import NatsServerError
+from ftrain.events.jetstream.store import LogTampered, LogUnavailable
+from ftrain.events.keyring import KeyringError
+from ftrain.events.private import UnsafeDirectory
+from ftrain.events.run_id import InvalidRunId, validate_run_id
+from ftrain.events.schema import (
     FAILURE_REASONS,
     INT64_MAX,
     INT64_MIN,
@@ -33,10 +36,7 @@ from events.schema import (
     MAX_SHARDS,
     InvalidEvent,
 )
-from events.stored_schema import stored_schema
-from ftrain.cli.keys_cmd import add_keys_parser
-from ftrain.cli.visible import visible
-from ftrain.errors import Refused, UsageError
+from ftrain.events.stored_schema import stored_schema
 from ftrain.settings import InvalidSetting
 from ftrain.supervise.launch_spec import STRATEGIES
 

@@ -6,11 +6,11 @@ from typing import Any
 
 import msgspec
 
-from events.schema import now
 from ftrain.cli import goodput_view, render
 from ftrain.errors import UsageError
+from ftrain.events.schema import now
+from ftrain.projections.lifecycle import CheckpointRef, RunState
 from ftrain.service import RunService, RunView
-from projections.lifecycle import CheckpointRef, RunState
 
 # -- queries ---------------------------------------------------------------------------------------------------
 

@@ -12,12 +12,12 @@ from typing import Any
 
 import msgspec
 
-from events.schema import AnyEvent, Checkpointed, Completed, CorruptSkipped, Failed, Launched, Resumed
 from ftrain.cli.visible import visible
+from ftrain.events.schema import AnyEvent, Checkpointed, Completed, CorruptSkipped, Failed, Launched, Resumed
+from ftrain.projections.audit import Finding
+from ftrain.projections.lifecycle import RunState, skipped_line
+from ftrain.projections.vouching import Vouched
 from ftrain.supervise.launch_spec import format_command
-from projections.audit import Finding
-from projections.lifecycle import RunState, skipped_line
-from projections.vouching import Vouched
 
 
 def short_hash(digest: str) -> str:

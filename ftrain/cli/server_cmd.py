@@ -8,19 +8,19 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from events.jetstream.connection import NatsSettings, open_store
-from events.jetstream.server import (
+from ftrain import settings
+from ftrain.cli.render import emit
+from ftrain.errors import Refused, UsageError
+from ftrain.events.jetstream.connection import NatsSettings, open_store
+from ftrain.events.jetstream.server import (
     NatsServerError,
     ensure_server,
     issue_reader,
     server_status,
     stop_server,
 )
-from events.jetstream.server_files import nats_dir, reader_seed_path
-from events.private import open_private
-from ftrain import settings
-from ftrain.cli.render import emit
-from ftrain.errors import Refused, UsageError
+from ftrain.events.jetstream.server_files import nats_dir, reader_seed_path
+from ftrain.events.private import open_private
 
 
 def server_command(args: argparse.Namespace, env: Mapping[str, str]) -> int:

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from ftrain import settings
 from ftrain.cli.render import emit
 from ftrain.errors import Refused
-from workers.s3.server import (
+from ftrain.workers.s3.server import (
     DEFAULT_BUCKET,
     SeaweedError,
     SeaweedProcess,

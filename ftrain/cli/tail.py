@@ -11,12 +11,12 @@ import signal
 from contextlib import aclosing, suppress
 from typing import Any
 
-from events.jetstream.store import EventStore
 from ftrain.cli import render
 from ftrain.errors import UsageError
+from ftrain.events.jetstream.store import EventStore
+from ftrain.projections.audit import ChainWalk
+from ftrain.projections.event_verdict import EventVerdict, event_verdict
 from ftrain.service import RunService
-from projections.audit import ChainWalk
-from projections.event_verdict import EventVerdict, event_verdict
 
 POLL_S = 0.25
 

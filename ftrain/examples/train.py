@@ -23,9 +23,9 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
-from events.run_id import InvalidRunId, validate_run_id
 from ftrain import settings
 from ftrain.cadence import parse_checkpoint_every
+from ftrain.events.run_id import InvalidRunId, validate_run_id
 from ftrain.examples.data import ResumableLoader, synthetic_tokens
 from ftrain.examples.model import MODELS, TinyGPT, parameter_count
 from ftrain.logs import configure as configure_logging
@@ -46,9 +46,9 @@ from ftrain.train.metrics import (
     reached_step,
 )
 from ftrain.train.resume import NoValidCheckpoint, ResumeFailed, ResumeRefused, ResumeStopped
-from workers.fence import Fenced
-from workers.stage_dir import UnsafeDirectory, default_stage_dir
-from workers.storage.open import is_object_storage
+from ftrain.workers.fence import Fenced
+from ftrain.workers.stage_dir import UnsafeDirectory, default_stage_dir
+from ftrain.workers.storage.open import is_object_storage
 
 META_INIT_AUTO_PARAMS = 6_000_000_000  # the seed's threshold: dense init stays exact for smaller models
 PROCESS_START = process_start_time()

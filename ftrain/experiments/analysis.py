@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Final
 
-from events.schema import AnyEvent, Checkpointed, Completed, Failed, Launched, Resumed
+from ftrain.events.schema import AnyEvent, Checkpointed, Completed, Failed, Launched, Resumed
 from ftrain.experiments.checks import count_problems, failure_problems
 from ftrain.experiments.config import Kill
 from ftrain.experiments.goodput_check import check_goodput, disagreements

@@ -4,7 +4,7 @@ driver's kill records must agree; every disagreement becomes a problem for the r
 import re
 from typing import Final
 
-from events.schema import Failed, Resumed
+from ftrain.events.schema import Failed, Resumed
 from ftrain.experiments.readings import PhaseInput
 from ftrain.experiments.results import Failure
 from ftrain.train.metrics import Record

@@ -27,9 +27,9 @@ from typing import Final
 import msgspec
 from msgspec import UNSET
 
-from events.schema import AnyEvent, Checkpointed, Completed, Launched, Resumed
+from ftrain.events.schema import AnyEvent, Checkpointed, Completed, Launched, Resumed
+from ftrain.projections.goodput import Goodput, measure
 from ftrain.train.metrics import Record, loop_times, segments
-from projections.goodput import Goodput, measure
 
 ROUNDING_S: Final = 0.1
 ESTIMATE_SHARE: Final = 0.5

@@ -11,17 +11,17 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Final
 
-from events.jetstream.server import server_status, stop_server
-from events.schema import AnyEvent, Launched
 from ftrain import settings
+from ftrain.events.jetstream.server import server_status, stop_server
+from ftrain.events.schema import AnyEvent, Launched
 from ftrain.experiments.analysis import analyze
 from ftrain.experiments.config import PHASES, ExperimentConfig, Kill, read_config, read_kills
 from ftrain.experiments.readings import PhaseInput
 from ftrain.experiments.results import ExperimentResult
 from ftrain.service import RunService
 from ftrain.train.metrics import metrics_path, read_records
-from workers.checkpoint_dir import uri_path
-from workers.layout import run_dir, set_asides
+from ftrain.workers.checkpoint_dir import uri_path
+from ftrain.workers.layout import run_dir, set_asides
 
 RUN_LOG: Final = "run.log"
 

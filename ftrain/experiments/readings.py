@@ -2,7 +2,7 @@
 
 import msgspec
 
-from events.schema import AnyEvent
+from ftrain.events.schema import AnyEvent
 from ftrain.experiments.config import Kill
 from ftrain.train.metrics import Record
 

@@ -10,8 +10,8 @@ import signal
 import sys
 from typing import IO, Final
 
+from ftrain.projections.lifecycle import FailIntent
 from ftrain.supervise.node_exec import NodeExit, parse_node_exit
-from projections.lifecycle import FailIntent
 
 _EXITCODE: Final = re.compile(rb"\s*exitcode\s*:\s*(-?\d+)")
 _REPORT_TAIL: Final = 65536

@@ -9,13 +9,13 @@ import asyncio
 
 from nats.errors import Error as NatsError
 
-from events.jetstream.connection import NatsSettings, open_store
-from events.jetstream.server import NatsServerError
-from events.jetstream.store import EventStore, LogTampered, LogUnavailable
-from events.keyring import KeyringError
-from events.schema import Resumed
-from projections.lifecycle import IllegalTransition, RunState, relaunch
-from projections.run_log import BrokenRun, ContendedRun, RunLog
+from ftrain.events.jetstream.connection import NatsSettings, open_store
+from ftrain.events.jetstream.server import NatsServerError
+from ftrain.events.jetstream.store import EventStore, LogTampered, LogUnavailable
+from ftrain.events.keyring import KeyringError
+from ftrain.events.schema import Resumed
+from ftrain.projections.lifecycle import IllegalTransition, RunState, relaunch
+from ftrain.projections.run_log import BrokenRun, ContendedRun, RunLog
 
 OPEN_TIMEOUT = 30.0
 

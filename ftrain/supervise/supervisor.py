@@ -25,14 +25,14 @@ import structlog
 
 from ftrain import settings
 from ftrain.cli import render
+from ftrain.projections.lifecycle import CompleteIntent, FailIntent
 from ftrain.supervise.elastic import next_hosts
 from ftrain.supervise.failure_report import FailureReport, describe, failure, signal_name, tee_stderr
 from ftrain.supervise.opening import OPEN_TIMEOUT, NotOpened
 from ftrain.supervise.procs import end_attempt, signal_job
 from ftrain.train.object_store import run_storage
-from projections.lifecycle import CompleteIntent, FailIntent
-from workers.layout import complete_steps
-from workers.storage.errors import StorageError, StorageUnavailable
+from ftrain.workers.layout import complete_steps
+from ftrain.workers.storage.errors import StorageError, StorageUnavailable
 
 BACKOFF_CAP: Final = 60.0
 GRACE_SECONDS: Final = 25.0

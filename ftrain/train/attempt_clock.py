@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import msgspec
 
-from events.schema import INT64_MAX, MAX_AMOUNT, Checkpointed
+from ftrain.events.schema import INT64_MAX, MAX_AMOUNT, Checkpointed
 
 
 def _amount(seconds: float) -> float:

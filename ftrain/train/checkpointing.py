@@ -26,9 +26,10 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
-from events.private import private_dir
-from events.schema import Checkpointed
 from ftrain import settings
+from ftrain.events.private import private_dir
+from ftrain.events.schema import Checkpointed
+from ftrain.projections.lifecycle import CheckpointIntent
 from ftrain.train.attempt_clock import AttemptClock
 from ftrain.train.config import CheckpointConfig
 from ftrain.train.faults import fault_point
@@ -36,19 +37,18 @@ from ftrain.train.lifeline import die_with_launcher
 from ftrain.train.object_save import ObjectSaver, SavesFailing
 from ftrain.train.resume import ResumePoint, cleanup_stale, resume
 from ftrain.train.state import TrainState
-from projections.lifecycle import CheckpointIntent
-from workers.checkpoint_dir import CheckpointExists, WrittenCheckpoint, seal_checkpoint, set_aside
-from workers.dcp_writer import HashingWriter
-from workers.fanout import fan_out
-from workers.fence import Fenced
-from workers.fence import check as check_fence
-from workers.layout import assembly_dir, rank_stage_dir, step_dir
-from workers.manifest import FileEntry, Manifest
-from workers.recorder import Recorder
-from workers.retention import prune
-from workers.stage_dir import safe_stage_dir, same_device
-from workers.staging import StagingBuffers
-from workers.unpickle import allow_pickled
+from ftrain.workers.checkpoint_dir import CheckpointExists, WrittenCheckpoint, seal_checkpoint, set_aside
+from ftrain.workers.dcp_writer import HashingWriter
+from ftrain.workers.fanout import fan_out
+from ftrain.workers.fence import Fenced
+from ftrain.workers.fence import check as check_fence
+from ftrain.workers.layout import assembly_dir, rank_stage_dir, step_dir
+from ftrain.workers.manifest import FileEntry, Manifest
+from ftrain.workers.recorder import Recorder
+from ftrain.workers.retention import prune
+from ftrain.workers.stage_dir import safe_stage_dir, same_device
+from ftrain.workers.staging import StagingBuffers
+from ftrain.workers.unpickle import allow_pickled
 
 __all__ = [
     "CheckpointConfig",

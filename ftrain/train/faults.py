@@ -19,8 +19,8 @@ import os
 import signal
 import time
 
-from events.private import FILE_MODE, private_dir
 from ftrain import settings
+from ftrain.events.private import FILE_MODE, private_dir
 from ftrain.supervise.procs import signal_job
 
 _KILLS = settings.kill_targets()  # at import: a typo fails the trainer before it trains

@@ -13,7 +13,7 @@ from typing import Any
 
 import msgspec
 
-from events.private import open_private, private_dir
+from ftrain.events.private import open_private, private_dir
 
 _encoder = msgspec.json.Encoder()
 

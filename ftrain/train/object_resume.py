@@ -19,6 +19,14 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.metadata import Metadata
 
 from ftrain import settings
+from ftrain.projections.lifecycle import (
+    Candidate,
+    ResumePlan,
+    RunState,
+    SkipIntent,
+    plan_resume,
+    skipped_line,
+)
 from ftrain.train.config import CheckpointConfig
 from ftrain.train.object_store import fetch_dir, stale_caches
 from ftrain.train.resume_load import (
@@ -30,22 +38,14 @@ from ftrain.train.resume_load import (
     record_in_place,
 )
 from ftrain.train.state import TrainState
-from projections.lifecycle import (
-    Candidate,
-    ResumePlan,
-    RunState,
-    SkipIntent,
-    plan_resume,
-    skipped_line,
-)
-from workers.checkpoint_dir import OUTSIDE_RUN, StorageError, StorageUnavailable
-from workers.dcp_reader import METADATA, Rejected, parse_metadata
-from workers.manifest import FileEntry, Manifest
-from workers.nofollow import remove_dir
-from workers.recorder import Recorder
-from workers.stage_dir import claim_dir, safe_stage_dir
-from workers.storage import s3_fence
-from workers.storage.s3_store import S3Storage
+from ftrain.workers.checkpoint_dir import OUTSIDE_RUN, StorageError, StorageUnavailable
+from ftrain.workers.dcp_reader import METADATA, Rejected, parse_metadata
+from ftrain.workers.manifest import FileEntry, Manifest
+from ftrain.workers.nofollow import remove_dir
+from ftrain.workers.recorder import Recorder
+from ftrain.workers.stage_dir import claim_dir, safe_stage_dir
+from ftrain.workers.storage import s3_fence
+from ftrain.workers.storage.s3_store import S3Storage
 
 log = structlog.get_logger(__name__)
 

@@ -22,18 +22,18 @@ import structlog
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
-from events.private import private_dir
+from ftrain.events.private import private_dir
 from ftrain.train.config import CheckpointConfig
 from ftrain.train.faults import fault_point
 from ftrain.train.object_store import run_storage, write_dir
-from workers.dcp_writer import HashingWriter
-from workers.fence import Fenced
-from workers.integrity import Hashed
-from workers.layout import step_dir
-from workers.manifest import FileEntry, Manifest
-from workers.storage import s3_fence
-from workers.storage.errors import CheckpointExists as StepTaken
-from workers.storage.errors import StorageError, StorageUnavailable
+from ftrain.workers.dcp_writer import HashingWriter
+from ftrain.workers.fence import Fenced
+from ftrain.workers.integrity import Hashed
+from ftrain.workers.layout import step_dir
+from ftrain.workers.manifest import FileEntry, Manifest
+from ftrain.workers.storage import s3_fence
+from ftrain.workers.storage.errors import CheckpointExists as StepTaken
+from ftrain.workers.storage.errors import StorageError, StorageUnavailable
 
 log = structlog.get_logger(__name__)
 SAVE_ERRORS = (StorageError, StorageUnavailable, OSError)

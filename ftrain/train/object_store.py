@@ -10,9 +10,9 @@ for its load, verified there before it is renamed into the cache.
 import os
 from pathlib import Path
 
-from workers.layout import rank_stage_dir
-from workers.s3.client import shared_client
-from workers.storage.s3_store import S3Storage, parse_s3_uri
+from ftrain.workers.layout import rank_stage_dir
+from ftrain.workers.s3.client import shared_client
+from ftrain.workers.storage.s3_store import S3Storage, parse_s3_uri
 
 _CACHE = "download-"
 

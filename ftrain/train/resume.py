@@ -20,15 +20,7 @@ import structlog
 import torch.distributed as dist
 
 from ftrain import settings
-from ftrain.train.config import CheckpointConfig
-from ftrain.train.object_resume import header_object, load_object, plan_object, skip_object
-from ftrain.train.object_store import cache_name, run_storage
-from ftrain.train.resume_load import ResumeFailed as ResumeFailed
-from ftrain.train.resume_load import ResumeStopped as ResumeStopped
-from ftrain.train.resume_load import in_place_restarts, load_verified, local_verdict, record_in_place, stopped
-from ftrain.train.run_log import RunBroken, RunUnknown, read_run
-from ftrain.train.state import TrainState
-from projections.lifecycle import (
+from ftrain.projections.lifecycle import (
     Candidate,
     IllegalTransition,
     ResumeIntent,
@@ -38,7 +30,15 @@ from projections.lifecycle import (
     plan_resume,
     skipped_line,
 )
-from workers.checkpoint_dir import (
+from ftrain.train.config import CheckpointConfig
+from ftrain.train.object_resume import header_object, load_object, plan_object, skip_object
+from ftrain.train.object_store import cache_name, run_storage
+from ftrain.train.resume_load import ResumeFailed as ResumeFailed
+from ftrain.train.resume_load import ResumeStopped as ResumeStopped
+from ftrain.train.resume_load import in_place_restarts, load_verified, local_verdict, record_in_place, stopped
+from ftrain.train.run_log import RunBroken, RunUnknown, read_run
+from ftrain.train.state import TrainState
+from ftrain.workers.checkpoint_dir import (
     OUTSIDE_RUN,
     StorageError,
     StorageUnavailable,
@@ -50,13 +50,13 @@ from workers.checkpoint_dir import (
     set_aside,
     uri_path,
 )
-from workers.fence import Fenced, claim, owner
-from workers.layout import assemblies, run_dir
-from workers.manifest import Manifest
-from workers.nofollow import remove_dir
-from workers.recorder import Recorder
-from workers.storage.open import is_object_storage
-from workers.storage.s3_store import S3Storage
+from ftrain.workers.fence import Fenced, claim, owner
+from ftrain.workers.layout import assemblies, run_dir
+from ftrain.workers.manifest import Manifest
+from ftrain.workers.nofollow import remove_dir
+from ftrain.workers.recorder import Recorder
+from ftrain.workers.storage.open import is_object_storage
+from ftrain.workers.storage.s3_store import S3Storage
 
 FLUSH_TIMEOUT = 15.0
 LOG_TIMEOUT = 15.0

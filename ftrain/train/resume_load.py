@@ -17,14 +17,14 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
+from ftrain.projections.lifecycle import FailIntent, RunState
 from ftrain.train.config import CheckpointConfig
 from ftrain.train.state import TrainState
-from projections.lifecycle import FailIntent, RunState
-from workers.checkpoint_dir import StorageUnavailable, verify_files
-from workers.dcp_reader import Rejected, RestrictedLoadPlanner, VerifiedReader, load_metadata
-from workers.manifest import FileEntry, Manifest
-from workers.recorder import Recorder as Recording
-from workers.unpickle import RefusedPickle
+from ftrain.workers.checkpoint_dir import StorageUnavailable, verify_files
+from ftrain.workers.dcp_reader import Rejected, RestrictedLoadPlanner, VerifiedReader, load_metadata
+from ftrain.workers.manifest import FileEntry, Manifest
+from ftrain.workers.recorder import Recorder as Recording
+from ftrain.workers.unpickle import RefusedPickle
 
 _SHARD = re.compile(r"__(\d+)_\d+\.distcp$")
 log = structlog.get_logger(__name__)

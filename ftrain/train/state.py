@@ -16,7 +16,7 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
 
-from workers.unpickle import restricted_loads
+from ftrain.workers.unpickle import restricted_loads
 
 
 class Resumable(Protocol):

@@ -8,7 +8,7 @@ deciders that turn a writer's request into the event the judge checks. No I/O; u
 - `intents`: what trainers and supervisors ask to record through the outbox.
 """
 
-from projections.lifecycle.deciders import (
+from ftrain.projections.lifecycle.deciders import (
     check_relaunch,
     completed_event,
     corrupt_skipped_event,
@@ -19,7 +19,7 @@ from projections.lifecycle.deciders import (
     resumed_event,
     skip,
 )
-from projections.lifecycle.intents import (
+from ftrain.projections.lifecycle.intents import (
     CheckpointIntent,
     CompleteIntent,
     FailIntent,
@@ -27,15 +27,15 @@ from projections.lifecycle.intents import (
     ResumeIntent,
     SkipIntent,
 )
-from projections.lifecycle.judge import (
+from ftrain.projections.lifecycle.judge import (
     IllegalTransition,
     apply,
     check,
     check_may_resume,
     check_open,
 )
-from projections.lifecycle.resume_plan import Candidate, OnDisk, ResumePlan, plan_resume, skipped_line
-from projections.lifecycle.state import CheckpointRef, RunState, RunStatus
+from ftrain.projections.lifecycle.resume_plan import Candidate, OnDisk, ResumePlan, plan_resume, skipped_line
+from ftrain.projections.lifecycle.state import CheckpointRef, RunState, RunStatus
 
 __all__ = [
     "Candidate",

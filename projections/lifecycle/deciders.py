@@ -10,16 +10,16 @@ from datetime import datetime
 import msgspec
 from msgspec import UNSET
 
-from events.schema import AnyEvent, Checkpointed, Completed, CorruptSkipped, Failed, Resumed
-from projections.lifecycle.intents import (
+from ftrain.events.schema import AnyEvent, Checkpointed, Completed, CorruptSkipped, Failed, Resumed
+from ftrain.projections.lifecycle.intents import (
     CheckpointIntent,
     FailIntent,
     Intent,
     ResumeIntent,
     SkipIntent,
 )
-from projections.lifecycle.judge import IllegalTransition, check_open
-from projections.lifecycle.state import CheckpointRef, RunState
+from ftrain.projections.lifecycle.judge import IllegalTransition, check_open
+from ftrain.projections.lifecycle.state import CheckpointRef, RunState
 
 
 def check_relaunch(state: RunState, *, project: str, nodes: int, gpus_per_node: int, strategy: str) -> None:

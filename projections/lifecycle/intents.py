@@ -8,7 +8,7 @@ position: the position is decided when the log is reachable, against the run's s
 
 import msgspec
 
-from events.schema import Checkpointed
+from ftrain.events.schema import Checkpointed
 
 
 class CheckpointIntent(msgspec.Struct, frozen=True, kw_only=True, tag="checkpoint"):

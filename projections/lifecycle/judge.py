@@ -7,8 +7,8 @@ when the projector or the audit folds it: one place says which transition is leg
 import msgspec
 from msgspec import UnsetType
 
-from events.chain import ChainHead
-from events.schema import (
+from ftrain.events.chain import ChainHead
+from ftrain.events.schema import (
     AnyEvent,
     Checkpointed,
     Completed,
@@ -18,7 +18,7 @@ from events.schema import (
     Resumed,
     event_type,
 )
-from projections.lifecycle.state import CheckpointRef, RunState
+from ftrain.projections.lifecycle.state import CheckpointRef, RunState
 
 
 class IllegalTransition(Exception):

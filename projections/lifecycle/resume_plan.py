@@ -7,8 +7,8 @@ from collections.abc import Sequence
 
 import msgspec
 
-from projections.lifecycle.judge import IllegalTransition, check_may_resume, check_open
-from projections.lifecycle.state import CheckpointRef, RunState
+from ftrain.projections.lifecycle.judge import IllegalTransition, check_may_resume, check_open
+from ftrain.projections.lifecycle.state import CheckpointRef, RunState
 
 
 class OnDisk(msgspec.Struct, frozen=True):

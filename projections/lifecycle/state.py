@@ -5,8 +5,8 @@ from typing import Literal
 
 import msgspec
 
-from events.chain import ChainHead
-from events.schema import Checkpointed, Launched
+from ftrain.events.chain import ChainHead
+from ftrain.events.schema import Checkpointed, Launched
 
 RunStatus = Literal["running", "failed", "completed"]
 

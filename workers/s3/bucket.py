@@ -11,10 +11,17 @@ from typing import Any, Final, TypeVar
 from boto3.s3.transfer import TransferConfig
 from botocore.exceptions import BotoCoreError, ClientError
 
-from workers.integrity import CHUNK, Hashed, Hasher
-from workers.layout import MARKER
-from workers.s3.client import CONFLICT, PRECONDITION_FAILED, error_code, is_missing, make_client, reason
-from workers.storage.errors import StorageUnavailable
+from ftrain.workers.integrity import CHUNK, Hashed, Hasher
+from ftrain.workers.layout import MARKER
+from ftrain.workers.s3.client import (
+    CONFLICT,
+    PRECONDITION_FAILED,
+    error_code,
+    is_missing,
+    make_client,
+    reason,
+)
+from ftrain.workers.storage.errors import StorageUnavailable
 
 T = TypeVar("T")
 DELETE_BATCH: Final = 1000

@@ -21,12 +21,12 @@ from typing import Any, Final
 import msgspec
 from botocore.exceptions import BotoCoreError, ClientError
 
-from events.private import open_private
-from workers.integrity import Hasher
-from workers.manifest import FileEntry
-from workers.s3.client import error_code, is_missing, reason
-from workers.storage.errors import StorageUnavailable
-from workers.storage.verdict import entry_verdict
+from ftrain.events.private import open_private
+from ftrain.workers.integrity import Hasher
+from ftrain.workers.manifest import FileEntry
+from ftrain.workers.s3.client import error_code, is_missing, reason
+from ftrain.workers.storage.errors import StorageUnavailable
+from ftrain.workers.storage.verdict import entry_verdict
 
 RANGE: Final = 16 << 20
 """Bytes per ranged GET."""

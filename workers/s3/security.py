@@ -28,8 +28,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from events.atomic_file import write_atomic
-from events.private import private_dir
+from ftrain.events.atomic_file import write_atomic
+from ftrain.events.private import private_dir
 
 CERT_DAYS: Final = 3650
 RENEW_DAYS: Final = 30

@@ -34,12 +34,12 @@ from typing import Final
 import msgspec
 import structlog
 
-from events.atomic_file import write_atomic
-from events.installed import bundled_binary
-from events.jetstream.server_files import locked
-from events.jetstream.server_procs import adopt, pid_alive, send_signal, wait_gone
-from events.private import open_private, private_dir
-from workers.s3.security import write_security
+from ftrain.events.atomic_file import write_atomic
+from ftrain.events.installed import bundled_binary
+from ftrain.events.jetstream.server_files import locked
+from ftrain.events.jetstream.server_procs import adopt, pid_alive, send_signal, wait_gone
+from ftrain.events.private import open_private, private_dir
+from ftrain.workers.s3.security import write_security
 
 BINARY: Final = "weed"
 HOST: Final = "127.0.0.1"
@@ -210,7 +210,7 @@ def _is_our_weed(pid: int, data_dir: str) -> bool:
 
 def s3_ready(proc: SeaweedProcess, timeout: float = 2.0) -> bool:
     """The S3 gateway answers a signed ListBuckets with our key (the filer behind it is up)."""
-    from workers.s3.client import make_client
+    from ftrain.workers.s3.client import make_client
 
     client = make_client(
         endpoint=proc.endpoint,
@@ -227,7 +227,7 @@ def s3_ready(proc: SeaweedProcess, timeout: float = 2.0) -> bool:
 
 
 def _ensure_bucket(proc: SeaweedProcess, bucket: str, deadline: float) -> None:
-    from workers.s3.client import make_client
+    from ftrain.workers.s3.client import make_client
 
     client = make_client(endpoint=proc.endpoint, access_key=proc.access_key, secret_key=proc.secret_key)
     while True:

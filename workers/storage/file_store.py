@@ -5,10 +5,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from projections.lifecycle import OnDisk
-from workers import checkpoint_dir as fs
-from workers.layout import SetAsideKind, run_dir
-from workers.storage.port import Source, StoredCheckpoint
+from ftrain.projections.lifecycle import OnDisk
+from ftrain.workers import checkpoint_dir as fs
+from ftrain.workers.layout import SetAsideKind, run_dir
+from ftrain.workers.storage.port import Source, StoredCheckpoint
 
 
 class FileStorage:

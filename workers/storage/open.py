@@ -2,10 +2,10 @@
 
 from urllib.parse import urlparse
 
-from workers.checkpoint_dir import storage_root
-from workers.storage.errors import StorageError
-from workers.storage.file_store import FileStorage
-from workers.storage.port import CheckpointStorage
+from ftrain.workers.checkpoint_dir import storage_root
+from ftrain.workers.storage.errors import StorageError
+from ftrain.workers.storage.file_store import FileStorage
+from ftrain.workers.storage.port import CheckpointStorage
 
 
 def open_storage(text: str) -> CheckpointStorage:
@@ -13,7 +13,7 @@ def open_storage(text: str) -> CheckpointStorage:
     reached through the standard AWS chain). Anything else is a StorageError, one line."""
     scheme = urlparse(text).scheme
     if scheme == "s3":
-        from workers.storage.s3_store import S3Storage, parse_s3_uri
+        from ftrain.workers.storage.s3_store import S3Storage, parse_s3_uri
 
         bucket, prefix = parse_s3_uri(text)
         return S3Storage(bucket, prefix)

@@ -14,9 +14,9 @@ from typing import Any, Protocol
 
 import msgspec
 
-from projections.lifecycle import OnDisk
-from workers.layout import SetAsideKind
-from workers.manifest import Manifest
+from ftrain.projections.lifecycle import OnDisk
+from ftrain.workers.layout import SetAsideKind
+from ftrain.workers.manifest import Manifest
 
 
 class StoredCheckpoint(msgspec.Struct, frozen=True):

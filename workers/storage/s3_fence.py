@@ -8,10 +8,10 @@ superseded. Read, then write, as on a file system: it stops an attempt that was 
 once (the log's conditional append refuses those).
 """
 
-from workers.fence import refuse
-from workers.layout import attempt_key
-from workers.s3.bucket import ObjectMissing
-from workers.storage.s3_store import S3Storage
+from ftrain.workers.fence import refuse
+from ftrain.workers.layout import attempt_key
+from ftrain.workers.s3.bucket import ObjectMissing
+from ftrain.workers.storage.s3_store import S3Storage
 
 
 def owner(storage: S3Storage, run_id: str) -> int:

@@ -13,8 +13,8 @@ import uuid
 import msgspec
 import structlog
 
-from workers.layout import MARKER, WRITER_CLAIM, parse_step
-from workers.s3.bucket import Bucket, ObjectMissing
+from ftrain.workers.layout import MARKER, WRITER_CLAIM, parse_step
+from ftrain.workers.s3.bucket import Bucket, ObjectMissing
 
 log = structlog.get_logger(__name__)
 

@@ -31,9 +31,9 @@ from urllib.parse import urlparse
 import msgspec
 import structlog
 
-from projections.lifecycle import OnDisk
-from workers.integrity import Hashed, digest_of, to_hex
-from workers.layout import (
+from ftrain.projections.lifecycle import OnDisk
+from ftrain.workers.integrity import Hashed, digest_of, to_hex
+from ftrain.workers.layout import (
     MANIFEST,
     MARKER,
     RESERVED,
@@ -44,13 +44,20 @@ from workers.layout import (
     set_aside_name,
     step_name,
 )
-from workers.manifest import FileEntry, Manifest, Marker, decode_manifest, decode_marker, encode_manifest
-from workers.s3.bucket import Bucket, ObjectMissing
-from workers.s3.ranged import fetch_files
-from workers.storage.errors import CheckpointExists, StorageError, StorageUnavailable
-from workers.storage.port import Source, StoredCheckpoint
-from workers.storage.s3_partial import claim_body, clean
-from workers.storage.verdict import entry_verdict, judge_manifest
+from ftrain.workers.manifest import (
+    FileEntry,
+    Manifest,
+    Marker,
+    decode_manifest,
+    decode_marker,
+    encode_manifest,
+)
+from ftrain.workers.s3.bucket import Bucket, ObjectMissing
+from ftrain.workers.s3.ranged import fetch_files
+from ftrain.workers.storage.errors import CheckpointExists, StorageError, StorageUnavailable
+from ftrain.workers.storage.port import Source, StoredCheckpoint
+from ftrain.workers.storage.s3_partial import claim_body, clean
+from ftrain.workers.storage.verdict import entry_verdict, judge_manifest
 
 log = structlog.get_logger(__name__)
 

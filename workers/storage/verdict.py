@@ -3,8 +3,8 @@ backend, so a file system and an object store give the same reasons for the same
 
 import msgspec
 
-from workers.integrity import Hashed, digest_of, from_hex
-from workers.manifest import FileEntry, Manifest, Marker, decode_manifest
+from ftrain.workers.integrity import Hashed, digest_of, from_hex
+from ftrain.workers.manifest import FileEntry, Manifest, Marker, decode_manifest
 
 
 def judge_manifest(
