@@ -4,7 +4,7 @@
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test test-slow lint bench mutation
+.PHONY: demo test test-slow lint docs bench mutation
 
 $(BIN)/ftrain: pyproject.toml
 	python3 -m venv $(VENV)
@@ -20,6 +20,11 @@ lint: $(BIN)/ftrain
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+	$(MAKE) docs
+
+# The docs site, strict: a broken link or anchor, or a page missing from the nav, fails the build.
+docs: $(BIN)/ftrain
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 test: lint
 	$(BIN)/pytest -q --durations=15 -m "not slow"

@@ -13,7 +13,11 @@ import msgspec
 from msgspec import UNSET, UnsetType
 
 EVENT_TYPES = ("launched", "checkpointed", "failed", "resumed", "corrupt_skipped", "completed")
-FAILURE_REASONS: tuple[str, ...] = ("preempted", "node-failure", "oom", "exit-code", "signal", "unknown")
+FAILURE_REASONS: tuple[str, ...] = (
+    "preempted", "node-failure", "oom", "exit-code", "signal", "unknown",
+    "lost",  # its supervisor stopped renewing its lease (recorded by the relaunch that took it over)
+    "hang",  # no rank made progress for --hang-timeout (recorded by the supervisor's watchdog)
+)  # fmt: skip
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 # The bounds of every number an event carries: SQLite and every consumer hold integers as int64, and a
@@ -21,6 +25,7 @@ EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 MAX_NODES = 100_000
 MAX_GPUS_PER_NODE = 1_024
+MAX_CPUS_PER_NODE = 65_536
 MAX_SHARDS = MAX_NODES * MAX_GPUS_PER_NODE
 MAX_AMOUNT = 1e12  # GPU-hours, seconds: far beyond any real run, finite
 MAX_EVENT_BYTES = 512 * 1024  # half the server's 1 MiB payload limit: the seal and headers must fit too
@@ -66,6 +71,15 @@ class CheckpointPolicy(msgspec.Struct, frozen=True):
     steps: Count | None = None
 
 
+class SchedulerJob(msgspec.Struct, frozen=True):
+    """The batch job a supervisor ran in: `slurm` or `pbs`, its id (which survives a requeue), and how many
+    times the scheduler had requeued it (Slurm's SLURM_RESTART_COUNT; None: the scheduler does not say)."""
+
+    scheduler: Annotated[str, msgspec.Meta(max_length=16)]
+    id: Annotated[str, msgspec.Meta(max_length=256)]
+    restarts: Count | None = None
+
+
 class Launched(Event, frozen=True, kw_only=True, tag="launched"):
     """A run was launched; carries everything needed to relaunch it."""
 
@@ -81,6 +95,12 @@ class Launched(Event, frozen=True, kw_only=True, tag="launched"):
     dataset_revision: str | None = None
     checkpoint_policy: CheckpointPolicy | None = None
     mlflow_run_id: str | None = None
+    devices: Literal["cpu"] | UnsetType = UNSET
+    """`cpu`: a CPU job, `gpus_per_node` counting its processes per node, costed in node-hours (CPU-hours
+    with `cpus_per_node`); unset: one GPU per process, costed in GPU-hours (every log before CPU jobs)."""
+    cpus_per_node: Annotated[int, msgspec.Meta(ge=1, le=MAX_CPUS_PER_NODE)] | UnsetType = UNSET
+    job: SchedulerJob | UnsetType = UNSET
+    """The scheduler's job `ftrain run` launched it in; unset outside one (and in older logs)."""
 
 
 class Checkpointed(Event, frozen=True, kw_only=True, tag="checkpointed"):
@@ -138,6 +158,9 @@ class Resumed(Event, frozen=True, kw_only=True, tag="resumed"):
     """The nodes the attempt it opens runs on, when a supervisor opened it (an elastic relaunch may drop a lost
     node: its world is `len(hosts) × gpus_per_node`); unset: the launch's nodes, as before (old logs, or a
     trainer continuing its own attempt)."""
+    job: SchedulerJob | UnsetType = UNSET
+    """The scheduler's job the supervisor that opened the attempt ran in (a requeued job: the same id, one more
+    restart); unset outside one, or when a trainer continues its own attempt."""
 
 
 class CorruptSkipped(Event, frozen=True, kw_only=True, tag="corrupt_skipped"):

@@ -1,11 +1,28 @@
-"""structlog set-up: key-value lines on stderr for a terminal, JSON otherwise; quiet unless asked."""
+"""structlog set-up. The library is quiet by default: used from a user's script, ftrain never writes to stdout
+(the script's output); warnings go to stderr, and `FTRAIN_LOG_LEVEL=info` (or `debug`) or a call to
+`configure(level=logging.INFO)` shows more. A user who configured structlog keeps that configuration: ftrain
+only fills in structlog's defaults (which print every level to stdout) when nobody configured it.
+
+    import logging
+    import ftrain.logs
+
+    ftrain.logs.configure(level=logging.INFO)  # ftrain's events on stderr, key-value on a terminal, else JSON
+
+The CLI calls `configure()` itself, at FTRAIN_LOG_LEVEL's level (warning unless set).
+"""
 
 import contextlib
+import importlib.machinery
+import logging
+import os
 import sys
+from collections.abc import Sequence
+from types import ModuleType
+from typing import Any
 
-import structlog
-
-from ftrain import settings
+LEVEL_VARIABLE = "FTRAIN_LOG_LEVEL"
+_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR,
+           "critical": logging.CRITICAL}  # fmt: skip
 
 
 class _Stderr:
@@ -25,9 +42,18 @@ class _Stderr:
 
 
 def configure(level: int | None = None) -> None:
-    """Send structlog to stderr at `level` (default: the settings' log level) so stdout stays the output;
-    InvalidSetting on a malformed FTRAIN_LOG_LEVEL."""
-    threshold = settings.log_level() if level is None else level
+    """Send structlog to stderr at `level` (default: FTRAIN_LOG_LEVEL, warning unless set) so stdout stays the
+    output; InvalidSetting on a malformed FTRAIN_LOG_LEVEL. Replaces any configuration: call it to opt in."""
+    if level is None:
+        from ftrain import settings
+
+        level = settings.log_level()
+    _configure(level)
+
+
+def _configure(threshold: int) -> None:
+    import structlog
+
     renderer: structlog.typing.Processor = (
         structlog.dev.ConsoleRenderer(colors=False)
         if sys.stderr.isatty()
@@ -45,3 +71,44 @@ def configure(level: int | None = None) -> None:
         logger_factory=structlog.WriteLoggerFactory(_Stderr()),  # type: ignore[arg-type]
         cache_logger_on_first_use=True,
     )
+
+
+def library_defaults() -> None:
+    """Quiet defaults for a process nobody configured structlog in: stderr, FTRAIN_LOG_LEVEL (warning unless
+    set or malformed: the library never fails its user's import over a log level). Done the moment structlog
+    is imported (`ftrain/__init__` arranges it), so it never costs a process that logs nothing."""
+    if "structlog" in sys.modules:
+        _default_unless_configured()
+    elif not any(isinstance(f, _WhenImported) for f in sys.meta_path):
+        sys.meta_path.insert(0, _WhenImported())
+
+
+def _default_unless_configured() -> None:
+    import structlog
+
+    if not structlog.is_configured():
+        _configure(_LEVELS.get(os.environ.get(LEVEL_VARIABLE, "").strip().lower(), logging.WARNING))
+
+
+class _WhenImported:
+    """A meta path finder (`importlib.abc.MetaPathFinder`'s protocol; not its subclass: importing that costs
+    every command 0.02 s) that runs `_default_unless_configured` right after structlog's own module has run,
+    whoever imports it first (an ftrain module at its top, or the user), and then leaves the import system."""
+
+    def find_spec(
+        self, name: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if name != "structlog":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None:
+            return spec
+        run = spec.loader.exec_module
+
+        def exec_module(module: ModuleType, *_: Any) -> None:
+            run(module)
+            _default_unless_configured()
+
+        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec

@@ -10,19 +10,21 @@ import os
 import sqlite3
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from functools import partial
 from pathlib import Path
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 import msgspec
 import structlog
 
 from ftrain import settings as ftrain_settings
-from ftrain.errors import Refused, UsageError
+from ftrain.errors import NotFound, Refused, UsageError
 from ftrain.events.chain import ChainHead
 from ftrain.events.jetstream.connection import NatsSettings, endpoint_name, open_store
+from ftrain.events.jetstream.lease import LeaseStore, LeaseTaken, LeaseView, open_leases
 from ftrain.events.jetstream.store import AppendConflict, EventStore, LogTampered
+from ftrain.events.lease_record import Holder, held_for
 from ftrain.events.run_id import InvalidRunId, validate_run_id
 from ftrain.events.schema import (
     AnyEvent,
@@ -43,10 +45,12 @@ from ftrain.projections.lifecycle import (
     ResumePlan,
     RunState,
     check,
+    check_open,
     completed_event,
     plan_resume,
     resume_from,
     skip,
+    supervisor_lost,
 )
 from ftrain.projections.projector import Projector
 from ftrain.projections.readmodel import ReadModel, StoredRun, damaged
@@ -76,6 +80,14 @@ class RunView(msgspec.Struct, frozen=True):
     """Its goodput as of now, from its own events (None with no accepted event)."""
     vouched: Vouched | None = None
     """Who vouches for its events under today's trust list (None: no trusted writer, or no event accepted)."""
+
+
+class Claim(NamedTuple):
+    """A lease a relaunch took: its revision, and the `failed` (lost) it recorded for the supervisor it
+    took the run over from (None: the run had failed already)."""
+
+    revision: int
+    lost: Failed | None
 
 
 class ResumeOutcome(msgspec.Struct, frozen=True):
@@ -109,20 +121,28 @@ class RunService:
     """Commands and queries over one event store, one read model and one checkpoint storage root."""
 
     def __init__(
-        self, store: EventStore, model: ReadModel, projector: Projector, storage: CheckpointStorage
+        self,
+        store: EventStore,
+        model: ReadModel,
+        projector: Projector,
+        storage: CheckpointStorage,
+        leases: LeaseStore | None = None,
     ) -> None:
         self.store = store
         self.model = model
         self.projector = projector
         self.storage = storage
+        self.leases = leases
+        """The supervisor leases (None: opened without them; every lease query and command refuses)."""
 
     @classmethod
     @asynccontextmanager
     async def open(
-        cls, env: Mapping[str, str] = os.environ, *, auditing: bool = False
+        cls, env: Mapping[str, str] = os.environ, *, auditing: bool = False, leases: bool = False
     ) -> AsyncIterator["RunService"]:
         """Connect to the log (starting the embedded server if needed) and open the read model. A stream
-        that is not the one anchored raises LogTampered, unless `auditing`: an audit is what reports it."""
+        that is not the one anchored raises LogTampered, unless `auditing`: an audit is what reports it.
+        `leases`: also connect to the supervisor leases (`status`, `run`)."""
         try:
             settings = ftrain_settings.nats(env)
         except ValueError as exc:
@@ -137,14 +157,16 @@ class RunService:
                 stream_id = facts.created if (facts := await store.facts()) else ""
             model = await ReadModel.open(readmodel_path(settings))
             try:
-                yield cls(store, model, Projector(store, model, stream_id), storage)
+                async with AsyncExitStack() as stack:
+                    lease_store = await stack.enter_async_context(open_leases(settings)) if leases else None
+                    yield cls(store, model, Projector(store, model, stream_id), storage, lease_store)
             finally:
                 await model.close()
 
     # -- queries -------------------------------------------------------------------------------------------
 
     async def state_of(self, run_id: str) -> RunState:
-        """The caught-up state of a run; UsageError if the log has never heard of it."""
+        """The caught-up state of a run; NotFound if the log has never heard of it."""
         try:
             validate_run_id(run_id)
         except InvalidRunId as exc:
@@ -158,11 +180,11 @@ class RunService:
         if state is None:
             if broken is not None:
                 raise Refused(f"run {run_id}'s log is broken: {broken.describe()}")
-            raise UsageError(f"unknown run {run_id!r}")
+            raise NotFound(f"unknown run {run_id!r}")
         return state
 
     async def view(self, run_id: str) -> RunView:
-        """One run's caught-up state, judged as `views` judges it, with its goodput; UsageError if the log
+        """One run's caught-up state, judged as `views` judges it, with its goodput; NotFound if the log
         never heard of it."""
         try:
             validate_run_id(run_id)
@@ -174,7 +196,7 @@ class RunService:
 
         stored, broken = await self._caught_up(read)
         if stored is None and broken is None:
-            raise UsageError(f"unknown run {run_id!r}")
+            raise NotFound(f"unknown run {run_id!r}")
         view = self._judged(run_id, stored, broken)
         return msgspec.structs.replace(view, goodput=await self.goodput(run_id)) if stored else view
 
@@ -258,6 +280,64 @@ class RunService:
             return None
         log.info("appended", run_id=run_id, type=event_type(appended.event), seq=appended.event.seq)
         return appended.event
+
+    # -- the supervisor lease ------------------------------------------------------------------------------
+
+    def _lease_store(self) -> LeaseStore:
+        if self.leases is None:
+            raise RuntimeError("RunService opened without leases")
+        return self.leases
+
+    async def lease(self, run_id: str) -> LeaseView:
+        """The run's supervisor lease as the bucket's leader has it. Raises LogUnavailable."""
+        return await self._lease_store().read(run_id)
+
+    async def take_lease(self, run_id: str, holder: Holder) -> int:
+        """Take the lease of a run just launched (its id was free: no one else leases it); its revision."""
+        leases = self._lease_store()
+        return await leases.take(run_id, holder, (await leases.read(run_id)).revision)
+
+    async def claim(self, run_id: str, holder: Holder) -> Claim:
+        """Take an existing run's supervisor lease for a relaunch by `holder`: the relaunch decision.
+
+        A live lease is watched for up to its TTL: renewed (or released), its supervisor is alive and the
+        relaunch is refused, as before; expired, it is taken by compare-and-set (of two relaunches racing,
+        one wins), and a run the log still says is running is recorded `failed` (reason `lost`, naming the
+        old holder) before the relaunch opens its attempt. A run never leased keeps the refusal that asks
+        for `ftrain fail`. A log or bucket out of reach raises LogUnavailable: nothing is decided then."""
+        leases = self._lease_store()
+        state = await self._vouched_state(run_id)
+        try:
+            check_open(state)
+        except IllegalTransition as exc:
+            raise Refused(str(exc)) from exc
+        view = await leases.read(run_id)
+        if view.live:
+            expired, view = await leases.until_expired(run_id, view)
+            if not expired:
+                raise Refused(_held(run_id, view.holder, "holds its lease"))
+        old = view.holder.describe() if view.holder else None
+        holder = msgspec.structs.replace(holder, attempt=state.attempt + 1)  # the attempt it will open
+        if state.status == "running" and old is None:
+            try:
+                supervisor_lost(state, None)
+            except IllegalTransition as exc:
+                raise Refused(str(exc)) from exc
+        try:
+            revision = await leases.take(run_id, holder, view.revision)
+        except LeaseTaken as exc:
+            raise Refused(_held(run_id, (await leases.read(run_id)).holder, "took its lease first")) from exc
+        try:
+            lost = await self._record(run_id, partial(supervisor_lost, holder=old)) if old else None
+        except BaseException:
+            await leases.release(run_id, revision)
+            raise
+        assert lost is None or isinstance(lost, Failed)
+        return Claim(revision, lost)
+
+    async def release(self, run_id: str, revision: int) -> None:
+        """Give up a lease this process took at `revision` (a relaunch refused after all)."""
+        await self._lease_store().release(run_id, revision)
 
     # -- commands ------------------------------------------------------------------------------------------
 
@@ -421,7 +501,7 @@ class RunService:
                 f"run {run_id}'s log is broken, refusing to act on it: {exc.finding.describe()}"
             ) from exc
         if state is None:
-            raise UsageError(f"unknown run {run_id!r}")
+            raise NotFound(f"unknown run {run_id!r}")
         return state
 
     def _plan(self, state: RunState, force: bool) -> ResumePlan:
@@ -429,6 +509,11 @@ class RunService:
             return plan_resume(state, _run_storage(state).complete(state.run_id), forced=force)
         except IllegalTransition as exc:
             raise Refused(str(exc)) from exc
+
+
+def _held(run_id: str, holder: Holder | None, what: str) -> str:
+    """The refusal of a relaunch while another supervisor holds the run's lease."""
+    return f"run {run_id} is running (another supervisor?): {held_for(holder)} {what}"
 
 
 def _size(src: bytes | Path) -> int:

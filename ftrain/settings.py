@@ -9,17 +9,18 @@ default back on. A malformed value raises `InvalidSetting`, one line naming the 
 import logging
 import math
 import os
+import signal
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Final
 from urllib.parse import unquote, urlparse
 
-import nkeys
-
-from ftrain.events.jetstream.connection import NatsSettings
 from ftrain.events.redact import redact_urls
 from ftrain.events.run_id import InvalidRunId, validate_run_id
 from ftrain.events.signing import KEY_PREFIX, InvalidKey, parse_public_key
+
+if TYPE_CHECKING:  # imported where used: the log's client (nats, asyncio) is not every command's to load
+    from ftrain.events.jetstream.connection import NatsSettings
 
 HOME: Final = "FTRAIN_HOME"
 STORAGE: Final = "FTRAIN_STORAGE"
@@ -52,6 +53,15 @@ CKPT_DIR: Final = "FTRAIN_CKPT_DIR"
 """Set by `ftrain run` for the trainer: the run's checkpoint directory."""
 ATTEMPT: Final = "FTRAIN_ATTEMPT"
 """Set by `ftrain run` for the trainer: the attempt the supervisor opened, which its events must carry."""
+CHECKPOINT_EVERY: Final = "FTRAIN_CHECKPOINT_EVERY"
+"""Set by `ftrain run` for the trainer: the launch's `--checkpoint-every`, which wins over the script's own."""
+DATASET_REVISION: Final = "FTRAIN_DATASET_REVISION"
+"""Set by `ftrain run` for the trainer: the launch's `--dataset-revision`, recorded in every manifest."""
+SAVE_SIGNALS: Final = "FTRAIN_SAVE_SIGNALS"
+"""The signals a trainer saves and exits on (`USR1,TERM` by default; `none`: the default actions)."""
+PROGRESS_DIR: Final = "FTRAIN_PROGRESS_DIR"
+"""Set by `ftrain run` for the trainer: the private directory each rank reports its progress in (the hang
+watchdog reads it; `ftrain.train.beacon`)."""
 MAX_FAILED_SAVES: Final = "FTRAIN_MAX_FAILED_SAVES"
 """How many saves in a row may fail (object storage out of reach) before the trainer stops; default 3."""
 
@@ -61,6 +71,8 @@ MAX_STEP_DELAY: Final = 60.0
 MAX_REPLICAS: Final = 5
 NATS_SCHEMES: Final = ("nats", "tls", "ws", "wss")
 LOG_LEVELS: Final = ("debug", "info", "warning", "error", "critical")
+SAVE_SIGNAL_NAMES: Final = ("SIGUSR1", "SIGUSR2", "SIGTERM", "SIGINT", "SIGHUP", "SIGXCPU")
+"""Signals a scheduler sends as a warning (SIGXCPU: PBS and LSF at a CPU-time limit); never SIGKILL/SIGSTOP."""
 
 Env = Mapping[str, str]
 
@@ -108,8 +120,10 @@ def storage(env: Env = os.environ) -> str:
     return value
 
 
-def nats(env: Env = os.environ) -> NatsSettings:
+def nats(env: Env = os.environ) -> "NatsSettings":
     """Where the event log is and how to reach it: no URL means the embedded server under `home`."""
+    from ftrain.events.jetstream.connection import NatsSettings
+
     url = _get(env, NATS_URL)
     if url is not None:
         _check_urls(url)
@@ -185,6 +199,8 @@ def _check_urls(text: str) -> None:
 
 def _check_nkey(path: str) -> None:
     """A readable user nkey seed file; the message never quotes its contents."""
+    import nkeys
+
     try:
         seed = Path(path).read_bytes().strip()
     except OSError as exc:
@@ -292,9 +308,41 @@ def ckpt_location(env: Env = os.environ) -> str | None:
     return _get(env, CKPT_DIR) or None
 
 
+def progress_dir(env: Env = os.environ) -> Path | None:
+    """Where this attempt's ranks report their progress, as `ftrain run` set it; None outside `ftrain run`."""
+    return _absolute(env, PROGRESS_DIR)
+
+
 def max_failed_saves(env: Env = os.environ) -> int:
     """Consecutive failed saves the trainer tolerates before it stops (≥ 1; default 3)."""
     text = _get(env, MAX_FAILED_SAVES) or "3"
     if not text.isdigit() or int(text) < 1:
         raise InvalidSetting(f"{MAX_FAILED_SAVES}={text!r}: expected a whole number ≥ 1")
     return int(text)
+
+
+def checkpoint_every(env: Env = os.environ) -> str | None:
+    """The launch's `--checkpoint-every` as written (the trainer parses it); None when not given."""
+    return _get(env, CHECKPOINT_EVERY)
+
+
+def dataset_revision(env: Env = os.environ) -> str | None:
+    """The launch's `--dataset-revision`; None when not given."""
+    return _get(env, DATASET_REVISION)
+
+
+def save_signals(env: Env = os.environ) -> tuple[signal.Signals, ...]:
+    """The signals the trainer turns into "save at the next step, then exit": FTRAIN_SAVE_SIGNALS, a comma
+    list of names (`USR1`, `SIGTERM`, …), `none` for none; default USR1 and TERM."""
+    text = _get(env, SAVE_SIGNALS) or "USR1,TERM"
+    if text.strip().lower() == "none":
+        return ()
+    chosen = []
+    for name in (part.strip().upper() for part in text.split(",")):
+        full = name if name.startswith("SIG") else f"SIG{name}"
+        if full not in SAVE_SIGNAL_NAMES:
+            raise InvalidSetting(
+                f"{SAVE_SIGNALS}={text!r}: use names among {', '.join(SAVE_SIGNAL_NAMES)}, or none"
+            )
+        chosen.append(signal.Signals[full])
+    return tuple(dict.fromkeys(chosen))

@@ -69,6 +69,7 @@ from ftrain.train.checkpointing import CheckpointManager
 from ftrain.train.config import CheckpointConfig
 from ftrain.train.state import TrainState
 from ftrain.workers.layout import step_dir
+from ftrain.workers.storage.location import run_location
 
 WORLD = 2  # ranks on CPU; on CUDA one per GPU, at most this many
 CPU = torch.device("cpu")
@@ -207,7 +208,7 @@ def build_state(
     optimizer.zero_grad(set_to_none=True)
     scheduler.step()
     params = total(sum(local_bytes(p) // p.element_size() for p in model.parameters()))
-    return TrainState(model, optimizer, scheduler, loader, rank), params
+    return TrainState(model, optimizer, {"scheduler": scheduler, "loader": loader}, rank), params
 
 
 class Bench:
@@ -230,12 +231,15 @@ class Bench:
         self.rank_bytes = local_bytes(self.state.state_dict())
         self.state_bytes = total(self.rank_bytes)
         self.sync_dir, self.async_dir = base / "ftrain-sync", base / "ftrain-async"
-        self.sync = CheckpointManager(CheckpointConfig(ckpt_dir=self.sync_dir), self.state)
-        self.async_ = CheckpointManager(
-            CheckpointConfig(ckpt_dir=self.async_dir, async_save=True, stage_dir=stage_dir), self.state
+        self.sync = CheckpointManager.from_config(
+            CheckpointConfig(location=run_location(self.sync_dir), stage_dir=stage_dir), self.state
+        )
+        self.async_ = CheckpointManager.from_config(
+            CheckpointConfig(location=run_location(self.async_dir), async_save=True, stage_dir=stage_dir),
+            self.state,
         )
         for manager in (self.sync, self.async_):  # start-up as a job's: the async pipeline picks its way here
-            assert manager.load() is None
+            assert manager.load() == 0
         self.step = 0
         self.samples = {m: Samples() for m in self.methods}
         self.floors: list[float] = []
@@ -261,8 +265,7 @@ class Bench:
         full = {
             "model": get_model_state_dict(self.state.model, options=options),
             "optim": get_optimizer_state_dict(self.state.model, self.state.optimizer, options=options),
-            "scheduler": self.state.scheduler.state_dict(),
-            "loader": self.state.loader.state_dict(),
+            **{name: value.state_dict() for name, value in self.state.states.items()},
         }
         gather = time.perf_counter() - start
         if self.rank == 0:
@@ -363,15 +366,17 @@ class Bench:
         The ftrain run directory holds exactly that one checkpoint; run_id None is file mode (no log)."""
         raw_dir = self.kept[RAW][1]
         sync_step = self.kept[FT_SYNC][0]
-        manager = CheckpointManager(CheckpointConfig(ckpt_dir=self.sync_dir), self.state)
+        manager = CheckpointManager.from_config(
+            CheckpointConfig(location=run_location(self.sync_dir), stage_dir=self.base / "stage"), self.state
+        )
 
         def raw_load() -> None:
             dcp_load({"app": self.state}, checkpoint_id=raw_dir)
 
         def ftrain_load() -> None:
             with contextlib.redirect_stdout(io.StringIO()):  # its "RESUMED from" line
-                point = manager.load()
-            assert point is not None and point.step == sync_step, point
+                step = manager.load()
+            assert manager.resumed is not None and step == sync_step, step
 
         out: dict[str, dict[str, list[float]]] = {
             m: {"cold": [], "cached": [], "cold cpu": [], "cached cpu": []} for m in (RAW_LOAD, FT_LOAD)
@@ -637,7 +642,7 @@ def worker(args: argparse.Namespace) -> int:
             }
             for m, s in bench.samples.items()
         },
-        "write_once": bench.async_.write_once,
+        "write_once": getattr(bench.async_.store, "write_once", False),  # the file store's choice
         "copy_floor": median(bench.floors),
         "copy_gbps": median(bench.copy_gbps),
         "all_copy_floor": bench.floors,

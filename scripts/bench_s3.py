@@ -72,6 +72,7 @@ from ftrain.train.config import CheckpointConfig
 from ftrain.workers.s3.bucket import TRANSFER
 from ftrain.workers.s3.client import make_client
 from ftrain.workers.s3.server import REGION, throwaway_storage_server
+from ftrain.workers.storage.location import run_location
 from ftrain.workers.storage.s3_store import VERIFY_THREADS, parse_s3_uri
 
 FT_SAVE, RAW_SAVE, S3TC_SAVE = (
@@ -118,8 +119,9 @@ class Bench:
         self.state_bytes = total(self.rank_bytes)
         self.client = make_client()
         self.object_dir = f"s3://{self.bucket}/{self.prefix}ftrain/{RUN}"
-        self.ftrain = CheckpointManager(
-            CheckpointConfig(ckpt_dir=base / f"work-{self.rank}", object_dir=self.object_dir), self.state
+        self.ftrain = CheckpointManager.from_config(
+            CheckpointConfig(location=run_location(self.object_dir), stage_dir=base / f"work-{self.rank}"),
+            self.state,
         )
         self.connector = s3tc()
         self.methods = SAVES if self.connector is not None else SAVES[:2]
@@ -223,14 +225,14 @@ class Bench:
     def resume(self, repeats: int) -> dict[str, list[float]]:
         """Each kept checkpoint loaded `repeats` times per method, interleaved; seconds barrier to barrier."""
         ft_step = self.kept[FT_SAVE][0]
-        manager = CheckpointManager(  # one work directory for both ranks, as the trainer's on one node
-            CheckpointConfig(ckpt_dir=self.base / "load", object_dir=self.object_dir), self.state
+        manager = CheckpointManager.from_config(  # one work directory for both ranks, as on one node
+            CheckpointConfig(location=run_location(self.object_dir), stage_dir=self.base / "load"), self.state
         )
 
         def ftrain_load() -> None:
             with contextlib.redirect_stdout(io.StringIO()):  # its "RESUMED from" line
-                point = manager.load()
-            assert point is not None and point.step == ft_step, point
+                step = manager.load()
+            assert manager.resumed is not None and step == ft_step, step
 
         def raw_load() -> None:
             prefix = self.kept[RAW_SAVE][1]
@@ -375,18 +377,19 @@ def async_stall_figures(args: argparse.Namespace) -> int:
     state_bytes = total(local_bytes(state.state_dict()))
     work = args.dir / f"async-work-{rank}"
     managers = {
-        "s3://": CheckpointManager(
+        "s3://": CheckpointManager.from_config(
             CheckpointConfig(
-                ckpt_dir=work,
-                object_dir=f"{args.storage.rstrip('/')}/async-{RUN}",
+                location=run_location(f"{args.storage.rstrip('/')}/async-{RUN}"),
                 async_save=True,
                 stage_dir=work,
             ),
             state,
         ),
-        "file://": CheckpointManager(
+        "file://": CheckpointManager.from_config(
             CheckpointConfig(
-                ckpt_dir=args.dir / "async-file" / RUN, async_save=True, stage_dir=args.dir / "async-stage"
+                location=run_location(args.dir / "async-file" / RUN),
+                async_save=True,
+                stage_dir=args.dir / "async-stage",
             ),
             state,
         ),

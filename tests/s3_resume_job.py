@@ -16,6 +16,7 @@ from ftrain.logs import configure
 from ftrain.train.checkpointing import CheckpointManager
 from ftrain.train.config import CheckpointConfig
 from ftrain.train.state import TrainState
+from ftrain.workers.storage.location import run_location
 
 
 def state(seed: int) -> TrainState:
@@ -33,7 +34,7 @@ def state(seed: int) -> TrainState:
     model(inputs, targets).backward()
     optimizer.step()
     scheduler.step()
-    return TrainState(model, optimizer, scheduler, loader, rank)
+    return TrainState(model, optimizer, {"scheduler": scheduler, "loader": loader}, rank)
 
 
 def main() -> None:
@@ -46,21 +47,21 @@ def main() -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     work = args.work / (f"node-{rank}" if args.layout == "per-rank" else "node")
-    config = CheckpointConfig(ckpt_dir=work, object_dir=args.object_dir)
+    config = CheckpointConfig(location=run_location(args.object_dir), stage_dir=work)
     saved = state(seed=1)
     saved.step = 7
-    manager = CheckpointManager(config, saved)
+    manager = CheckpointManager.from_config(config, saved)
     manager.save(7, 0)
     manager.close()
     before = params_digest(saved.model)
 
     loaded = state(seed=2)
-    manager = CheckpointManager(config, loaded)
-    point = manager.load()
+    manager = CheckpointManager.from_config(config, loaded)
+    step = manager.load()
     manager.close()
     after = params_digest(loaded.model)
     if rank == 0:
-        print(f"SAVED {before} LOADED {after} STEP {point.step if point else None}", flush=True)
+        print(f"SAVED {before} LOADED {after} STEP {step if manager.resumed else None}", flush=True)
     dist.destroy_process_group()
 
 

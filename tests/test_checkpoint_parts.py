@@ -33,13 +33,11 @@ from ftrain.examples.data import ResumableLoader, synthetic_tokens
 from ftrain.experiments.inputs import set_aside_steps
 from ftrain.projections.lifecycle import apply, plan_resume
 from ftrain.settings import KILL_POINTS
-from ftrain.train import checkpointing
 from ftrain.train.checkpointing import CheckpointManager
-from ftrain.train.config import CheckpointConfig
 from ftrain.train.metrics import Record, last_iter, lost_seconds, process_start_time, reached_step
-from ftrain.train.resume import cleanup_stale, set_aside_planned
+from ftrain.train.resume import set_aside_planned
 from ftrain.train.resume_load import owned
-from ftrain.train.state import TrainState
+from ftrain.workers import retention
 from ftrain.workers.checkpoint_dir import (
     WrittenCheckpoint,
     marker_hash,
@@ -66,6 +64,8 @@ from ftrain.workers.layout import (
 from ftrain.workers.manifest import FileEntry, Manifest
 from ftrain.workers.retention import prune
 from ftrain.workers.staging import StagingBuffers
+from ftrain.workers.storage.file_run import FileRunStore
+from ftrain.workers.storage.location import run_location
 from tests.builders import checkpointed, launched
 
 
@@ -375,7 +375,7 @@ def test_a_sync_save_prunes_behind_the_training_loop_and_close_waits_for_it(
         pruned.append(prune(run, keep))
         return pruned[-1]
 
-    monkeypatch.setattr(checkpointing, "prune", held_prune)
+    monkeypatch.setattr(retention, "prune", held_prune)
     torch.manual_seed(0)
     model = nn.Linear(4, 4)
     optimizer = torch.optim.AdamW(model.parameters())
@@ -383,9 +383,10 @@ def test_a_sync_save_prunes_behind_the_training_loop_and_close_waits_for_it(
     loader = ResumableLoader(synthetic_tokens(8, 3, 10, 0), 2, 0, 1, 0)
     ckpt = tmp_path / "ckpt"
     manager = CheckpointManager(
-        CheckpointConfig(ckpt_dir=ckpt, keep=2), TrainState(model, optimizer, scheduler, loader, 0)
+        ckpt / "run", model=model, optimizer=optimizer, states={"scheduler": scheduler}, loader=loader, keep=2
     )
-    assert manager.load() is None
+    ckpt = ckpt / "run"
+    assert manager.load() == 0
     for step in (1, 2, 3, 4):
         manager.save(step, 0)  # returns with its prune held
     assert complete_steps(ckpt) == [4, 3, 2, 1] and pruned == []
@@ -424,15 +425,17 @@ def test_cleanup_stale_removes_interrupted_saves_and_nothing_else(tmp_path: Path
         (stage / f"rank-{rank}" / "step-10" / f"__{rank}_0.distcp").write_bytes(b"staged")
     everything = tree(tmp_path)
 
-    cleanup_stale(ckpt, stage / "rank-1", rank=1)
+    store = FileRunStore(run_location(ckpt), stage)
+    store.prepare(1, staged=True)
     assert tree(tmp_path) == {p for p in everything if not p.startswith("stage/rank-1")}
 
-    cleanup_stale(ckpt, stage / "rank-0", rank=0)
+    store.prepare(0, staged=True)
+    store.clean()  # rank 0
     assert tree(tmp_path) == {
         p for p in everything if not p.startswith(("stage/rank-", "ckpt/run/.step-10", "ckpt/run/.step-15"))
     }
 
-    cleanup_stale(tmp_path / "fresh-run", None, rank=0)  # a first start: nothing there, nothing to do
+    FileRunStore(run_location(tmp_path / "fresh-run"), stage).clean()  # a first start: nothing to do
     assert not (tmp_path / "fresh-run").exists()
 
 
@@ -448,7 +451,8 @@ def test_a_checkpoint_the_trainer_sets_aside_as_unrecorded_is_one_the_experiment
     state = apply(state, event, ChainHead(2))
     run = run_dir(tmp_path, RUN)
 
-    set_aside_planned(plan_resume(state, on_disk(run), forced=True))  # as the trainer's start-up does
+    store = FileRunStore(run_location(run), tmp_path / "stage")
+    set_aside_planned(store, plan_resume(state, on_disk(run), forced=True))  # as the trainer's start-up does
 
     assert complete_steps(run) == [10]
     assert set_aside_steps(run) == [20]
@@ -461,7 +465,10 @@ def test_set_asides_lists_every_kind_the_writers_produce_and_nothing_else(tmp_pa
     for name in ("step-50.corrupt", "step-x.corrupt-1", "step-60.broken-1", ".step-70.tmp", "metrics"):
         make_checkpoint_dir(run / name)
     sealed(tmp_path, 10)
-    set_aside_planned(plan_resume(None, on_disk(run), fresh=True))  # --no-resume, no log: step-10 superseded
+    store = FileRunStore(run_location(run), tmp_path / "stage")
+    set_aside_planned(
+        store, plan_resume(None, on_disk(run), fresh=True)
+    )  # --no-resume, no log: 10 superseded
 
     assert corrupt is not None and corrupt.name == "step-30.corrupt-7"
     assert complete_steps(run) == []

@@ -15,6 +15,8 @@ from tests.conftest import last_seq_at
 
 RUN = "dist-JPCP-2x4-fsdp"
 HUGE = "9" * 23
+TIME = r"20\d\d-\d\d-\d\dT\d\d:\d\d:\d\dZ"
+"""RFC 3339, UTC: the one form every human view shows a time in."""
 
 
 def ckpt_args(step: str, epoch: str, shards: str, *source: str) -> tuple[str, ...]:
@@ -99,16 +101,21 @@ def test_the_seed_scenario_line_by_line(cli: Cli) -> None:
     assert cli.ok("complete", RUN, "--cost-gpu-hours", "12.5") == [
         f"Completed {RUN} — 12.50 GPU-hours (reported)"
     ]
-    assert cli.ok("list", "JPCP") == [
-        "RUN                 PROJECT  STATE      STEP  RESUMES  FAILURES  GPU-HOURS  SIGNED BY",
-        f"{RUN}  JPCP     completed  1000  1        1         12.50      {SIGNER}",
-    ]
+    listed = cli.ok("list", "JPCP")
+    assert (
+        listed[0]
+        == "RUN                 PROJECT  STATE      STEP  RESUMES  FAILURES  COST             UPDATED               SIGNED BY"
+    )
+    assert re.fullmatch(
+        rf"{RUN}  JPCP     completed  1000  1        1         12\.50 GPU-hours  {TIME}  {SIGNER}", listed[1]
+    ), listed
     assert cli.ok("cost")[-1] == "total 12.50 GPU-hours over 1 run(s)"
     assert cli.ok("audit", "verify") == [
         f"Verified 8 event(s) in 1 run(s): every chain intact and anchored; signed by {SIGNER} (1 run(s))"
     ]
     timeline = cli.ok("replay", RUN)
-    kinds = [line.split()[6] for line in timeline]
+    assert all(re.match(rf"#\d+ +{TIME}  {RUN}  seq ", line) for line in timeline), timeline
+    kinds = [line.split()[5] for line in timeline]
     assert kinds == ["launched", "checkpointed", "checkpointed", "failed", "corrupt_skipped", "resumed",
                      "checkpointed", "completed"]  # fmt: skip
 
@@ -213,10 +220,6 @@ def test_default_run_ids_allocations_and_strategies(
          "ftrain checkpoint: error: argument --shards: 0 is not between 1 and 102400000"),
         (("checkpoint", RUN, "--step", "5", "--epoch", "0", "--shards", "1", "--state-file", "/nonexistent/x.json"),
          "ftrain checkpoint: error: --state-file /nonexistent/x.json: No such file or directory"),
-        (("checkpoint", "nope", "--step", "5", "--epoch", "0", "--shards", "1", "--state", "{}"),
-         "ftrain checkpoint: error: unknown run 'nope'"),
-        (("resume", "nope"), "ftrain resume: error: unknown run 'nope'"),
-        (("status", "nope"), "ftrain status: error: unknown run 'nope'"),
         (("launch", "a.b", "--nodes", "1", "--gpus-per-node", "1"), "ftrain launch: error: argument project: project 'a.b'"),
         (("launch", "P", "--nodes", "3", "--gpus-per-node", "1", "--nodelist", "n[1-2]"),
          "ftrain launch: error: allocation has 2 host(s) (n[1-2]) but --nodes 3 was asked (source: nodelist)"),
@@ -280,6 +283,30 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(
     assert err.count("\n") == 1 and "Traceback" not in err
     assert cli.last_seq() == before
     assert (sorted(cli.storage().rglob("*")) if cli.storage().exists() else []) == files_before
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("checkpoint", "nope", "--step", "5", "--epoch", "0", "--shards", "1", "--state", "{}"),
+        ("resume", "nope"),
+        ("status", "nope"),
+        ("fail", "nope"),
+        ("complete", "nope"),
+        ("cost", "--run", "nope"),
+        ("replay", "nope"),
+        ("audit", "verify", "nope"),
+        ("events", "tail", "nope"),
+    ],
+)
+def test_an_unknown_run_is_not_found_exit_1_as_git_and_kubectl_and_writes_nothing(
+    cli: Cli, args: tuple[str, ...]
+) -> None:
+    launch(cli)
+    before = cli.last_seq()
+    assert cli(*args) == (1, "", f"ftrain {args[0]}: unknown run 'nope'\n")
+    assert cli.last_seq() == before
+    assert not (cli.storage() / "nope").exists()
 
 
 @pytest.mark.parametrize("storage", ["file://nfs-server/ckpt", "file://otherhost:22/ckpt"])
@@ -383,7 +410,7 @@ def test_all_checkpoints_corrupt_exits_1_without_resuming(cli: Cli) -> None:
         "checkpoint step 500 file state.json hash mismatch → skipped",
     ]
     assert err == f"ftrain resume: run {RUN}: no valid checkpoint (2 recorded, all invalid); not restarting\n"
-    kinds = [line.split()[6] for line in cli.ok("replay", RUN)]
+    kinds = [line.split()[5] for line in cli.ok("replay", RUN)]
     assert kinds.count("resumed") == 0 and kinds.count("corrupt_skipped") == 2
     code, out, err = cli("resume", RUN)  # known-corrupt checkpoints are not re-examined or re-recorded
     assert (code, out) == (1, "")

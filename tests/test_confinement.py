@@ -10,7 +10,6 @@ import pytest
 from ftrain.events.schema import Checkpointed
 from ftrain.projections.run_log import RunLog
 from ftrain.service import RunService
-from ftrain.train.resume import cleanup_stale
 from ftrain.workers.checkpoint_dir import (
     OUTSIDE_RUN,
     StorageUnavailable,
@@ -24,6 +23,8 @@ from ftrain.workers.checkpoint_dir import (
 )
 from ftrain.workers.layout import MARKER, assembly_dir, complete_steps, process_writer
 from ftrain.workers.retention import prune
+from ftrain.workers.storage.file_run import FileRunStore
+from ftrain.workers.storage.location import run_location
 from tests.test_failures import checkpoint, launch
 
 RUN = "conf-run"
@@ -136,7 +137,7 @@ def test_prune_set_aside_and_cleanup_never_follow_a_planted_link(tmp_path: Path)
     assert [d.step for d in on_disk(run)] == [40, 30, 20, 10]
     assert prune(run, 2) == [20, 10]
     assert remove_dead_assemblies(run) == [dead]
-    cleanup_stale(run, None, rank=0)
+    FileRunStore(run_location(run), tmp_path / "stage").clean()  # the trainer's start-up
     moved = set_aside(run / "step-5", "corrupt", "1")  # only the link moves
 
     assert moved is not None and moved.is_symlink() and not (run / "step-5").exists()

@@ -61,7 +61,11 @@ def test_log_demo_on_the_embedded_default_then_reuse_restart_and_stop(tmp_path: 
         assert ftrain_process(["server", "stop"], env).stdout == "nats-server stopped\n"
         stopped = ftrain_process(["server", "status"], env)
         assert stopped.returncode == 3 and stopped.stdout.startswith("nats-server not running")
-        # the next command starts it again on the same store: every event survived
+        # a read-only command does not start it again; `server start` does, on the same store: every event
+        # survived
+        refused = ftrain_process(["audit", "verify"], env)
+        assert (refused.returncode, refused.stdout) == (1, "") and "`ftrain server start`" in refused.stderr
+        assert ftrain_process(["server", "start"], env).returncode == 0
         audit = ftrain_process(["audit", "verify"], env)
         assert (
             audit.stdout

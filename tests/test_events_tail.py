@@ -75,7 +75,7 @@ def next_checkpoint(last: dict[str, Any], step: int, signer: Signer | None) -> b
 def test_the_backlog_shows_each_event_chained_and_signed_by_its_writer(env: dict[str, str]) -> None:
     launched_and_checkpointed(env)
     lines = ok(env, "events", "tail", RUN)
-    assert [line.split()[6] for line in lines] == ["launched", "checkpointed"]
+    assert [line.split()[5] for line in lines] == ["launched", "checkpointed"]
     assert all(line.endswith(f"[ok; signed by {SIGNER}]") for line in lines), lines
     assert "step 10 epoch 1" in lines[1]
 
@@ -131,11 +131,11 @@ def test_a_broken_link_is_reported_not_refused(env: dict[str, str], server: Serv
     assert ok(env, "events", "tail", RUN)[-1].endswith("does not match the hash of seq 2; unsigned]")
 
 
-def test_an_unknown_run_is_a_usage_error(env: dict[str, str]) -> None:
+def test_an_unknown_run_is_not_found_exit_1(env: dict[str, str]) -> None:
     launch(env, RUN)
     result = ftrain_process(["events", "tail", "no-such-run"], env)
-    assert (result.returncode, result.stdout) == (2, "")
-    assert result.stderr == "ftrain events: error: unknown run 'no-such-run'\n"
+    assert (result.returncode, result.stdout) == (1, "")
+    assert result.stderr == "ftrain events: unknown run 'no-such-run'\n"
 
 
 class Follower:

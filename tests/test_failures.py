@@ -128,8 +128,8 @@ async def raw_publish(server: ServerProcess, subject: str, payload: bytes) -> in
 def stable_status(stdout: str) -> dict[str, Any]:
     """`status --json` minus the figures that grow with the wall clock."""
     doc: dict[str, Any] = json.loads(stdout)
-    doc.pop("gpu_hours")
-    doc.pop("running_seconds")
+    for grows in ("gpu_hours", "cost_hours", "running_seconds"):
+        doc.pop(grows)
     for grows in ("ratio", "wall_seconds", "other_seconds"):
         doc["goodput"].pop(grows)
     return doc

@@ -52,7 +52,10 @@ def old_log() -> Log:
 def test_status_shows_one_goodput_line_and_cost_the_breakdown(cli: Cli, env: dict[str, str]) -> None:
     store(env, failed_and_resumed().events)
     status = cli.ok("status", RUN)
-    assert status[-2:-1] == ["goodput     47.4 % (18.0 s productive of 38.0 s wall)"]
+    assert [line for line in status if line.startswith("goodput ")] == [
+        "goodput     47.4 % (18.0 s productive of 38.0 s wall)"
+    ]
+    assert "supervisor  none leased" in status  # a log written by hand: no `ftrain run` ever held it
     assert status[-1].startswith("chain head  seq 7 ")
     assert cli.ok("cost", "--run", RUN) == [
         f"Goodput of {RUN} (completed): 47.4 % of its wall time trained steps it kept",
@@ -78,8 +81,8 @@ def test_the_json_outputs_carry_every_term_in_seconds(cli: Cli, env: dict[str, s
         "saves": 3, "lost_steps": 4, "step_seconds": 0.6, "recomputed_estimated": True,
     }  # fmt: skip
     cost = json.loads(cli.ok("cost", "--run", RUN, "--json")[0])
-    assert cost == {"run_id": RUN, "state": "completed", "gpus": 1, "gpu_hours": 1.0, "source": "reported",
-                    "goodput": expected, "broken": None}  # fmt: skip
+    assert cost == {"run_id": RUN, "state": "completed", "gpus": 1, "gpu_hours": 1.0, "cost_hours": 1.0,
+                    "cost_unit": "GPU-hours", "source": "reported", "goodput": expected, "broken": None}  # fmt: skip
     assert json.loads(cli.ok("status", RUN, "--json")[0])["goodput"] == expected
 
 
@@ -95,9 +98,9 @@ def test_lost_steps_the_trainer_timed_show_as_timed_not_priced(cli: Cli, env: di
 
 def test_an_old_log_shows_what_it_cannot_tell_as_unknown(cli: Cli, env: dict[str, str]) -> None:
     store(env, old_log().events)
-    assert cli.ok("status", RUN)[-2] == (
+    assert [line for line in cli.ok("status", RUN) if line.startswith("goodput ")] == [
         "goodput     unknown (38.0 s wall; its events do not say how long training took)"
-    )
+    ]
     assert cli.ok("cost", "--run", RUN)[:-1] == [
         f"Goodput of {RUN} (completed): unknown of its wall time trained steps it kept",
         "TERM              TIME     SHARE    WHAT",
@@ -124,7 +127,6 @@ def test_an_old_log_shows_what_it_cannot_tell_as_unknown(cli: Cli, env: dict[str
             "ftrain cost: error: argument --run: not allowed with argument project",
         ),
         (("cost", "--run", "a b"), "ftrain cost: error: argument --run: "),
-        (("cost", "--run", "no-such-run"), "ftrain cost: error: unknown run 'no-such-run'"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(

@@ -89,7 +89,7 @@ def test_the_smallest_world_is_one_gpu_on_one_node() -> None:
         ({"train_cmd": ()}, "training command is empty"),
         ({"train_cmd": ("-u", "x.py")},
          "training command starts with unsupported option '-u'; only -m/--module or --no-python may come first"),
-        ({"strategy": "ddp"}, "unknown strategy 'ddp' (expected one of fsdp, zero, megatron)"),
+        ({"strategy": "horovod"}, "unknown strategy 'horovod' (expected one of fsdp, ddp, zero, megatron, none)"),
         ({"run_id": ""}, "run_id must not be empty"),
         ({"strategy": "megatron", "tensor_parallel": 8, "pipeline_parallel": 1, "nodes": 2},
          "megatron: tensor_parallel 8 exceeds gpus_per_node 4 (tensor parallel groups must stay inside one node)"),

@@ -41,7 +41,7 @@ def _spec(**overrides: Any) -> LaunchSpec:
 
 
 def test_constants() -> None:
-    assert STRATEGIES == ("fsdp", "zero", "megatron")
+    assert STRATEGIES == ("fsdp", "ddp", "zero", "megatron", "none")
     assert DEFAULT_TRAIN_CMD == ("-m", "ftrain.examples.train")
     assert issubclass(LaunchSpecError, ValueError)
 
@@ -193,7 +193,7 @@ def test_train_cmd_errors(train_cmd: tuple[str, ...], message: str) -> None:
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"strategy": "ddp"}, "unknown strategy 'ddp'"),
+        ({"strategy": "horovod"}, "unknown strategy 'horovod'"),
         ({"strategy": "FSDP"}, "unknown strategy 'FSDP'"),
         ({"run_id": ""}, "run_id must not be empty"),
         ({"nodes": 0}, "nodes must be >= 1, got 0"),

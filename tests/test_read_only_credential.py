@@ -73,7 +73,7 @@ def test_a_reader_tails_reads_replays_and_audits_but_cannot_append(
     reader = reader_env(tmp_path, writer, issue(writer, tmp_path / "reader.nk"))
 
     tail = ftrain(reader, "events", "tail")
-    assert [line.split()[6] for line in tail] == ["launched", "checkpointed", "failed"]
+    assert [line.split()[5] for line in tail] == ["launched", "checkpointed", "failed"]
     assert all("[ok; signed by owner" in line for line in tail)
     assert len(ftrain(reader, "events", "tail", RUN, "--json")) == 3  # one run's: a last-message get too
     assert json.loads(ftrain(reader, "status", RUN, "--json")[0])["state"] == "failed"

@@ -68,7 +68,7 @@ def test_the_control_plane_scenario_on_s3(s3_cli: tuple[Cli, str], weed: Endpoin
     assert cli.ok("audit", "verify") == [
         f"Verified 7 event(s) in 1 run(s): every chain intact and anchored; signed by {SIGNER} (1 run(s))"
     ]
-    kinds = [line.split()[6] for line in cli.ok("replay", RUN)]
+    kinds = [line.split()[5] for line in cli.ok("replay", RUN)]
     assert kinds == ["launched", "checkpointed", "checkpointed", "failed", "corrupt_skipped", "resumed",
                      "checkpointed"]  # fmt: skip
 
@@ -116,8 +116,10 @@ def test_a_missing_bucket_is_one_line_naming_the_servers_reason(
 
 def test_the_reference_trainer_takes_sync_and_async_saves_to_s3() -> None:
     from ftrain.examples.train import parse_args
+    from ftrain.train.checkpointing import make_config
 
     for extra in ([], ["--async-ckpt"]):
         args = parse_args(["--ckpt-dir", "s3://bucket/ckpt/run", *extra])
-        assert args.object_dir == "s3://bucket/ckpt/run" and args.ckpt_dir.is_absolute()
-        assert args.async_ckpt == bool(extra)
+        config = make_config(args.ckpt_dir, async_save=args.async_ckpt, env={})
+        assert (config.location.backend, config.location.uri) == ("s3", "s3://bucket/ckpt/run")
+        assert config.stage_dir.is_absolute() and config.async_save == bool(extra)

@@ -44,12 +44,13 @@ def test_a_claim_is_never_lowered_and_a_superseded_attempt_is_refused(storage: S
 
 def test_the_fence_is_no_step_to_list_clean_prune_or_set_aside(s3: Endpoint, storage: S3Storage) -> None:
     s3_fence.claim(storage, RUN, 2)
-    for step in (10, 20):
+    for step in (10, 20, 30):
         storage.write(run_id=RUN, step=step, epoch=0, shards=1, sources=[("state.json", b"{}")])
-    assert [d.step for d in storage.complete(RUN)] == [20, 10]
+    assert [d.step for d in storage.complete(RUN)] == [30, 20, 10]
     assert storage.clean(RUN) == []
-    assert storage.prune(RUN, 1) == [10]
-    storage.quarantine(storage.step_uri(RUN, 20), "corrupt", "1")
+    assert storage.prune(RUN, 2) == [10]
+    for step in (30, 20):
+        storage.quarantine(storage.step_uri(RUN, step), "corrupt", "1")
     assert storage.complete(RUN) == []
     fence = f"ckpt/{RUN}/{ATTEMPT}"
     listed = s3.client().list_objects_v2(Bucket=storage.bucket, Prefix=fence)["Contents"]

@@ -3,6 +3,7 @@
 import logging
 import os
 import re
+import signal
 from pathlib import Path
 
 import nkeys
@@ -33,7 +34,7 @@ def test_an_empty_value_reads_as_unset() -> None:
         value for value in vars(settings).values() if isinstance(value, str) and value.startswith("FTRAIN_")
     ]
     empty = dict.fromkeys(names, "")
-    assert len(empty) == 24
+    assert len(empty) == 28
     read = (
         settings.home(empty),
         settings.storage(empty),
@@ -48,6 +49,10 @@ def test_an_empty_value_reads_as_unset() -> None:
         settings.attempt(empty),
         settings.ckpt_location(empty),
         settings.max_failed_saves(empty),
+        settings.checkpoint_every(empty),
+        settings.dataset_revision(empty),
+        settings.save_signals(empty),
+        settings.progress_dir(empty),
     )
     assert read == (
         DEFAULT_HOME,
@@ -63,6 +68,10 @@ def test_an_empty_value_reads_as_unset() -> None:
         None,
         None,
         3,
+        None,
+        None,
+        (signal.SIGUSR1, signal.SIGTERM),
+        None,
     )
 
 
@@ -277,3 +286,11 @@ def test_a_checkpoint_uri_whose_escapes_are_not_utf8_names_no_directory(tmp_path
             storage_root(uri)
         assert confined(uri, run) is None
     assert confined(f"file://{run}/step-%EF%BF%BD", run) == run / "step-\ufffd"
+
+
+def test_save_signals_are_named_scheduler_warnings_or_none() -> None:
+    assert settings.save_signals({"FTRAIN_SAVE_SIGNALS": "usr2, SIGXCPU"}) == (signal.SIGUSR2, signal.SIGXCPU)
+    assert settings.save_signals({"FTRAIN_SAVE_SIGNALS": "none"}) == ()
+    for bad in ("KILL", "STOP", "USR1;TERM", "9"):
+        with pytest.raises(settings.InvalidSetting, match=r"^FTRAIN_SAVE_SIGNALS="):
+            settings.save_signals({"FTRAIN_SAVE_SIGNALS": bad})

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from ftrain.projections.lifecycle import FailIntent
-from ftrain.supervise.attempts import child_env, srun_command
+from ftrain.supervise.attempts import RELAY, child_env, srun_command
 from ftrain.supervise.failure_report import FailureReport, failure
 from ftrain.supervise.launch_spec import LaunchSpec
 from ftrain.supervise.opening import NotOpened
@@ -71,6 +71,7 @@ for action in plans[start - 1].split("+"):
         os.kill(os.getpid(), signal.SIGKILL)
     elif action == "wait":
         signal.signal(signal.SIGTERM, terminated)
+        signal.signal(signal.SIGUSR1, terminated)  # the warning the relay hands the workers for a SIGTERM
         (state / "started").touch()
         time.sleep(60)
     elif action.startswith("exit"):
@@ -201,11 +202,11 @@ def test_relaunches_a_failed_run_and_gives_up_without_progress(cli: Cli, trainer
     lines = out.splitlines()
     assert lines[0] == "Relaunching r1 — failure 1 (last: preempted), step 10, 0 resume(s) so far"
     assert re.fullmatch(
-        r"Attempt 1 of 6 failed \(exit code 1\) after \d+\.\d s — checkpoint step 10 \(no progress\); "
+        r"Attempt 2 of 7 failed \(exit code 1\) after \d+\.\d s — checkpoint step 10 \(no progress\); "
         r"retrying in 0 s",
         lines[1],
     )
-    assert lines[2].startswith("Attempt 2 of 6 failed (exit code 1) after ") and lines[2].endswith(
+    assert lines[2].startswith("Attempt 3 of 7 failed (exit code 1) after ") and lines[2].endswith(
         "(no progress)"
     )
     assert last_line(err) == (
@@ -215,7 +216,7 @@ def test_relaunches_a_failed_run_and_gives_up_without_progress(cli: Cli, trainer
         "launched", "checkpointed 10", "failed preempted None", "resumed 10", "failed exit-code 1",
         "resumed 10", "failed exit-code 1",
     ]  # fmt: skip
-    assert [s["FTRAIN_ATTEMPT"] for s in starts(state)] == ["2", "3"]
+    assert [s["FTRAIN_ATTEMPT"] for s in starts(state)] == ["2", "3"]  # the lines' numbers: the log's
 
 
 def test_sigterm_is_forwarded_and_recorded_as_preempted(
@@ -237,7 +238,7 @@ def test_sigterm_is_forwarded_and_recorded_as_preempted(
     finally:
         supervisor.kill()
     assert supervisor.returncode == 143, err
-    assert (state / "terminated").exists()  # the trainer itself got the SIGTERM
+    assert (state / "terminated").exists()  # the trainer itself got the warning (SIGUSR1, for the SIGTERM)
     assert re.fullmatch(
         r"Attempt 1 of 4 stopped by SIGTERM after \d+\.\d s — checkpoint step 10", last_line(out)
     )
@@ -270,7 +271,7 @@ def test_two_nodes_under_slurm_run_one_srun_step(
     monkeypatch.setenv("SLURM_JOB_ID", "4242")
     monkeypatch.setenv("SLURM_JOB_NODELIST", "localhost,127.0.0.1")
     monkeypatch.setenv("FAKE_SRUN_LOG", str(srun_log))
-    run_id = "dist-P-2x1-fsdp"
+    run_id = "P-slurm-4242"  # inside a Slurm job, the job names the run
     code, out, err = cli(
         "run", "P", "--nodes", "2", "--gpus-per-node", "1", "--rdzv-port", str(port),
         "--", str(script), str(state), "ckpt",
@@ -280,7 +281,7 @@ def test_two_nodes_under_slurm_run_one_srun_step(
     handed = json.loads(srun_log.read_text())
     assert handed["argv"] == [
         "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1", "--nodelist=localhost,127.0.0.1",
-        "--export=ALL", TORCHRUN, "--nnodes=2", "--nproc_per_node=1", "--rdzv_backend=c10d",
+        "--export=ALL", *RELAY, TORCHRUN, "--nnodes=2", "--nproc_per_node=1", "--rdzv_backend=c10d",
         f"--rdzv_endpoint=localhost:{port}", f"--rdzv_id={run_id}", str(script), str(state), "ckpt",
     ]  # fmt: skip
     assert handed["env"] == {

@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Final
+from typing import Any
 from urllib.parse import unquote, urlparse
 
 import msgspec
@@ -47,13 +47,12 @@ from ftrain.workers.manifest import (
     encode_manifest,
 )
 from ftrain.workers.nofollow import remove_dir, rename_entry
+from ftrain.workers.storage.errors import OUTSIDE_RUN as OUTSIDE_RUN
 from ftrain.workers.storage.errors import CheckpointExists as CheckpointExists
 from ftrain.workers.storage.errors import StorageError as StorageError
 from ftrain.workers.storage.errors import StorageUnavailable as StorageUnavailable
 from ftrain.workers.storage.verdict import entry_verdict, judge_manifest
 
-OUTSIDE_RUN: Final = "outside the run's storage root"
-"""Why a checkpoint URI is refused unread: it does not name a directory of the run's own."""
 log = structlog.get_logger(__name__)
 
 

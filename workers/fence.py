@@ -9,13 +9,10 @@ the claim before it seals or prunes: a higher number means it has been supersede
 import contextlib
 from pathlib import Path
 
-from events.atomic_file import write_atomic
-from events.private import private_dir
-from workers.layout import attempt_file
-
-
-class Fenced(RuntimeError):
-    """A newer attempt owns the run's checkpoint directory: this one must write nothing more."""
+from ftrain.events.atomic_file import write_atomic
+from ftrain.events.private import private_dir
+from ftrain.workers.layout import attempt_file
+from ftrain.workers.storage.errors import Fenced as Fenced
 
 
 def owner(run: Path) -> int:

@@ -23,6 +23,7 @@ import nkeys
 
 from ftrain.events.atomic_file import write_atomic
 from ftrain.events.jetstream.server_procs import HOST
+from ftrain.events.lease_record import BUCKET, LEASE_STREAM
 from ftrain.events.private import open_private, private_dir
 from ftrain.events.record import STREAM, SUBJECT_ROOT
 
@@ -115,9 +116,10 @@ def _public_key(path: Path) -> str:
 def reader_permissions(stream: str = STREAM, indent: str = "  ") -> str:
     """The NATS `permissions` of a user that reads the log every way ftrain and nats-py read it, and changes
     nothing: the events' subjects live, stream info, stored and last messages (direct or not), consumers
-    (ordered, push or pull, durable or not; create, info, next, acks, flow control) and replies to its own
-    inboxes. Everything else is refused by the allow lists; the deny list names what must never be allowed:
-    appends, and deleting, purging, updating or creating streams, messages and consumers.
+    (ordered, push or pull, durable or not; create, info, next, acks, flow control), the supervisor leases'
+    last messages (what `status` shows) and replies to its own inboxes. Everything else is refused by the
+    allow lists; the deny list names what must never be allowed: appends, taking or breaking a lease, and
+    deleting, purging, updating or creating streams, messages and consumers.
 
     Written for the embedded server and quoted, as is, for a cluster of the user's own (README)."""
     api = "$JS.API"
@@ -135,9 +137,11 @@ def reader_permissions(stream: str = STREAM, indent: str = "  ") -> str:
         f"{api}.CONSUMER.MSG.NEXT.{stream}.*",
         f"$JS.ACK.{stream}.>",
         f"$JS.FC.{stream}.>",
+        f"{api}.STREAM.MSG.GET.{LEASE_STREAM}",
     ]
     deny = [
         f"{SUBJECT_ROOT}.>",
+        f"$KV.{BUCKET}.>",
         f"{api}.STREAM.CREATE.>",
         f"{api}.STREAM.UPDATE.>",
         f"{api}.STREAM.DELETE.>",

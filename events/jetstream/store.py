@@ -82,6 +82,17 @@ class _Backoff:
         self._delay = min(self._delay * 2, 1.0)
 
 
+async def retrying(deadline: float, what: str, call: Callable[[], Awaitable[T]]) -> T:
+    """`call()`, retried on timeouts and unavailability (a leader election, a reconnect) until `deadline`
+    (seconds of retrying; then LogUnavailable)."""
+    backoff = _Backoff(deadline)
+    while True:
+        try:
+            return await call()
+        except _RETRYABLE as exc:
+            await backoff.wait(what, exc)
+
+
 def process_actor(rank: int | None = None) -> Actor:
     """The actor stamped on this process's events."""
     try:
@@ -170,13 +181,7 @@ class EventStore:
         self._facts: StreamFacts | None = None  # as ensure_stream found it: what appends anchor
 
     async def _retrying(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
-        """`call()`, retried on timeouts and unavailability (a leader election, a reconnect) until the deadline."""
-        backoff = _Backoff(self._deadline)
-        while True:
-            try:
-                return await call()
-            except _RETRYABLE as exc:
-                await backoff.wait(what, exc)
+        return await retrying(self._deadline, what, call)
 
     async def _leader_info(self) -> Any:
         """The stream's info as its leader reports it: a member of a leaderless group answers with its own

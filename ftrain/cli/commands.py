@@ -10,10 +10,7 @@ from typing import Any, NamedTuple
 
 import msgspec
 
-from ftrain.cli import render
-from ftrain.cli.launch import prepare_launch, run_launch
-from ftrain.cli.queries import run_audit, run_cost, run_list, run_replay, run_status
-from ftrain.cli.tail import run_tail
+from ftrain.cli import documents, render
 from ftrain.errors import Refused, UsageError
 from ftrain.events.schema import CorruptSkipped
 from ftrain.service import RunService
@@ -137,7 +134,10 @@ async def run_checkpoint(
     event = await app.checkpoint(
         args.run_id, step=args.step, epoch=args.epoch, shards=args.shards, sources=sources
     )
-    render.emit(render.checkpointed(event))
+    if args.json:
+        render.emit_json(documents.checkpointed(event))
+    else:
+        render.emit(render.checkpointed(event))
     return 0
 
 
@@ -158,33 +158,53 @@ async def run_resume(app: RunService, args: argparse.Namespace, _: None) -> int:
         raise Refused(
             f"run {args.run_id}: no valid checkpoint ({total} recorded, all invalid); not restarting"
         )
-    render.emit(render.resumed(outcome.resumed))
+    if args.json:
+        render.emit_json(documents.resumed(outcome.resumed, outcome.skipped))
+    else:
+        render.emit(render.resumed(outcome.resumed))
     return 0
 
 
 async def run_fail(app: RunService, args: argparse.Namespace, _: None) -> int:
     """Record a failure."""
     event = await app.fail(args.run_id, reason=args.reason, exit_code=args.exit_code, message=args.message)
-    render.emit(render.failed(event, await app.state_of(args.run_id)))
+    state = await app.state_of(args.run_id)
+    if args.json:
+        render.emit_json(documents.failed(event, state))
+    else:
+        render.emit(render.failed(event, state))
     return 0
 
 
 async def run_complete(app: RunService, args: argparse.Namespace, _: None) -> int:
-    """Record completion."""
-    render.emit(render.completed(await app.complete(args.run_id, cost_gpu_hours=args.cost_gpu_hours)))
+    """Record completion, with its cost in the run's unit."""
+    event = await app.complete(args.run_id, cost_gpu_hours=args.cost_hours)
+    unit = (await app.state_of(args.run_id)).cost_unit
+    if args.json:
+        render.emit_json(documents.completed(event, unit))
+    else:
+        render.emit(render.completed(event, unit))
     return 0
 
 
-COMMANDS: dict[str, Command] = {
-    "launch": Command(prepare_launch, run_launch),
-    "checkpoint": Command(prepare_checkpoint, run_checkpoint),
-    "resume": Command(_nothing, run_resume),
-    "fail": Command(_nothing, run_fail),
-    "complete": Command(_nothing, run_complete),
-    "status": Command(_nothing, run_status),
-    "list": Command(_nothing, run_list),
-    "cost": Command(_nothing, run_cost),
-    "audit": Command(_nothing, run_audit),
-    "replay": Command(_nothing, run_replay),
-    "events": Command(_nothing, run_tail),  # `events schema` never connects: only `events tail` gets here
-}
+def command_for(name: str) -> Command:
+    """The command `name` (one that reads or appends to the log), its modules imported now: `status` never
+    loads what `launch` needs (the supervisor, the object store's client)."""
+    if name == "launch":
+        from ftrain.cli.launch import prepare_launch, run_launch
+
+        return Command(prepare_launch, run_launch)
+    if name == "events":  # `events schema` never connects: only `events tail` gets here
+        from ftrain.cli.tail import run_tail
+
+        return Command(_nothing, run_tail)
+    if name in ("status", "list", "cost", "audit", "replay"):
+        from ftrain.cli import queries
+
+        return Command(_nothing, getattr(queries, f"run_{name}"))
+    return {
+        "checkpoint": Command(prepare_checkpoint, run_checkpoint),
+        "resume": Command(_nothing, run_resume),
+        "fail": Command(_nothing, run_fail),
+        "complete": Command(_nothing, run_complete),
+    }[name]

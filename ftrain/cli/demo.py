@@ -1,4 +1,5 @@
-"""`ftrain demo`: a real 2-process CPU training job, preempted by a SIGKILL and resumed, checked bit for bit.
+"""`ftrain demo`: a real 2-process CPU training job (a CPU job: costed in node-hours), preempted by a SIGKILL
+and resumed, checked bit for bit.
 
 1. an uninterrupted reference run of the reference trainer (FSDP2, gloo) gives the final parameter digest;
 2. `ftrain run` supervises the same job with a SIGKILL injected once mid-way: the supervisor records the
@@ -91,7 +92,7 @@ def run_demo(ftrain: Shell, *, s3: bool = False) -> int:
             settings.KILL_AT: f"step:{KILL_STEP}",
             settings.KILL_ONCE: str(Path(scratch) / "kills"),
         }
-        run_cmd = [str(Path(sys.executable).with_name("ftrain")), "run", "demo", "--nodes", "1", "--gpus-per-node", "2",
+        run_cmd = [str(Path(sys.executable).with_name("ftrain")), "run", "demo", "--nodes", "1", "--nproc-per-node", "2",
                    "--nodelist", "localhost", "--max-retries", "2", "--backoff", "1", "--", *TRAIN]  # fmt: skip
         code, out = _tee(run_cmd, chaos)
         resumed = FINAL.search(out)

@@ -5,33 +5,46 @@ import argparse
 import asyncio
 import os
 import shutil
+import signal
+import subprocess
 import sys
 from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
-from typing import NamedTuple, TypeVar
+from typing import Literal, NamedTuple, TypeVar
 
 import msgspec
+from msgspec import UNSET, UnsetType
 
 from ftrain import settings
 from ftrain.cadence import parse_checkpoint_every
-from ftrain.cli import render
+from ftrain.cli import documents, render
 from ftrain.errors import Refused, UsageError
+from ftrain.events.lease_record import Holder
 from ftrain.events.run_id import RUN_ID_MAX, InvalidRunId, validate_run_id
-from ftrain.events.schema import Completed, InvalidEvent, Launched, encode_event
+from ftrain.events.schema import Completed, InvalidEvent, Launched, SchedulerJob, encode_event
 from ftrain.projections.lifecycle import IllegalTransition, check_relaunch
 from ftrain.service import RunService, checkpoint_storage
 from ftrain.supervise.attempts import attempt_commands, child_env
 from ftrain.supervise.hostlist import HostlistError, resolve_allocation
 from ftrain.supervise.launch_spec import DEFAULT_TRAIN_CMD, LaunchSpec, LaunchSpecError, build_command
+from ftrain.supervise.lease_keeper import LeaseKeeper, this_supervisor
 from ftrain.supervise.node_exec import TemplateError, parse_template
 from ftrain.supervise.opening import NotOpened, append_relaunch, open_attempt
+from ftrain.supervise.scheduler_job import (
+    current_job,
+    ended_by_hand,
+    job_run_id,
+    requeue_command,
+    state_command,
+)
 from ftrain.supervise.supervisor import Relaunches, Supervisor
 from ftrain.workers.checkpoint_dir import uri_path
 from ftrain.workers.layout import run_dir
 from ftrain.workers.storage.open import is_object_storage
 
 T = TypeVar("T")
+REQUEUE_TIMEOUT = 60.0
 
 
 # -- launch ------------------------------------------------------------------------------------------------
@@ -45,6 +58,10 @@ class LaunchPlan(NamedTuple):
     make: Callable[[str], Launched]
     spec: Callable[[str], LaunchSpec]
     hosts: tuple[str, ...]
+    job: SchedulerJob | None = None
+    """The Slurm or PBS job this runs in (its id names the run when --run-id is not given)."""
+    procs_per_node: int = 1
+    """What the launch records as `gpus_per_node`: GPUs, or a CPU job's processes per node."""
 
 
 def prepare_launch(args: argparse.Namespace) -> LaunchPlan:
@@ -55,9 +72,13 @@ def prepare_launch(args: argparse.Namespace) -> LaunchPlan:
         cadence = parse_checkpoint_every(args.checkpoint_every) if args.checkpoint_every else None
     except (HostlistError, ValueError) as exc:
         raise UsageError(str(exc)) from exc
-    base_id = args.run_id or f"dist-{args.project}-{args.nodes}x{args.gpus_per_node}-{args.strategy}"
+    procs, devices = processes_per_node(args)
+    job = current_job(env)
+    derived = job_run_id(args.project, job) if job is not None and not args.run_id else None
+    explicit = args.run_id or derived  # a requeued job's run is the job's: resumed, never a new -N
+    base_id = explicit or f"dist-{args.project}-{args.nodes}x{procs}-{args.strategy}"
     try:
-        validate_run_id(base_id if args.run_id else base_id + "-99")
+        validate_run_id(base_id if explicit else base_id + "-99")
     except InvalidRunId as exc:
         raise UsageError(f"{exc} (shorten the project name or pass --run-id; at most {RUN_ID_MAX})") from exc
     storage = checkpoint_storage(env).root
@@ -66,7 +87,7 @@ def prepare_launch(args: argparse.Namespace) -> LaunchPlan:
         return LaunchSpec(
             run_id=run_id,
             nodes=args.nodes,
-            gpus_per_node=args.gpus_per_node,
+            gpus_per_node=args.nproc_per_node or procs,
             strategy=args.strategy,
             rdzv_host=allocation.rank0_host,
             rdzv_port=args.rdzv_port,
@@ -88,7 +109,9 @@ def prepare_launch(args: argparse.Namespace) -> LaunchPlan:
             project=args.project,
             strategy=args.strategy,
             nodes=args.nodes,
-            gpus_per_node=args.gpus_per_node,
+            gpus_per_node=procs,
+            devices=devices,
+            cpus_per_node=args.cpus_per_node or UNSET,
             hosts=allocation.hosts,
             allocation_source=allocation.source,
             rdzv_endpoint=f"{launch.rdzv_host}:{launch.rdzv_port}",
@@ -97,13 +120,24 @@ def prepare_launch(args: argparse.Namespace) -> LaunchPlan:
             dataset_revision=args.dataset_revision,
             checkpoint_policy=cadence,
             mlflow_run_id=env.get("MLFLOW_RUN_ID") or None,
+            job=job or UNSET,
         )
 
     try:
         encode_event(make(base_id))  # a command too long for the log is bad input, refused before a write
     except InvalidEvent as exc:
         raise UsageError(str(exc)) from exc
-    return LaunchPlan(base_id, bool(args.run_id), make, spec, allocation.hosts)
+    return LaunchPlan(base_id, bool(explicit), make, spec, allocation.hosts, job, procs)
+
+
+def processes_per_node(args: argparse.Namespace) -> tuple[int, Literal["cpu"] | UnsetType]:
+    """What the launch records per node: one process per GPU, or a CPU job's processes (--nproc-per-node,
+    default 1) when no --gpus-per-node is given; and whether it is a CPU job."""
+    if args.gpus_per_node is None:
+        return args.nproc_per_node or 1, "cpu"
+    if args.cpus_per_node is not None:
+        raise UsageError("--cpus-per-node costs a CPU job: leave --gpus-per-node out")
+    return args.gpus_per_node, UNSET
 
 
 async def append_launched(app: RunService, plan: LaunchPlan) -> Launched:
@@ -121,7 +155,9 @@ async def append_launched(app: RunService, plan: LaunchPlan) -> Launched:
 
 async def run_launch(app: RunService, args: argparse.Namespace, plan: LaunchPlan) -> int:
     """Record the launch; the user runs the printed command."""
-    await append_launched(app, plan)
+    event = await append_launched(app, plan)
+    if args.json:
+        render.emit_json(documents.launched(event))
     return 0
 
 
@@ -138,6 +174,8 @@ class RunPlan(NamedTuple):
     slurm: bool
     min_nodes: int
     """The fewest nodes a relaunch may go on with (`--nodes` unless `--min-nodes` says fewer)."""
+    save: tuple[signal.Signals, ...] = ()
+    """The signals the trainer saves on (FTRAIN_SAVE_SIGNALS): each node's torchrun then runs under the relay."""
 
 
 def prepare_run(args: argparse.Namespace) -> RunPlan:
@@ -161,6 +199,8 @@ def prepare_run(args: argparse.Namespace) -> RunPlan:
         )
     if slurm and shutil.which("srun") is None:
         raise UsageError("srun not found on PATH")
+    if args.requeue_on_failure and launch.job is None:
+        raise UsageError("--requeue-on-failure needs a Slurm job (SLURM_JOB_ID) or a PBS job (PBS_JOBID)")
     min_nodes = args.nodes if args.min_nodes is None else args.min_nodes
     if min_nodes > args.nodes:
         raise UsageError(f"--min-nodes {min_nodes} is more than --nodes {args.nodes}")
@@ -171,7 +211,6 @@ def prepare_run(args: argparse.Namespace) -> RunPlan:
     def spec(run_id: str) -> LaunchSpec:
         return msgspec.structs.replace(
             launch.spec(run_id),
-            gpus_per_node=args.nproc_per_node or args.gpus_per_node,
             max_restarts=args.max_restarts,
         )
 
@@ -187,54 +226,76 @@ def prepare_run(args: argparse.Namespace) -> RunPlan:
         torchrun,
         slurm,
         min_nodes,
+        settings.save_signals(os.environ),
     )
 
 
-async def start_run(app: RunService, args: argparse.Namespace, plan: RunPlan) -> tuple[Launched, int]:
+async def start_run(
+    app: RunService, args: argparse.Namespace, plan: RunPlan, holder: Holder
+) -> tuple[Launched, int, int]:
     """Append `launched` for a new run (attempt 1); an existing --run-id is relaunched, as launched, after a
     failure only, by opening its next attempt (of two racing relaunches, one opens it; the other is refused).
-    Returns the launch and the attempt to start."""
+    Either way `holder` takes the run's supervisor lease first; a relaunch finding the lease of a dead
+    supervisor records its run `failed` (lost) and goes on (`RunService.claim`). Returns the launch, the
+    attempt to start and the lease's revision."""
     if plan.launch.explicit:
         await app.projector.catch_up()
         if await app.model.taken(plan.launch.base_id):
+            claim = await app.claim(plan.launch.base_id, holder)
+            if claim.lost is not None:
+                render.emit(f"Took {claim.lost.run_id} over: {claim.lost.message} (recorded as failed: lost)")
             state = await app.state_of(plan.launch.base_id)
             try:
                 check_relaunch(
                     state,
                     project=args.project,
                     nodes=args.nodes,
-                    gpus_per_node=args.gpus_per_node,
+                    gpus_per_node=plan.launch.procs_per_node,
                     strategy=args.strategy,
                 )
-                opened = await append_relaunch(app.store, state.run_id, plan.launch.hosts)
+                opened = await append_relaunch(app.store, state.run_id, plan.launch.hosts, plan.launch.job)
             except (IllegalTransition, NotOpened) as exc:
+                await app.release(state.run_id, claim.revision)
                 raise Refused(str(exc)) from exc
             render.emit(
                 f"Relaunching {state.run_id} — failure {state.failures} (last: {state.last_failure}), "
                 f"step {state.step}, {state.resume_count} resume(s) so far"
             )
-            return state.launch, opened.attempt
-    return await append_launched(app, plan.launch), 1
+            return state.launch, opened.attempt, claim.revision
+    launched = await append_launched(app, plan.launch)
+    return launched, 1, await app.take_lease(launched.run_id, msgspec.structs.replace(holder, attempt=1))
 
 
-def supervise(args: argparse.Namespace) -> int:
+def supervise(args: argparse.Namespace, ready: Callable[[], None]) -> int:
     """`ftrain run`: check everything, record the launch (or check the relaunch), then supervise attempts."""
     from ftrain.workers.recorder import Recorder
 
     plan = prepare_run(args)
-    launched, attempt = asyncio.run(_with_app(lambda app: start_run(app, args, plan)))
+    ready()  # the embedded server, started (and said so) only now that the input is known good
+    holder = this_supervisor(args.lease_ttl)
+    launched, attempt, revision = asyncio.run(_with_app(lambda app: start_run(app, args, plan, holder)))
     run_id = launched.run_id
     ckpt_dir: Path | str = (
         f"{launched.storage.rstrip('/')}/{run_id}"
         if is_object_storage(launched.storage)
         else run_dir(uri_path(launched.storage), run_id)
     )
-    command = attempt_commands(plan.spec(run_id), plan.torchrun, slurm=plan.slurm, node_exec=args.node_exec)
-    env = child_env(os.environ, run_id, ckpt_dir)
+    command = attempt_commands(
+        plan.spec(run_id), plan.torchrun, slurm=plan.slurm, node_exec=args.node_exec, relayed=bool(plan.save)
+    )
+    policy = launched.checkpoint_policy
+    env = child_env(
+        os.environ,
+        run_id,
+        ckpt_dir,
+        checkpoint_every=policy.text if policy is not None else None,
+        dataset_revision=launched.dataset_revision,
+    )
     nats = settings.nats(os.environ)
     recorder = Recorder(run_id, nats)
+    lease = LeaseKeeper(run_id, nats, msgspec.structs.replace(holder, attempt=attempt), revision).start()
     try:
-        outcome = Supervisor(
+        supervisor = Supervisor(
             run_id,
             command,
             env,
@@ -242,24 +303,58 @@ def supervise(args: argparse.Namespace) -> int:
             plan.relaunches,
             recorder,
             attempt=attempt,
-            opener=partial(open_attempt, run_id, nats),
+            opener=partial(open_attempt, run_id, nats, job=plan.launch.job),
             hosts=plan.launch.hosts,
             min_nodes=plan.min_nodes,
-        ).run()
+            lease=lease,
+            hang_timeout=args.hang_timeout,
+            save_signals=plan.save,
+            requeue=args.requeue_on_failure,
+        )
+        outcome = supervisor.run()
     finally:
+        lease.close(release=True)  # a lease lost to another supervisor is not released
         recorder.close()
+    completion = None
     if outcome.status != "completed":
         sys.stderr.write(f"ftrain run: {outcome.message}\n")
-        return outcome.exit_code
-    if not outcome.recorded:
+        if args.requeue_on_failure and plan.launch.job is not None:
+            requeue(plan.launch.job)
+    elif not outcome.recorded:
         render.emit(f"Completed {run_id} — kept in the local outbox until the event log is reachable")
-        return 0
-    render.emit(asyncio.run(_with_app(lambda app: _completion(app, run_id))))
-    return 0
+    else:
+        done, unit = asyncio.run(_with_app(lambda app: _completion(app, run_id)))
+        render.emit(render.completed(done, unit))
+        completion = documents.completed(done, unit)
+    if args.json:
+        render.emit_json(documents.run_outcome(run_id, outcome, supervisor.number, completion))
+    return outcome.exit_code
 
 
-async def _completion(app: RunService, run_id: str) -> str:
-    """The completion line, with the GPU-hours the log computed."""
+def requeue(job: SchedulerJob) -> bool:
+    """Ask the scheduler to requeue `job` (`scontrol requeue`, PBS's `qrerun`): it starts again on a fresh
+    allocation and its `ftrain run` resumes the run. One line says what happened; False when refused."""
+    argv, ask = requeue_command(job), state_command(job)
+    try:
+        if ask is not None and ended_by_hand(_output(ask)):
+            render.emit(f"Not requeueing {job.scheduler} job {job.id}: it is being cancelled")
+            return False
+        render.emit(f"Requeueing {job.scheduler} job {job.id}: {' '.join(argv)}")
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=REQUEUE_TIMEOUT, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        sys.stderr.write(f"ftrain run: {argv[0]} failed: {exc}\n")
+        return False
+    if done.returncode != 0:
+        sys.stderr.write(f"ftrain run: {' '.join(argv)} refused: {done.stderr.strip() or done.returncode}\n")
+    return done.returncode == 0
+
+
+def _output(argv: list[str]) -> str:
+    return subprocess.run(argv, capture_output=True, text=True, timeout=REQUEUE_TIMEOUT, check=False).stdout
+
+
+async def _completion(app: RunService, run_id: str) -> tuple[Completed, str]:
+    """The run's `completed` event, with the cost the log computed, and the unit of that cost."""
     entries = await app.timeline(run_id)
     done = next((e.event for e in reversed(entries) if isinstance(e.event, Completed)), None)
     if done is None:
@@ -267,9 +362,9 @@ async def _completion(app: RunService, run_id: str) -> str:
         raise Refused(
             f"run {run_id} finished, but the log did not accept its completion (it is {state.status})"
         )
-    return render.completed(done)
+    return done, (await app.state_of(run_id)).cost_unit
 
 
 async def _with_app(use: Callable[[RunService], Awaitable[T]]) -> T:
-    async with RunService.open() as app:
+    async with RunService.open(leases=True) as app:
         return await use(app)

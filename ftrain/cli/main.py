@@ -1,57 +1,78 @@
 """The `ftrain` command line: a thin shell over `ftrain.service.RunService`.
 
-Exit codes: 0 success; 1 refused on the merits (no valid checkpoint, failed audit, illegal transition,
-event log unreachable; `run`: gave up retrying); 2 usage or bad input (a home, or a directory in it, that is
-not private to this user included); `run` stopped by signal N: 128+N.
-Errors are one line on stderr and nothing is written.
+Exit codes: the table in `ftrain.errors` (0 success; 1 refused on the merits or not found; 2 usage or bad
+input; 3 a server's `status`: not running; 128+N stopped by signal N). Errors are one line on stderr and
+nothing is written.
+
+Start-up is kept to what the command needs: this module imports the standard library, the parser's bounds
+and the error classes only; each command imports its own modules when it runs (`ftrain status` never loads
+the supervisor, `--help` never loads the log's client).
 """
 
 import argparse
-import asyncio
 import os
-import sqlite3
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
-import msgspec
-import nats.errors
-
-from ftrain.cli.keys_cmd import add_keys_parser
 from ftrain.cli.visible import visible
-from ftrain.errors import Refused, UsageError
-from ftrain.events.jetstream.server import NatsServerError
-from ftrain.events.jetstream.store import LogTampered, LogUnavailable
-from ftrain.events.keyring import KeyringError
-from ftrain.events.private import UnsafeDirectory
+from ftrain.errors import EXIT_CODES
+from ftrain.events.lease_record import DEFAULT_TTL, MAX_TTL, MIN_TTL
 from ftrain.events.run_id import InvalidRunId, validate_run_id
 from ftrain.events.schema import (
     FAILURE_REASONS,
     INT64_MAX,
     INT64_MIN,
     MAX_AMOUNT,
+    MAX_CPUS_PER_NODE,
     MAX_GPUS_PER_NODE,
     MAX_NODES,
     MAX_SHARDS,
-    InvalidEvent,
 )
-from ftrain.events.stored_schema import stored_schema
-from ftrain.settings import InvalidSetting
 from ftrain.supervise.launch_spec import STRATEGIES
+
+CLOSED_PIPE = 141
+"""128 + SIGPIPE: what a shell reports for `git log | head`'s git."""
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse that reports a usage error as one line and exit 2."""
+    """argparse that reports a usage error as one line and exit 2, and shows examples verbatim."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         sys.stderr.write(f"{self.prog}: error: {message}\n")
         raise SystemExit(2)
 
 
+class _Version(argparse.Action):
+    """`--version`: the installed package's version (pyproject.toml holds it), read only when asked."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, help: str | None = None) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        from importlib.metadata import version
+
+        from ftrain.cli.output import emit
+
+        emit(f"ftrain {version('ftrain')}")
+        parser.exit()
+
+
 def _run_id(text: str) -> str:
     try:
         return validate_run_id(text)
+    except InvalidRunId as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def _project(text: str) -> str:
+    try:
+        return validate_run_id(text, what="project")
     except InvalidRunId as exc:
         raise argparse.ArgumentTypeError(str(exc)) from exc
 
@@ -72,11 +93,12 @@ def _int_in(low: int, high: int) -> Callable[[str], int]:
 
 
 _count = _int_in(0, INT64_MAX)
+MAX_HANG_TIMEOUT = 7 * 24 * 3600
 _positive = _int_in(1, INT64_MAX)
 
 
 def _amount(text: str) -> float:
-    """A finite, non-negative number (GPU-hours, seconds) within the schema's bound."""
+    """A finite, non-negative number (hours, seconds) within the schema's bound."""
     try:
         value = float(text)
     except ValueError:
@@ -86,19 +108,71 @@ def _amount(text: str) -> float:
     return value
 
 
+def _command(
+    sub: Any, name: str, text: str, examples: Sequence[str], more: str = ""
+) -> argparse.ArgumentParser:
+    """A subcommand whose help says what it does, and how it is used in `examples` (shell lines)."""
+    shown = "\n".join(f"  $ {e}" for e in examples)
+    return sub.add_parser(  # type: ignore[no-any-return]
+        name, help=text, description=text[0].upper() + text[1:] + (f".\n\n{more}" if more else "."),
+        epilog=f"examples:\n{shown}",
+    )  # fmt: skip
+
+
+def _json(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument(
+        "--json", action="store_true", help=f"print {what} as one JSON object (lines for people: stderr)"
+    )
+
+
 def _add_launch_arguments(p: argparse.ArgumentParser) -> None:
     """What `launch` and `run` both take: the project, the allocation, the strategy and the run id."""
-    p.add_argument("project", type=lambda t: _run_id_as(t, "project"))
-    p.add_argument("--nodes", type=_int_in(1, MAX_NODES), required=True)
-    p.add_argument("--gpus-per-node", type=_int_in(1, MAX_GPUS_PER_NODE), required=True)
-    p.add_argument("--strategy", choices=STRATEGIES, default="fsdp")
-    p.add_argument("--dataset-revision")
-    p.add_argument("--checkpoint-every", metavar="10min|500steps")
+    p.add_argument(
+        "project", type=_project, help="the project the run belongs to (part of the default run id)"
+    )
+    p.add_argument("--nodes", type=_int_in(1, MAX_NODES), required=True, help="nodes the job spans")
+    p.add_argument(
+        "--gpus-per-node",
+        type=_int_in(1, MAX_GPUS_PER_NODE),
+        help="GPUs per node, one process each; leave it out for a CPU job (costed in node-hours)",
+    )
+    p.add_argument(
+        "--nproc-per-node",
+        type=_int_in(1, MAX_GPUS_PER_NODE),
+        help="processes per node (default: --gpus-per-node; a CPU job: 1)",
+    )
+    p.add_argument(
+        "--cpus-per-node",
+        type=_int_in(1, MAX_CPUS_PER_NODE),
+        help="a CPU job: the CPUs it holds per node, to cost it in CPU-hours instead of node-hours",
+    )
+    p.add_argument(
+        "--strategy", choices=STRATEGIES, default="fsdp", help="how the job shards its model (default fsdp)"
+    )
+    p.add_argument(
+        "--dataset-revision", help="the data's version, recorded with the launch and every manifest"
+    )
+    p.add_argument(
+        "--checkpoint-every",
+        metavar="DURATION|Nsteps",
+        help="the trainer's cadence: 10min, 90s, 1h30m, 2h, Slurm's [D-]HH:MM:SS or MM:SS, or 500steps",
+    )
     p.add_argument(
         "--nodelist", help="comma list or Slurm hostlist (default: SLURM_JOB_NODELIST, PBS_NODEFILE)"
     )
-    p.add_argument("--rdzv-port", type=_int_in(1, 65535), default=29500)
-    p.add_argument("--run-id", type=_run_id)
+    p.add_argument(
+        "--rdzv-port",
+        type=_int_in(1, 65535),
+        default=29500,
+        help="torchrun's rendezvous port (default 29500)",
+    )
+    p.add_argument(
+        "--run-id",
+        type=_run_id,
+        help="the run's id (default dist-PROJECT-NODESxPROCS-STRATEGY, -2, -3… when taken; inside a Slurm job "
+        "PROJECT-slurm-$SLURM_JOB_ID, a PBS job PROJECT-pbs-JOBNUMBER, so a requeued job resumes it); `run`: an "
+        "existing failed one is relaunched",
+    )
     p.add_argument("--tp", type=_positive, default=1, help="megatron tensor-parallel size")
     p.add_argument("--pp", type=_positive, default=1, help="megatron pipeline-parallel size")
     p.add_argument("--deepspeed-config", default="ds_config.json", help="zero: DeepSpeed config path")
@@ -106,24 +180,30 @@ def _add_launch_arguments(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The whole command tree."""
+    codes = "\n".join(f"  {code:<4} {meaning}" for code, meaning in EXIT_CODES)
     parser = _Parser(
-        prog="ftrain", description="Fault-tolerant distributed training: launch, checkpoint, resume."
+        prog="ftrain",
+        description="Fault-tolerant distributed training: launch, checkpoint, resume.",
+        epilog="examples:\n  $ ftrain run P --nodes 1 --gpus-per-node 8 -- train.py\n  $ ftrain list\n\n"
+        f"exit codes:\n{codes}",
     )
+    parser.add_argument("--version", action=_Version, help="print ftrain's version and exit")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    p = sub.add_parser("launch", help="launch a run through the scheduler's allocation")
+    p = _command(sub, "launch", "record a launch and print each host's torchrun command", [
+        "ftrain launch P --nodes 2 --gpus-per-node 4 --nodelist 'node[07-08]' -- train.py --lr 3e-4",
+        "ftrain launch P --nodes 1 --nproc-per-node 4 --strategy ddp --json",
+    ])  # fmt: skip
     _add_launch_arguments(p)
+    _json(p, "the launch")
 
-    p = sub.add_parser(
-        "run", help="launch (or relaunch a failed --run-id) and supervise it: retry, resume, record"
-    )
+    p = _command(sub, "run", "launch (or relaunch a failed --run-id) and supervise it: retry, resume, record", [
+        "ftrain run P --nodes 1 --gpus-per-node 8 --checkpoint-every 1h30m -- train.py",
+        "ftrain run P --nodes 1 --nproc-per-node 2 --strategy ddp --max-retries 5 -- -m mypkg.train",
+        "RUN=$(ftrain run P --nodes 1 --gpus-per-node 8 --json -- train.py | tail -1 | jq -r .run_id)",
+    ], "The training processes' own output is theirs: with --json the last stdout line is ftrain's object.")  # fmt: skip
     _add_launch_arguments(p)
-    p.add_argument(
-        "--nproc-per-node",
-        type=_int_in(1, MAX_GPUS_PER_NODE),
-        help="processes per node (default: --gpus-per-node)",
-    )
-    p.add_argument("--max-retries", type=_count, default=3, help="relaunches after a failure")
+    p.add_argument("--max-retries", type=_count, default=3, help="relaunches after a failure (default 3)")
     p.add_argument(
         "--backoff",
         type=_amount,
@@ -131,7 +211,9 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="wait before the first relaunch, doubled per failure up to 60 s (default 5)",
     )
-    p.add_argument("--max-restarts", type=_count, default=0, help="torchrun's own in-place worker restarts")
+    p.add_argument(
+        "--max-restarts", type=_count, default=0, help="torchrun's own in-place worker restarts (default 0)"
+    )
     p.add_argument(
         "--min-nodes",
         type=_int_in(1, MAX_NODES),
@@ -144,93 +226,163 @@ def build_parser() -> argparse.ArgumentParser:
         help="start each node's torchrun through this command, {host} filled in (e.g. 'ssh {host}'); "
         "without Slurm, what a run over several nodes needs",
     )
+    p.add_argument(
+        "--requeue-on-failure",
+        action="store_true",
+        help="inside a Slurm (or PBS) job: when this allocation cannot go on (preempted, retries exhausted, a "
+        "node lost that --min-nodes needs), requeue the job (`scontrol requeue $SLURM_JOB_ID`; PBS: `qrerun`) "
+        "instead of ending it; the requeued job resumes the same run (PROJECT-slurm-JOBID). E.g. in an sbatch "
+        "script: exec ftrain run P --nodes $SLURM_NNODES --gpus-per-node 8 --requeue-on-failure -- train.py",
+    )
+    p.add_argument(
+        "--lease-ttl",
+        type=_int_in(MIN_TTL, MAX_TTL),
+        default=DEFAULT_TTL,
+        metavar="SECONDS",
+        help=f"the supervisor's lease on the run, renewed every third of it (default {DEFAULT_TTL}): a "
+        "relaunch (ftrain run --run-id X) finding it expired records the run failed (lost) and takes over, "
+        "within this long of the supervisor's death; while it is renewed a second supervisor is refused",
+    )
+    p.add_argument(
+        "--hang-timeout",
+        type=_int_in(1, MAX_HANG_TIMEOUT),
+        metavar="SECONDS",
+        help="end an attempt none of whose ranks finished a step for this long (a hung collective, a "
+        "stopped node) as failed (hang) and relaunch it; a rank saving a checkpoint gets 10 times as "
+        "long; e.g. --hang-timeout 600 (default: off)",
+    )
+    _json(p, "the outcome (run id, state, last attempt, exit code)")
 
-    p = sub.add_parser("checkpoint", help="record a checkpoint (writes it under $FTRAIN_STORAGE)")
-    p.add_argument("run_id", type=_run_id)
-    p.add_argument("--step", type=_count, required=True)
-    p.add_argument("--epoch", type=_count, required=True)
-    p.add_argument("--shards", type=_int_in(1, MAX_SHARDS), required=True)
+    p = _command(sub, "checkpoint", "record a checkpoint (writes it under $FTRAIN_STORAGE)", [
+        "ftrain checkpoint RUN --step 500 --epoch 2 --shards 8 --state '{\"lr\": 0.0003}'",
+        "ftrain checkpoint RUN --step 1000 --epoch 5 --shards 8 --path ./dcp/step-1000",
+    ])  # fmt: skip
+    p.add_argument("run_id", type=_run_id, help="the run")
+    p.add_argument("--step", type=_count, required=True, help="the training step the checkpoint holds")
+    p.add_argument("--epoch", type=_count, required=True, help="the epoch the checkpoint holds")
+    p.add_argument("--shards", type=_int_in(1, MAX_SHARDS), required=True, help="how many shards it has")
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--state", help="training state as JSON")
-    source.add_argument("--state-file", type=Path)
+    source.add_argument("--state-file", type=Path, help="training state as a JSON file")
     source.add_argument("--path", type=Path, help="a directory of checkpoint files (e.g. DCP shards)")
+    _json(p, "the recorded checkpoint")
 
-    p = sub.add_parser("resume", help="resume from the newest valid checkpoint")
-    p.add_argument("run_id", type=_run_id)
+    p = _command(sub, "resume", "resume from the newest valid checkpoint, skipping corrupt ones", [
+        "ftrain resume RUN", "ftrain resume RUN --force --json",
+    ])  # fmt: skip
+    p.add_argument("run_id", type=_run_id, help="the failed run")
     p.add_argument("--force", action="store_true", help="resume a run the log still thinks is running")
+    _json(p, "the resume and what it skipped")
 
-    p = sub.add_parser("fail", help="record a failure or preemption")
-    p.add_argument("run_id", type=_run_id)
-    p.add_argument("--reason", choices=FAILURE_REASONS, default="preempted")
-    p.add_argument("--exit-code", type=_int_in(INT64_MIN, INT64_MAX))
-    p.add_argument("--message", default="")
+    p = _command(sub, "fail", "record a failure or preemption", [
+        "ftrain fail RUN --reason preempted", "ftrain fail RUN --reason oom --exit-code 137 --message 'rank 3'",
+    ])  # fmt: skip
+    p.add_argument("run_id", type=_run_id, help="the running run")
+    p.add_argument(
+        "--reason", choices=FAILURE_REASONS, default="preempted", help="why it stopped (default preempted)"
+    )
+    p.add_argument("--exit-code", type=_int_in(INT64_MIN, INT64_MAX), help="the job's exit code, if known")
+    p.add_argument("--message", default="", help="free text kept with the failure")
+    _json(p, "the failure")
 
-    p = sub.add_parser("complete", help="record completion and cost")
-    p.add_argument("run_id", type=_run_id)
-    p.add_argument("--cost-gpu-hours", type=_amount)
+    p = _command(sub, "complete", "record completion and cost", [
+        "ftrain complete RUN", "ftrain complete RUN --cost-gpu-hours 12.5 --json",
+    ])  # fmt: skip
+    p.add_argument("run_id", type=_run_id, help="the running run")
+    p.add_argument(
+        "--cost-gpu-hours",
+        dest="cost_hours",
+        type=_amount,
+        help="the cost to record, in the run's unit (GPU-hours; a CPU job's CPU- or node-hours); default: "
+        "running wall time × what it was launched with",
+    )
+    _json(p, "the completion")
 
-    p = sub.add_parser("status", help="one run's state")
-    p.add_argument("run_id", type=_run_id)
-    p.add_argument("--json", action="store_true")
+    p = _command(
+        sub, "status", "one run's state", ["ftrain status RUN", "ftrain status RUN --json | jq .state"]
+    )
+    p.add_argument("run_id", type=_run_id, help="the run")
+    _json(p, "the run's status document")
 
-    for name, text in (("list", "runs, optionally of one project"), ("cost", "GPU-hours per run; goodput")):
-        p = sub.add_parser(name, help=text)
-        which = p.add_mutually_exclusive_group()
-        which.add_argument("project", nargs="?", type=lambda t: _run_id_as(t, "project"))
-        if name == "cost":
-            which.add_argument("--run", type=_run_id, help="one run: its goodput, term by term")
-        p.add_argument("--json", action="store_true")
+    p = _command(sub, "list", "runs, optionally of one project", ["ftrain list", "ftrain list P --json"])
+    p.add_argument("project", nargs="?", type=_project, help="only this project's runs")
+    p.add_argument("--with-launch", action="store_true", help="--json: each row with its whole launch event")
+    _json(p, "the runs, one object each in an array")
 
-    p = sub.add_parser("audit", help="verify the hash chains")
+    p = _command(sub, "cost", "GPU-, CPU- or node-hours per run; with --run, its goodput", [
+        "ftrain cost", "ftrain cost P --json", "ftrain cost --run RUN",
+    ])  # fmt: skip
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("project", nargs="?", type=_project, help="only this project's runs")
+    which.add_argument("--run", type=_run_id, help="one run: its goodput, term by term")
+    _json(p, "the costs")
+
+    p = _command(sub, "audit", "verify the hash chains, signatures and anchors", ["ftrain audit verify"])
     audit = p.add_subparsers(dest="audit_command", required=True, parser_class=_Parser)
-    p = audit.add_parser("verify")
-    p.add_argument("run_id", nargs="?", type=_run_id)
-    p.add_argument("--json", action="store_true")
+    p = _command(audit, "verify", "verify every chain from the stream itself (exit 1 on any finding)", [
+        "ftrain audit verify", "ftrain audit verify RUN --json",
+    ])  # fmt: skip
+    p.add_argument("run_id", nargs="?", type=_run_id, help="only this run (default: the whole log)")
+    _json(p, "the report")
 
-    p = sub.add_parser("replay", help="the timeline, oldest first; --rebuild rebuilds the read model")
-    p.add_argument("run_id", nargs="?", type=_run_id)
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--rebuild", action="store_true")
+    p = _command(sub, "replay", "the timeline, oldest first; --rebuild rebuilds the read model", [
+        "ftrain replay RUN", "ftrain replay --rebuild",
+    ])  # fmt: skip
+    p.add_argument("run_id", nargs="?", type=_run_id, help="only this run (default: every run)")
+    p.add_argument("--rebuild", action="store_true", help="rebuild the read model from the stream")
+    _json(p, "the timeline as an array")
 
-    p = sub.add_parser("events", help="for stream consumers: the stored payload's schema, a verifying tail")
+    p = _command(sub, "events", "for stream consumers: the stored payload's schema, a verifying tail", [
+        "ftrain events tail --follow", "ftrain events schema",
+    ])  # fmt: skip
     events = p.add_subparsers(dest="events_command", required=True, parser_class=_Parser)
-    events.add_parser("schema", help="the JSON Schema of a stored payload")
-    p = events.add_parser("tail", help="every event, oldest first, with its chain and signature verdicts")
-    p.add_argument("run_id", nargs="?", type=_run_id)
+    _command(
+        events, "schema", "the JSON Schema of a stored payload", ["ftrain events schema | jq '.$defs | keys'"]
+    )
+    p = _command(events, "tail", "every event, oldest first, with its chain and signature verdicts", [
+        "ftrain events tail RUN", "ftrain events tail --json --follow | jq -c .event_type",
+    ])  # fmt: skip
+    p.add_argument("run_id", nargs="?", type=_run_id, help="only this run (default: every run)")
     p.add_argument("--follow", action="store_true", help="then print new events as they land, until stopped")
     p.add_argument("--json", action="store_true", help="one JSON object per line")
 
-    p = sub.add_parser(
-        "server",
-        help="the embedded nats-server; repair: accept a changed stream, on record; credentials --read-only: "
-        "the key auditors and stream consumers sign in with",
+    p = _command(sub, "server", "the embedded nats-server that holds the log", [
+        "ftrain server start", "ftrain server status --json", "ftrain server credentials --read-only --out r.nk",
+    ], "repair: accept a changed stream, on record; credentials --read-only: the key auditors and stream "
+       "consumers sign in with.")  # fmt: skip
+    p.add_argument(
+        "action", choices=("start", "stop", "status", "repair", "credentials"), help="what to do with it"
     )
-    p.add_argument("action", choices=("start", "stop", "status", "repair", "credentials"))
     p.add_argument(
         "--read-only", action="store_true", help="credentials: a key that may read and tail, never append"
     )
     p.add_argument("--out", type=Path, metavar="FILE", help="credentials: also write the seed to FILE (0600)")
+    _json(p, "what the action found or did")
 
-    p = sub.add_parser("storage", help="the embedded SeaweedFS S3 server, for development and tests")
-    p.add_argument("action", choices=("start", "stop", "status"))
+    p = _command(sub, "storage", "the embedded SeaweedFS S3 server, for development and tests", [
+        "ftrain storage start", "eval \"$(ftrain storage status --json | jq -r .exports)\"",
+    ])  # fmt: skip
+    p.add_argument("action", choices=("start", "stop", "status"), help="what to do with it")
+    _json(p, "what the action found or did")
 
-    add_keys_parser(sub, _Parser)
+    from ftrain.cli.keys_cmd import add_keys_parser
 
-    p = sub.add_parser(
-        "demo", help="a 2-process CPU training run, SIGKILLed and resumed, checked bit for bit"
-    )
+    add_keys_parser(sub, _Parser, _command, _json)
+
+    p = _command(sub, "demo", "a 2-process CPU training run, SIGKILLed and resumed, checked bit for bit", [
+        "ftrain demo", "ftrain demo --log-only",
+    ])  # fmt: skip
     p.add_argument("--log-only", action="store_true", help="the control-plane scenario only (no torch)")
     p.add_argument(
         "--s3", action="store_true", help="checkpoint to the embedded SeaweedFS (`ftrain storage start`)"
     )
+
+    p = _command(sub, "completion", "print the shell completion script", [
+        "ftrain completion bash > ~/.local/share/bash-completion/completions/ftrain",
+        "ftrain completion zsh > ~/.zfunc/_ftrain", "source <(ftrain completion bash)",
+    ])  # fmt: skip
+    p.add_argument("shell", choices=("bash", "zsh"), help="the shell to complete in")
     return parser
-
-
-def _run_id_as(text: str, what: str) -> str:
-    try:
-        return validate_run_id(text, what=what)
-    except InvalidRunId as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
 def _split_train_cmd(argv: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -243,30 +395,79 @@ def _split_train_cmd(argv: Sequence[str]) -> tuple[list[str], list[str]]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `ftrain` console script."""
-    from ftrain.logs import configure
+    from ftrain.cli import output
 
     args_list, train_cmd = _split_train_cmd(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(args_list)
+    try:
+        args = build_parser().parse_args(args_list)
+    except BrokenPipeError:  # `ftrain --help | head -1`
+        _closed_pipe()
     if train_cmd and args.command not in ("launch", "run"):
         _fail(2, f"ftrain {args.command}: error: unexpected arguments after --")
     args.train_cmd = train_cmd
+    output.json_mode(bool(getattr(args, "json", False)))
     try:
+        _structlog_without_rich()
+        from ftrain.logs import configure
+
         configure()
         return _dispatch(args)
-    except (UsageError, InvalidSetting, InvalidEvent, UnsafeDirectory) as exc:
-        _fail(2, f"ftrain {args.command}: error: {exc}")
-    except (Refused, LogUnavailable, LogTampered, KeyringError, NatsServerError) as exc:
-        _fail(1, f"ftrain {args.command}: {exc}")
-    except sqlite3.Error as exc:
-        _fail(1, f"ftrain {args.command}: read model error: {exc}")
-    except nats.errors.Error as exc:
-        _fail(1, f"ftrain {args.command}: event log error: {exc}")
-    except OSError as exc:
-        _fail(
-            1, f"ftrain {args.command}: {exc.strerror or exc}" + (f": {exc.filename}" if exc.filename else "")
-        )
+    except output.OutputClosed:
+        _closed_pipe()
     except KeyboardInterrupt:
         _fail(130, f"ftrain {args.command}: interrupted")
+    except Exception as exc:
+        code, line = _refusal(args.command, exc)
+        _fail(code, line)
+    finally:
+        output.json_mode(False)
+
+
+def _structlog_without_rich() -> None:
+    """Import structlog with `rich` out of its reach: its development renderer would load rich (0.06 s) for
+    tracebacks this CLI never renders. Only in this process, and only when neither is loaded yet."""
+    if "structlog" in sys.modules or "rich" in sys.modules:
+        return
+    sys.modules["rich"] = None  # type: ignore[assignment]  # `import rich` raises ImportError
+    try:
+        import structlog  # noqa: F401
+    finally:
+        del sys.modules["rich"]
+
+
+_USAGE = (
+    ("ftrain.errors", "UsageError"),
+    ("ftrain.settings", "InvalidSetting"),
+    ("ftrain.events.schema", "InvalidEvent"),
+    ("ftrain.events.private", "UnsafeDirectory"),
+)
+_REFUSED = (
+    ("ftrain.errors", "Refused"),
+    ("ftrain.events.jetstream.store", "LogUnavailable"),
+    ("ftrain.events.jetstream.store", "LogTampered"),
+    ("ftrain.events.keyring", "KeyringError"),
+    ("ftrain.events.jetstream.server", "NatsServerError"),
+)
+
+
+def _loaded(names: Sequence[tuple[str, str]]) -> tuple[type[BaseException], ...]:
+    """The named exception classes whose modules are loaded: one never imported cannot have raised."""
+    return tuple(getattr(sys.modules[m], n) for m, n in names if m in sys.modules)
+
+
+def _refusal(command: str, exc: Exception) -> tuple[int, str]:
+    """The exit code and the one line for an exception a command raised; anything else is a bug: re-raised."""
+    if isinstance(exc, _loaded(_USAGE)):
+        return 2, f"ftrain {command}: error: {exc}"
+    if isinstance(exc, _loaded(_REFUSED)):
+        return 1, f"ftrain {command}: {exc}"
+    if "sqlite3" in sys.modules and isinstance(exc, sys.modules["sqlite3"].Error):
+        return 1, f"ftrain {command}: read model error: {exc}"
+    if isinstance(exc, _loaded((("nats.errors", "Error"),))):
+        return 1, f"ftrain {command}: event log error: {exc}"
+    if isinstance(exc, OSError):
+        return 1, f"ftrain {command}: {exc.strerror or exc}" + (f": {exc.filename}" if exc.filename else "")
+    raise exc
 
 
 def _fail(code: int, line: str) -> NoReturn:
@@ -274,9 +475,27 @@ def _fail(code: int, line: str) -> NoReturn:
     raise SystemExit(code)
 
 
+def _closed_pipe() -> NoReturn:
+    """The reader of stdout is gone: say nothing (there is no one to tell), and make sure the interpreter's
+    own flush at exit finds somewhere to write."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    raise SystemExit(CLOSED_PIPE)
+
+
 def _dispatch(args: argparse.Namespace) -> int:
+    if args.command == "completion":
+        from ftrain.cli.completion import print_completion
+
+        return print_completion(build_parser(), args.shell)
     if args.command == "events" and args.events_command == "schema":
-        sys.stdout.write(msgspec.json.format(msgspec.json.encode(stored_schema())).decode() + "\n")
+        import msgspec
+
+        from ftrain.cli.output import emit_text
+        from ftrain.events.stored_schema import stored_schema
+
+        emit_text(msgspec.json.format(msgspec.json.encode(stored_schema())).decode())
         return 0
     if args.command == "keys":
         from ftrain.cli.keys_cmd import keys_command
@@ -289,7 +508,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "storage":
         from ftrain.cli.storage_cmd import storage_command
 
-        return storage_command(args.action, os.environ)
+        return storage_command(args, os.environ)
     if args.command == "demo":
         from ftrain.cli.shell import Shell
 
@@ -300,18 +519,24 @@ def _dispatch(args: argparse.Namespace) -> int:
         from ftrain.cli.demo import run_demo
 
         return run_demo(Shell(main), s3=args.s3)
+    from ftrain.cli.log_server import log_ready
+
     if args.command == "run":
         from ftrain.cli.launch import supervise
 
-        return supervise(args)
-    return asyncio.run(_async_dispatch(args))
+        return supervise(args, lambda: log_ready(args.command, os.environ))
+    import asyncio
+
+    return asyncio.run(_async_dispatch(args, log_ready))
 
 
-async def _async_dispatch(args: argparse.Namespace) -> int:
-    from ftrain.cli.commands import COMMANDS
+async def _async_dispatch(args: argparse.Namespace, log_ready: Callable[[str, Any], None]) -> int:
+    from ftrain.cli.commands import command_for
     from ftrain.service import RunService
 
-    command = COMMANDS[args.command]
+    command = command_for(args.command)
     prepared = command.prepare(args)
-    async with RunService.open(auditing=args.command in ("audit", "events")) as app:
+    log_ready(args.command, os.environ)
+    auditing = args.command in ("audit", "events")
+    async with RunService.open(auditing=auditing, leases=args.command == "status") as app:
         return await command.run(app, args, prepared)

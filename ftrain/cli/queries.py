@@ -1,13 +1,19 @@
-"""The read-only commands: status, list, cost (per project, or one run's goodput), audit verify, replay."""
+"""The read-only commands: status, list, cost (per project, or one run's goodput), audit verify, replay.
+Each prints lines for a person, or with `--json` one JSON document (its keys in each builder's docstring)."""
 
 import argparse
+from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
 import msgspec
+import nats.errors
 
 from ftrain.cli import goodput_view, render
-from ftrain.errors import UsageError
+from ftrain.errors import NotFound
+from ftrain.events.jetstream.lease import LeaseView
+from ftrain.events.jetstream.store import LogUnavailable
+from ftrain.events.lease_record import held_for
 from ftrain.events.schema import now
 from ftrain.projections.lifecycle import CheckpointRef, RunState
 from ftrain.service import RunService, RunView
@@ -23,12 +29,17 @@ def checkpoint_document(ref: CheckpointRef) -> dict[str, Any]:
             "status": ref.status, "reason": ref.reason}  # fmt: skip
 
 
-def view_document(view: RunView) -> dict[str, Any]:
+def view_document(view: RunView, *, whole: bool = True) -> dict[str, Any]:
     """A run in `status --json` and `list --json`: its status document, or only its name when none of its
     events was accepted; a broken or unvouched run's `state` is "broken" and `broken` carries the finding
     (for an unvouched one: its first event no trusted writer vouches for, and why). `vouched`: whether a
-    trusted writer vouches for the run (or it is an unsigned log accepted); `signed_by`: that writer."""
+    trusted writer vouches for the run (or it is an unsigned log accepted); `signed_by`: that writer. Not
+    `whole` (a `list` row): without the launch event and the list of every checkpoint, which grow with the
+    run, but with `last_valid_checkpoint`."""
     doc: dict[str, Any] = status_document(view.state) if view.state else {"run_id": view.run_id}
+    if not whole:
+        doc.pop("launch", None)
+        doc.pop("checkpoints", None)
     if view.broken is not None:
         doc["state"] = "broken"
     doc["broken"] = view.broken
@@ -54,7 +65,11 @@ def status_document(state: RunState) -> dict[str, Any]:
         "failures": state.failures,
         "last_failure": state.last_failure,
         "gpu_hours": round(state.gpu_hours_at(moment), 6),
+        "cost_hours": round(state.cost_hours_at(moment), 6),
+        "cost_unit": state.cost_unit,
         "running_seconds": round(state.running_seconds_at(moment), 3),
+        "launched_at": state.launch.time,
+        "updated_at": state.updated_at,
         "chain_head": state.head,
         "checkpoints": [checkpoint_document(c) for c in state.checkpoints],
         "launch": state.launch,
@@ -63,11 +78,43 @@ def status_document(state: RunState) -> dict[str, Any]:
     }
 
 
+async def supervisor_of(app: RunService, run_id: str) -> LeaseView | str:
+    """The run's supervisor lease, or why it could not be read (the status is shown all the same)."""
+    try:
+        return await app.lease(run_id)
+    except (LogUnavailable, nats.errors.Error) as exc:
+        return f"unknown ({type(exc).__name__})"
+
+
+def supervisor_document(lease: LeaseView | str) -> dict[str, Any]:
+    """`supervisor` in `status --json`: whether its lease is live, its holder (the last one once expired;
+    null: never leased), and how long ago it renewed by the holder's clock; or why it is unknown."""
+    if isinstance(lease, str):
+        return {"unknown": lease}
+    holder = lease.holder
+    age = None if holder is None else round(max((now() - holder.renewed).total_seconds(), 0.0), 3)
+    return {"live": lease.live, "holder": holder, "renewed_seconds_ago": age}
+
+
+def supervisor_line(lease: LeaseView | str) -> str:
+    """The `supervisor` line of `status`."""
+    if isinstance(lease, str):
+        said = lease
+    elif lease.live:
+        said = held_for(lease.holder)
+    elif lease.holder is not None:
+        said = f"none: its lease expired (last held by {held_for(lease.holder)})"
+    else:
+        said = "none leased"
+    return f"supervisor  {said}"
+
+
 async def run_status(app: RunService, args: argparse.Namespace, _: None) -> int:
-    """One run; exit 1 when its chain is broken."""
+    """One run, with its supervisor's lease; exit 1 when its chain is broken."""
     view = await app.view(args.run_id)
+    lease = await supervisor_of(app, args.run_id)
     if args.json:
-        render.emit_json(view_document(view))
+        render.emit_json({**view_document(view), "supervisor": supervisor_document(lease)})
     else:
         if view.broken is not None:  # first: what the rest shows is only the state before the break
             render.emit(render.finding(view.broken))
@@ -75,7 +122,7 @@ async def run_status(app: RunService, args: argparse.Namespace, _: None) -> int:
             *lines, head = render.status(view.state, now())
             if view.goodput is not None:
                 lines.append(goodput_view.status_line(view.goodput))
-            render.emit([*lines, head])
+            render.emit([*lines, supervisor_line(lease), head])
     return 0 if view.broken is None else 1
 
 
@@ -84,11 +131,11 @@ async def run_list(app: RunService, args: argparse.Namespace, _: None) -> int:
     vouches for each (UNVOUCHED: no trusted writer)."""
     views = await app.views(args.project)
     if args.json:
-        render.emit_json([view_document(v) for v in views])
+        render.emit_json([view_document(v, whole=args.with_launch) for v in views])
         return 0
     moment = now()
     rows = [
-        (v.run_id, "?", "BROKEN", "-", "-", "-", "-", "-")
+        (v.run_id, "?", "BROKEN", "-", "-", "-", "-", "-", "-")
         if v.state is None
         else (
             v.run_id,
@@ -97,49 +144,69 @@ async def run_list(app: RunService, args: argparse.Namespace, _: None) -> int:
             str(v.state.step),
             str(v.state.resume_count),
             str(v.state.failures),
-            f"{v.state.gpu_hours_at(moment):.2f}",
+            f"{v.state.cost_hours_at(moment):.2f} {v.state.cost_unit}",
+            render.timestamp(v.state.updated_at),
             render.vouched_by(v.vouched),
         )
         for v in views
     ]
-    header = ("RUN", "PROJECT", "STATE", "STEP", "RESUMES", "FAILURES", "GPU-HOURS", "SIGNED BY")
+    header = ("RUN", "PROJECT", "STATE", "STEP", "RESUMES", "FAILURES", "COST", "UPDATED", "SIGNED BY")
     render.emit(render.table(header, rows))
     return 0
 
 
 async def run_cost(app: RunService, args: argparse.Namespace, _: None) -> int:
-    """GPU-hours per run and in total; with --run, that run's goodput and GPU-hours. A broken or unvouched
-    run's hours are shown but never added to the total: what a forger appended was not spent."""
+    """The cost of each run and in total, each in its unit as launched (GPU-hours; a CPU job's CPU- or
+    node-hours); with --run, that run's goodput and cost. A broken or unvouched run's hours are shown but never
+    added to the total: what a forger appended was not spent."""
     if args.run is not None:
         return await _run_goodput(app, args)
     moment = now()
     priced = [(v, _cost_document(v, v.state, moment)) for v in await app.views(args.project) if v.state]
     docs = [doc for _, doc in priced]
-    total = sum(d["gpu_hours"] for d in docs if d["broken"] is None)
-    uncounted = sum(d["gpu_hours"] for d in docs if d["broken"] is not None)
+    totals, uncounted = (
+        _totals(d for d in docs if d["broken"] is None),
+        _totals(d for d in docs if d["broken"]),
+    )
     if args.json:
         render.emit_json({"project": args.project, "runs": docs,
-                          "total_gpu_hours": round(total, 6), "uncounted_gpu_hours": round(uncounted, 6)})  # fmt: skip
+                          "total_gpu_hours": totals.get("GPU-hours", 0.0),
+                          "uncounted_gpu_hours": uncounted.get("GPU-hours", 0.0),
+                          "totals": totals, "uncounted": uncounted})  # fmt: skip
         return 0
     rows = [
-        (d["run_id"], d["state"].upper() if d["broken"] else d["state"], str(d["gpus"]), f"{d['gpu_hours']:.2f}",
-         d["source"], render.vouched_by(v.vouched))
+        (d["run_id"], d["state"].upper() if d["broken"] else d["state"], str(d["gpus"]),
+         f"{d['cost_hours']:.2f} {d['cost_unit']}", d["source"], render.vouched_by(v.vouched))
         for v, d in priced
     ]  # fmt: skip
-    render.emit(render.table(("RUN", "STATE", "GPUS", "GPU-HOURS", "SOURCE", "SIGNED BY"), rows))
+    render.emit(render.table(("RUN", "STATE", "WORLD", "COST", "SOURCE", "SIGNED BY"), rows))
     left_out = sum(1 for d in docs if d["broken"] is not None)
-    line = f"total {total:.2f} GPU-hours over {len(priced) - left_out} run(s)"
+    line = f"total {_sum_line(totals)} over {len(priced) - left_out} run(s)"
     if left_out:
-        line += f"; not counted: {uncounted:.2f} GPU-hours of {left_out} broken or unvouched run(s)"
+        line += f"; not counted: {_sum_line(uncounted)} of {left_out} broken or unvouched run(s)"
     render.emit(line)
     return 0
 
 
+def _totals(docs: Iterable[dict[str, Any]]) -> dict[str, float]:
+    """Hours per unit, GPU-hours always present (0 when no GPU job)."""
+    totals: dict[str, float] = {"GPU-hours": 0.0}
+    for d in docs:
+        totals[d["cost_unit"]] = round(totals.get(d["cost_unit"], 0.0) + d["cost_hours"], 6)
+    return totals
+
+
+def _sum_line(totals: dict[str, float]) -> str:
+    """`12.50 GPU-hours`, then `3.00 node-hours` and so on for any unit a run of these was costed in."""
+    shown = [f"{hours:.2f} {unit}" for unit, hours in totals.items() if unit == "GPU-hours" or hours]
+    return ", ".join(shown)
+
+
 def _cost_document(view: RunView, state: RunState, moment: datetime) -> dict[str, Any]:
-    """A run in `cost --json`: its hours so far or as completed, and whether they count (`broken` null)."""
+    """A run in `cost --json`: its hours so far or as completed (`cost_hours` in `cost_unit`; `gpu_hours`: 0
+    for a CPU job), its world size (`gpus`: processes), and whether they count (`broken` null)."""
     return {"run_id": state.run_id, "state": "broken" if view.broken else state.status, "gpus": state.gpus,
-            "gpu_hours": round(state.gpu_hours_at(moment), 6), "source": state.cost_source or "so far",
-            "vouched": view.vouched is not None, "broken": view.broken}  # fmt: skip
+            **_hours(state, moment), "vouched": view.vouched is not None, "broken": view.broken}  # fmt: skip
 
 
 async def _run_goodput(app: RunService, args: argparse.Namespace) -> int:
@@ -150,7 +217,10 @@ async def _run_goodput(app: RunService, args: argparse.Namespace) -> int:
         doc: dict[str, Any] = {"run_id": view.run_id}
         if state is not None and goodput is not None:
             doc.update(
-                state=state.status, gpus=state.gpus, **_hours(state), goodput=goodput_view.document(goodput)
+                state=state.status,
+                gpus=state.gpus,
+                **_hours(state, now()),
+                goodput=goodput_view.document(goodput),
             )
         if view.broken is not None:
             doc["state"] = "broken"
@@ -159,14 +229,18 @@ async def _run_goodput(app: RunService, args: argparse.Namespace) -> int:
     if view.broken is not None:
         render.emit(render.finding(view.broken))
     if state is not None and goodput is not None:
-        hours = _hours(state)
+        hours = _hours(state, now())
+        world = (
+            f"{state.gpus} GPU(s)" if state.cost_unit == "GPU-hours" else f"{state.gpus} process(es) on CPUs"
+        )
         render.emit(goodput_view.breakdown(state.run_id, state.status, goodput))
-        render.emit(f"GPU-hours {hours['gpu_hours']:.2f} over {state.gpus} GPU(s) ({hours['source']})")
+        render.emit(f"{state.cost_unit} {hours['cost_hours']:.2f} over {world} ({hours['source']})")
     return 0 if view.broken is None else 1
 
 
-def _hours(state: RunState) -> dict[str, Any]:
-    return {"gpu_hours": round(state.gpu_hours_at(now()), 6), "source": state.cost_source or "so far"}
+def _hours(state: RunState, moment: datetime) -> dict[str, Any]:
+    return {"gpu_hours": round(state.gpu_hours_at(moment), 6), "cost_hours": round(state.cost_hours_at(moment), 6),
+            "cost_unit": state.cost_unit, "source": state.cost_source or "so far"}  # fmt: skip
 
 
 async def run_audit(app: RunService, args: argparse.Namespace, _: None) -> int:
@@ -174,7 +248,7 @@ async def run_audit(app: RunService, args: argparse.Namespace, _: None) -> int:
     broken or unvouched run and whatever the anchors say was lost."""
     report = await app.verify(args.run_id)
     if args.run_id is not None and report.runs == 0 and not report.findings and not report.stream_findings:
-        raise UsageError(f"unknown run {args.run_id!r}")
+        raise NotFound(f"unknown run {args.run_id!r}")
     if args.json:
         render.emit_json({"ok": report.ok, **msgspec.structs.asdict(report)})
         return 0 if report.ok else 1
@@ -209,11 +283,11 @@ async def run_replay(app: RunService, args: argparse.Namespace, _: None) -> int:
     for e in entries:
         if e.event is not None:
             render.emit(
-                f"#{e.stream_seq:<6} {e.event.time:%Y-%m-%d %H:%M:%S}  {e.run_id}  seq {e.event.seq:<4} "
+                f"#{e.stream_seq:<6} {render.timestamp(e.event.time)}  {e.run_id}  seq {e.event.seq:<4} "
                 f"{e.event_type:<16} {render.summary(e.event)}"
             )
         elif e.finding is not None:
             render.emit(
-                f"#{e.stream_seq:<6} {'?':19}  {e.run_id}  {e.event_type:<16} REJECTED: {e.finding.reason}"
+                f"#{e.stream_seq:<6} {'?':20}  {e.run_id}  {e.event_type:<16} REJECTED: {e.finding.reason}"
             )
     return 0

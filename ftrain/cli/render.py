@@ -1,23 +1,32 @@
 """Human-readable lines for the CLI; the wording follows the product's reference documents.
 
-Every line goes out through `emit`, which makes what the log's publishers wrote visible (`visible`): the
+Every line goes out through `emit` (`output`), which makes what the log's publishers wrote visible (`visible`): the
 functions here format fields as they are stored and never escape them themselves.
 """
 
-import sys
 from collections import Counter
 from collections.abc import Sequence
-from datetime import datetime
-from typing import Any
+from datetime import UTC, datetime
 
-import msgspec
-
+from ftrain.cli.output import emit as emit
+from ftrain.cli.output import emit_json as emit_json
 from ftrain.cli.visible import visible
 from ftrain.events.schema import AnyEvent, Checkpointed, Completed, CorruptSkipped, Failed, Launched, Resumed
 from ftrain.projections.audit import Finding
 from ftrain.projections.lifecycle import RunState, skipped_line
 from ftrain.projections.vouching import Vouched
 from ftrain.supervise.launch_spec import format_command
+
+
+def timestamp(moment: datetime) -> str:
+    """RFC 3339 in UTC, to the second: `2026-12-02T19:35:23Z`, the one form every view shows a time in."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def allocation(event: Launched) -> str:
+    """`2×4 GPUs` or, for a CPU job, `1×2 processes on CPUs`."""
+    what = "processes on CPUs" if event.devices == "cpu" else "GPUs"
+    return f"{event.nodes}×{event.gpus_per_node} {what}"
 
 
 def short_hash(digest: str) -> str:
@@ -28,8 +37,7 @@ def short_hash(digest: str) -> str:
 def launched(event: Launched) -> list[str]:
     """`ftrain launch` output."""
     return [
-        f"Launched {event.run_id} — {event.nodes}×{event.gpus_per_node} GPUs, {event.strategy}, "
-        f"rdzv {event.rdzv_endpoint}",
+        f"Launched {event.run_id} — {allocation(event)}, {event.strategy}, rdzv {event.rdzv_endpoint}",
         f"  {format_command(event.command)}",
     ]
 
@@ -62,10 +70,11 @@ def failed(event: Failed, state: RunState) -> str:
     return f"Marked {event.run_id} failed ({event.reason}{code}) — failure {state.failures}"
 
 
-def completed(event: Completed) -> str:
-    """`ftrain complete` output."""
-    source = "reported" if event.cost_source == "reported" else "running wall time × GPUs"
-    return f"Completed {event.run_id} — {event.cost_gpu_hours:.2f} GPU-hours ({source})"
+def completed(event: Completed, unit: str) -> str:
+    """`ftrain complete` output: the cost in the run's unit (GPU-hours; a CPU job's CPU- or node-hours)."""
+    per = {"GPU-hours": "GPUs", "CPU-hours": "CPUs", "node-hours": "nodes"}[unit]
+    source = "reported" if event.cost_source == "reported" else f"running wall time × {per}"
+    return f"Completed {event.run_id} — {event.cost_gpu_hours:.2f} {unit} ({source})"
 
 
 def status(state: RunState, moment: datetime) -> list[str]:
@@ -83,17 +92,20 @@ def status(state: RunState, moment: datetime) -> list[str]:
         f"state       {state.status}",
         f"step        {state.step} (epoch {state.epoch})",
         f"checkpoint  {last}",
-        f"launch      {launch.nodes}×{launch.gpus_per_node} GPUs, {launch.strategy}, rdzv {launch.rdzv_endpoint}",
+        f"launch      {allocation(launch)}, {launch.strategy}, rdzv {launch.rdzv_endpoint}",
         *(
             [
-                f"nodes       {', '.join(state.nodes)} ({len(state.nodes)} of {launch.nodes}: {state.gpus} GPUs)"
+                f"nodes       {', '.join(state.nodes)} ({len(state.nodes)} of {launch.nodes}: {state.gpus} "
+                + ("processes)" if launch.devices == "cpu" else "GPUs)")
             ]
             if state.nodes != launch.hosts
             else []
         ),
         f"resumes     {state.resume_count}",
         f"failures    {failures}",
-        f"gpu-hours   {state.gpu_hours_at(moment):.2f}",
+        f"launched    {timestamp(launch.time)}",
+        f"updated     {timestamp(state.updated_at)}",
+        f"{state.cost_unit.lower():<12}{state.cost_hours_at(moment):.2f}",
         f"chain head  seq {state.head.seq} {short_hash(state.head.hash)} (stream seq {state.head.stream_seq})",
     ]
 
@@ -127,7 +139,7 @@ def vouched_by(vouched: Vouched | None) -> str:
 def summary(event: AnyEvent) -> str:
     """The gist of an event, for `replay`."""
     if isinstance(event, Launched):
-        return f"{event.nodes}×{event.gpus_per_node} {event.strategy} rdzv {event.rdzv_endpoint}"
+        return f"{allocation(event)} {event.strategy} rdzv {event.rdzv_endpoint}"
     if isinstance(event, Checkpointed):
         return f"step {event.step} epoch {event.epoch} hash {short_hash(event.checkpoint_hash)} {event.uri}"
     if isinstance(event, Failed):
@@ -137,18 +149,4 @@ def summary(event: AnyEvent) -> str:
         return f"#{event.resume_count} from step {event.step}{on}" + (" (forced)" if event.forced else "")
     if isinstance(event, CorruptSkipped):
         return f"step {event.step}: {event.reason}"
-    return f"{event.cost_gpu_hours:.2f} GPU-hours ({event.cost_source})"
-
-
-def emit(lines: str | list[str]) -> None:
-    """Print output lines for a person, each made visible: a line feed inside one is shown, not obeyed."""
-    sys.stdout.write(
-        "\n".join(visible(line) for line in ([lines] if isinstance(lines, str) else lines)) + "\n"
-    )
-    sys.stdout.flush()
-
-
-def emit_json(value: Any) -> None:
-    """Print one JSON document, on one line, the stored strings unchanged (JSON escapes what must be)."""
-    sys.stdout.write(msgspec.json.encode(value).decode() + "\n")
-    sys.stdout.flush()
+    return f"cost {event.cost_gpu_hours:.2f} ({event.cost_source}; in the run's unit, as launched)"

@@ -7,10 +7,11 @@ import asyncio
 import os
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from ftrain import settings
-from ftrain.cli.render import emit
-from ftrain.errors import Refused, UsageError
+from ftrain.cli.output import emit, emit_json
+from ftrain.errors import NOT_RUNNING, Refused, UsageError
 from ftrain.events.jetstream.connection import NatsSettings, open_store
 from ftrain.events.jetstream.server import (
     NatsServerError,
@@ -30,33 +31,50 @@ def server_command(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         raise UsageError("--read-only and --out go with `ftrain server credentials`")
     nats = settings.nats(env)
     if action == "repair":
-        return asyncio.run(_repair(nats))
+        return asyncio.run(_repair(nats, args.json))
     if nats.url is not None:
         hint = " (give a reader on it the permissions the README lists)" if action == "credentials" else ""
         raise UsageError(f"{settings.NATS_URL} is set: ftrain does not manage that server{hint}")
     home = nats.home
     try:
         if action == "credentials":
-            return _credentials(home, args.read_only, args.out)
-        if action == "start":
-            proc = ensure_server(home)
-            emit(f"nats-server running at {proc.url} (pid {proc.pid}, store {proc.store_dir})")
-        elif action == "stop":
-            emit("nats-server stopped" if stop_server(home) else "nats-server was not running")
-        else:
-            running = server_status(home)
-            if running is None:
-                emit(f"nats-server not running (home {home})")
-                return 3
-            emit(f"nats-server running at {running.url} (pid {running.pid}, store {running.store_dir})")
+            return _credentials(home, args.read_only, args.out, args.json)
+        if action == "stop":
+            stopped = stop_server(home)
+            return _say(args.json, {"running": False, "stopped": stopped, "home": str(home)},
+                        "nats-server stopped" if stopped else "nats-server was not running")  # fmt: skip
+        running = ensure_server(home) if action == "start" else server_status(home)
     except NatsServerError as exc:
         raise Refused(str(exc)) from exc
+    if running is None:
+        _say(args.json, {"running": False, "home": str(home)}, f"nats-server not running (home {home})")
+        return NOT_RUNNING
+    doc = {
+        "running": True,
+        "url": running.url,
+        "pid": running.pid,
+        "store_dir": running.store_dir,
+        "home": str(home),
+    }
+    return _say(
+        args.json, doc, f"nats-server running at {running.url} (pid {running.pid}, store {running.store_dir})"
+    )
+
+
+def _say(json: bool, doc: dict[str, Any], line: str) -> int:
+    """`start`/`status` --json: `{"running", "url", "pid", "store_dir", "home"}` (`running` false: `home`
+    only); `stop`: `{"running": false, "stopped", "home"}` (`stopped`: whether one was running)."""
+    if json:
+        emit_json(doc)
+    else:
+        emit(line)
     return 0
 
 
-def _credentials(home: Path, read_only: bool, out: Path | None) -> int:
+def _credentials(home: Path, read_only: bool, out: Path | None, json: bool) -> int:
     """Issue the read-only key (the same one every time) and say how a reader signs in with it; `out`: a
-    private copy to hand over, never written over a file that holds anything else."""
+    private copy to hand over, never written over a file that holds anything else. --json: `{"public_key",
+    "seed_file", "url", "env"}` (`env`: the variables a reader sets)."""
     if not read_only:
         raise UsageError(
             f"only a read-only key is issued: add --read-only (writers sign in with {home}/nats/user.nk)"
@@ -68,6 +86,10 @@ def _credentials(home: Path, read_only: bool, out: Path | None) -> int:
     if out is not None:
         _copy(reader.seed_file, out)
         handed = out.absolute()
+    if json:
+        emit_json({"public_key": reader.public_key, "seed_file": str(handed), "url": reader.server.url,
+                   "env": {settings.NATS_URL: reader.server.url, settings.NATS_NKEY: str(handed)}})  # fmt: skip
+        return 0
     emit(f"read-only key {reader.public_key} (read, tail, audit; never append): {handed}")
     emit(f"a reader signs in with {settings.NATS_URL}={reader.server.url} {settings.NATS_NKEY}={handed}")
     return 0
@@ -91,11 +113,16 @@ def _copy(seed: Path, out: Path) -> None:
         f.write(seed.read_bytes())
 
 
-async def _repair(nats: NatsSettings) -> int:
+async def _repair(nats: NatsSettings, json: bool) -> int:
     """Re-create a vanished stream, restore ftrain's retention settings, and anchor the stream as it is,
-    with what differed: later opens accept it, and `audit verify` lists it as accepted."""
+    with what differed: later opens accept it, and `audit verify` lists it as accepted. --json: `{"stream",
+    "created", "last_seq", "change" (null: nothing differed), "ignored"}`."""
     async with open_store(nats) as store:
         change, facts, ignored = await store.repair()
+    if json:
+        emit_json({"stream": facts.stream, "created": facts.created, "last_seq": facts.last_seq,
+                   "change": change or None, "ignored": ignored})  # fmt: skip
+        return 0
     for line in ignored:
         emit(f"ignored: {line}")
     emit(f"stream {facts.stream} (created {facts.created}, last seq {facts.last_seq}) accepted and anchored")

@@ -12,7 +12,7 @@ from contextlib import aclosing, suppress
 from typing import Any
 
 from ftrain.cli import render
-from ftrain.errors import UsageError
+from ftrain.errors import NotFound
 from ftrain.events.jetstream.store import EventStore
 from ftrain.projections.audit import ChainWalk
 from ftrain.projections.event_verdict import EventVerdict, event_verdict
@@ -34,7 +34,7 @@ async def run_tail(app: RunService, args: argparse.Namespace, _: None) -> int:
         for signum in stops:
             loop.remove_signal_handler(signum)
     if not shown and args.run_id is not None and not args.follow:
-        raise UsageError(f"unknown run {args.run_id!r}")
+        raise NotFound(f"unknown run {args.run_id!r}")
     return 0
 
 
@@ -65,10 +65,10 @@ def _line(v: EventVerdict) -> str:
     chain = "ok" if v.ok else f"REJECTED: {v.chain}"
     verdict = f"[{chain}; {v.signature.verdict}]"
     if v.event is None:
-        return f"#{v.stream_seq:<6} {'?':19}  {v.run_id}  {'?':8} {v.event_type:<16} {verdict}"
+        return f"#{v.stream_seq:<6} {'?':20}  {v.run_id}  {'?':8} {v.event_type:<16} {verdict}"
     e = v.event
     return (
-        f"#{v.stream_seq:<6} {e.time:%Y-%m-%d %H:%M:%S}  {v.run_id}  seq {e.seq:<4} {v.event_type:<16} "
+        f"#{v.stream_seq:<6} {render.timestamp(e.time)}  {v.run_id}  seq {e.seq:<4} {v.event_type:<16} "
         f"{render.summary(e)}  {verdict}"
     )
 

@@ -2,8 +2,9 @@
 
     torchrun --nproc-per-node 2 -m ftrain.examples.train --ckpt-dir ./ckpts --save-interval 10 --train-iters 100
 
-Resumes by itself from the newest valid checkpoint (`--no-resume` starts fresh); under `ftrain run` it finds
-its run id and checkpoint directory in FTRAIN_RUN_ID / FTRAIN_CKPT_DIR. At the end rank 0 prints
+Resumes by itself from the newest valid checkpoint (`--no-resume` starts fresh); under `ftrain run` the
+checkpoint manager takes the run, its location, cadence and dataset revision from the supervisor. It uses the
+public training API only (`ftrain.train.checkpointing`), as any script does. At the end rank 0 prints
 `FINAL step=N params_sha256=<hex>`, the SHA-256 of the full unsharded parameters in name order.
 """
 
@@ -24,31 +25,22 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
 from ftrain import settings
-from ftrain.cadence import parse_checkpoint_every
-from ftrain.events.run_id import InvalidRunId, validate_run_id
 from ftrain.examples.data import ResumableLoader, synthetic_tokens
 from ftrain.examples.model import MODELS, TinyGPT, parameter_count
 from ftrain.logs import configure as configure_logging
 from ftrain.train.checkpointing import (
-    CheckpointConfig,
     CheckpointManager,
+    Fenced,
+    NoValidCheckpoint,
+    ResumeFailed,
+    ResumeRefused,
+    ResumeStopped,
     SavesFailing,
     SaveTimes,
-    TrainState,
+    UnsafeDirectory,
 )
-from ftrain.train.faults import fault_point
 from ftrain.train.lifeline import die_with_launcher
-from ftrain.train.metrics import (
-    MetricsWriter,
-    lost_seconds,
-    metrics_path,
-    process_start_time,
-    reached_step,
-)
-from ftrain.train.resume import NoValidCheckpoint, ResumeFailed, ResumeRefused, ResumeStopped
-from ftrain.workers.fence import Fenced
-from ftrain.workers.stage_dir import UnsafeDirectory, default_stage_dir
-from ftrain.workers.storage.open import is_object_storage
+from ftrain.train.metrics import MetricsWriter, process_start_time
 
 META_INIT_AUTO_PARAMS = 6_000_000_000  # the seed's threshold: dense init stays exact for smaller models
 PROCESS_START = process_start_time()
@@ -68,14 +60,12 @@ def _usage(message: str) -> NoReturn:
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Flags in the seed's spirit; mistakes are one line and exit 2, before anything is written."""
     try:
-        run_id, ckpt_dir, log_level = settings.run_id(), settings.ckpt_location(), settings.log_level()
-        settings.attempt()
-        max_failed_saves = settings.max_failed_saves()
+        log_level = settings.log_level()
     except settings.InvalidSetting as exc:
         _usage(str(exc))
     p = _Parser(prog="python -m ftrain.examples.train", description=__doc__.split("\n")[0])
-    p.add_argument("--ckpt-dir", default=ckpt_dir, help="a directory, or s3://bucket/prefix/<run>")
-    p.add_argument("--run-id", default=run_id)
+    p.add_argument("--ckpt-dir", default=None, help="a directory, or s3://bucket/prefix/<run>")
+    p.add_argument("--run-id", default=None)
     p.add_argument("--save-interval", type=int, default=None, help="save every N steps")
     p.add_argument(
         "--checkpoint-every", default=None, help="save every duration (10min, 90s) or count (50steps)"
@@ -94,40 +84,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--optimizer", choices=("adamw", "sgd"), default="adamw")
     p.add_argument("--lr", type=float, default=3e-3)
     args = p.parse_args(argv)
-    args.log_level, args.max_failed_saves = log_level, max_failed_saves
-    if args.ckpt_dir is None:
-        _usage(f"--ckpt-dir is required (or {settings.CKPT_DIR})")
-    args.object_dir = None
-    if is_object_storage(args.ckpt_dir):
-        args.object_dir = args.ckpt_dir.rstrip("/")
-        args.ckpt_dir = args.object_dir.rpartition("/")[2]  # the run's name, for the work directory's
-    args.ckpt_dir = Path(args.ckpt_dir)
-    if args.keep < 2:
-        _usage(f"--keep {args.keep}: keep at least 2 (the newest may be the one that turns out corrupt)")
-    if args.train_iters < 1 or (args.save_interval is not None and args.save_interval < 1):
-        _usage("--train-iters and --save-interval must be ≥ 1")
-    if args.run_id is not None:
-        try:
-            validate_run_id(args.run_id)
-        except InvalidRunId as exc:
-            _usage(str(exc))
-    args.every_seconds = None
-    if args.checkpoint_every:
-        try:
-            cadence = parse_checkpoint_every(args.checkpoint_every)
-        except ValueError as exc:
-            _usage(str(exc))
-        args.every_seconds = cadence.seconds
-        args.save_interval = args.save_interval or cadence.steps
-    args.ckpt_dir = args.ckpt_dir.expanduser().absolute()
-    if args.ckpt_stage_dir is None:
-        job = (
-            os.environ.get("SLURM_JOB_ID") or os.environ.get("PBS_JOBID") or args.run_id or args.ckpt_dir.name
-        )
-        args.ckpt_stage_dir = default_stage_dir(job)
-    if args.object_dir is not None:  # shards are written to, and resumed from, this node-local directory
-        args.ckpt_dir = args.ckpt_stage_dir.expanduser().absolute()
-    args.metrics_dir = (args.metrics_dir or args.ckpt_dir / "metrics").expanduser().absolute()
+    args.log_level = log_level
+    if args.train_iters < 1:
+        _usage("--train-iters must be ≥ 1")
+    args.every = args.checkpoint_every or args.save_interval
     return args
 
 
@@ -223,25 +183,26 @@ def train(args: argparse.Namespace) -> int:
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 20))
     data = synthetic_tokens(4096, config["seq"] + 1, config["vocab"], args.seed)
     loader = ResumableLoader(data, config["batch"], rank, world, args.seed)
-    state = TrainState(model, optimizer, scheduler, loader, rank)
-    manager = CheckpointManager(
-        CheckpointConfig(
-            ckpt_dir=args.ckpt_dir,
-            run_id=args.run_id,
-            save_interval=args.save_interval,
-            every_seconds=args.every_seconds,
+    try:
+        manager = CheckpointManager(
+            args.ckpt_dir,
+            model=model,
+            optimizer=optimizer,
+            states={"scheduler": scheduler},
+            loader=loader,
+            every=args.every,
+            keep=args.keep,
             async_save=args.async_ckpt,
             stage_dir=args.ckpt_stage_dir,
-            keep=args.keep,
             resume=not args.no_resume,
+            run_id=args.run_id,
             dataset_revision=f"synthetic-v1-seed{args.seed}",
-            object_dir=args.object_dir,
-            max_failed_saves=args.max_failed_saves,
-        ),
-        state,
-    )
+        )
+    except ValueError as exc:
+        dist.destroy_process_group()
+        _usage(str(exc))
     try:
-        return _loop(args, manager, state, device)
+        return _loop(args, manager, scheduler, loader, model, optimizer, device)
     except (NoValidCheckpoint, ResumeFailed, ResumeStopped, UnsafeDirectory, SavesFailing) as exc:
         _say(rank, f"train: {exc}")
         return 1
@@ -257,19 +218,27 @@ def train(args: argparse.Namespace) -> int:
 
 
 def _loop(
-    args: argparse.Namespace, manager: CheckpointManager, state: TrainState, device: torch.device
+    args: argparse.Namespace,
+    manager: CheckpointManager,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    loader: ResumableLoader,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    device: torch.device,
 ) -> int:
     rank = dist.get_rank()
-    reached = reached_step(args.metrics_dir)
-    point = manager.load()
-    metrics = MetricsWriter(args.metrics_dir, rank)
-    step = point.step if point else 0
-    lost = max((reached or step) - step, 0)
-    if point is not None and reached is not None:  # for the log's goodput; unknown without the metrics
-        manager.clock.lost(lost, lost_seconds(metrics_path(args.metrics_dir, rank), step))
-    first_after_resume = point is not None
-    model, loader, optimizer = state.model, state.loader, state.optimizer
-    assert isinstance(loader, ResumableLoader)
+    step = manager.load()
+    metrics_dir = (
+        args.metrics_dir
+        or (
+            manager.config.location.path
+            if manager.config.location.backend == "file"
+            else manager.config.stage_dir
+        )
+        / "metrics"
+    )
+    metrics = MetricsWriter(metrics_dir.expanduser().absolute(), rank)
+    first_after_resume = manager.resumed is not None
     try:
         while step < args.train_iters:
             start = time.perf_counter()
@@ -278,7 +247,7 @@ def _loop(
             loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            state.scheduler.step()  # type: ignore[attr-defined]
+            scheduler.step()
             step += 1
             record: dict[str, Any] = {
                 "train/iter": step,
@@ -286,12 +255,11 @@ def _loop(
                 "train/dt": time.perf_counter() - start,
             }
             if first_after_resume:
-                assert point is not None
                 record["train/restart_seconds"] = time.time() - PROCESS_START
-                record["train/lost_steps"] = lost
+                if manager.lost is not None:
+                    record["train/lost_steps"] = manager.lost[0]
                 first_after_resume = False
             metrics.write(record)
-            fault_point("step", step)
             if manager.due(step):
                 times = manager.save(step, loader.epoch)
                 metrics.write({"train/iter": step, **_ckpt_metrics(times, args.async_ckpt)})

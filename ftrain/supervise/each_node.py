@@ -5,8 +5,9 @@
 Each node's command starts in a session of its own. The first to exit with a failure (non-zero, or killed by a
 signal) ends the others — SIGTERM, then SIGKILL after the grace period — and its status is this process's
 (128 + N for signal N, as a shell reports it); it is named on stderr in one line (`NodeExit.line`), from which
-the supervisor tells a lost node from a failed training. When all succeed this exits 0. SIGTERM and SIGINT are
-passed on to every node's command, and the runner then waits for them all.
+the supervisor tells a lost node from a failed training. When all succeed this exits 0. SIGTERM, SIGINT and the
+save signals (FTRAIN_SAVE_SIGNALS: a node's relay hands them to its workers) are passed on to every node's
+command, and the runner then waits for them all.
 """
 
 import argparse
@@ -22,7 +23,9 @@ from typing import Final
 
 import structlog
 
+from ftrain import settings
 from ftrain.supervise.node_exec import NodeExit, TemplateError, node_argv, parse_template
+from ftrain.supervise.relay import stop_signals
 
 GRACE_SECONDS: Final = 10.0
 POLL_SECONDS: Final = 0.1
@@ -50,7 +53,7 @@ def run_each(template: Sequence[str], hosts: Sequence[str], command: Sequence[st
     def forward(signum: int, _: FrameType | None) -> None:
         _signal_all(procs, signum)
 
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in stop_signals(settings.save_signals()):
         signal.signal(sig, forward)
     failed: NodeExit | None = None
     deadline: float | None = None

@@ -12,14 +12,18 @@ from typing import IO, Final
 
 from ftrain.projections.lifecycle import FailIntent
 from ftrain.supervise.node_exec import NodeExit, parse_node_exit
+from ftrain.train.preemption import PREEMPTED_EXIT
 
 _EXITCODE: Final = re.compile(rb"\s*exitcode\s*:\s*(-?\d+)")
+_SRUN_NODE_FAILURE: Final = re.compile(rb"srun: error: Node failure on (\S+)")
+"""What srun says when Slurm finds a node of the step gone (it then ends the step, 137)."""
 _REPORT_TAIL: Final = 65536
 
 
 class FailureReport:
     """Reads the launcher's stderr as it streams by and keeps the exit code of the worker torchrun blames, and
-    the node the multi-node runner (`each_node`) names as failed first.
+    the node the multi-node runner (`each_node`) names as failed first, or srun's node failure (its processes
+    taken as SIGKILLed: 137, what srun then exits with).
 
     torchrun exits 1 whichever way a worker died; only its "Root Cause (first observed failure)" block says
     that the worker exited 3 or was killed by SIGKILL (exitcode -9).
@@ -38,6 +42,8 @@ class FailureReport:
         for line in lines:
             if self.node is None and line.startswith(b"each_node: "):
                 self.node = parse_node_exit(line.decode("utf-8", "replace"))
+            elif self.node is None and (lost := _SRUN_NODE_FAILURE.match(line)):
+                self.node = NodeExit(lost[1].decode("utf-8", "replace"), 128 + signal.SIGKILL)
             if self.worker_exit is not None:
                 continue
             if b"Root Cause" in line:
@@ -82,6 +88,12 @@ def failure(returncode: int, worker_exit: int | None, node: NodeExit | None = No
                 f"a training process was killed by {signal_name(-worker_exit)}; the launcher exited {returncode}"
             ),
         )
+    if worker_exit == PREEMPTED_EXIT:
+        return FailIntent(
+            reason="preempted",
+            exit_code=PREEMPTED_EXIT,
+            message=f"the workers saved on a signal and exited {PREEMPTED_EXIT}; the launcher exited {returncode}",
+        )
     if worker_exit:
         return FailIntent(
             reason="exit-code",
@@ -93,7 +105,7 @@ def failure(returncode: int, worker_exit: int | None, node: NodeExit | None = No
 
 def describe(intent: FailIntent) -> str:
     """`exit code 3`, `killed by SIGKILL`, `node node2 lost: its command was killed by SIGKILL`."""
-    if intent.reason == "node-failure":
+    if intent.reason in ("node-failure", "preempted"):
         return intent.message
     if intent.reason == "exit-code" or intent.exit_code is None:
         return f"exit code {intent.exit_code}"

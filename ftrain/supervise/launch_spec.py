@@ -24,7 +24,9 @@ __all__ = [
     "format_command",
 ]
 
-STRATEGIES: Final = ("fsdp", "zero", "megatron")
+STRATEGIES: Final = ("fsdp", "ddp", "zero", "megatron", "none")
+"""How the job shards its model: a label for fsdp, ddp and none (a CPU job, a single process); zero and
+megatron add their arguments to the training command."""
 
 DEFAULT_TRAIN_CMD: Final = ("-m", "ftrain.examples.train")
 """The reference trainer, run as a module by torchrun's own interpreter."""

@@ -21,7 +21,14 @@ from typing import Final, NamedTuple
 from ftrain import settings
 
 HOST: Final = "{host}"
-CARRIED: Final = (settings.RUN_ID, settings.CKPT_DIR, settings.ATTEMPT)
+CARRIED: Final = (
+    settings.RUN_ID,
+    settings.CKPT_DIR,
+    settings.ATTEMPT,
+    settings.CHECKPOINT_EVERY,
+    settings.DATASET_REVISION,
+    settings.SAVE_SIGNALS,
+)
 """The run's variables written into each node's command line."""
 _NODE_FAILED: Final = re.compile(r"each_node: (\S+) exited with status (\d+); ending the other nodes")
 

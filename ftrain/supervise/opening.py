@@ -7,13 +7,15 @@ does not start: an attempt the log never opened could not be fenced off from the
 
 import asyncio
 
+import msgspec
+from msgspec import UNSET
 from nats.errors import Error as NatsError
 
 from ftrain.events.jetstream.connection import NatsSettings, open_store
 from ftrain.events.jetstream.server import NatsServerError
 from ftrain.events.jetstream.store import EventStore, LogTampered, LogUnavailable
 from ftrain.events.keyring import KeyringError
-from ftrain.events.schema import Resumed
+from ftrain.events.schema import Resumed, SchedulerJob
 from ftrain.projections.lifecycle import IllegalTransition, RunState, relaunch
 from ftrain.projections.run_log import BrokenRun, ContendedRun, RunLog
 
@@ -25,13 +27,16 @@ class NotOpened(Exception):
     is out of reach. The message is one line."""
 
 
-async def append_relaunch(store: EventStore, run_id: str, hosts: tuple[str, ...]) -> Resumed:
-    """Open the next attempt of `run_id` (a failed run), on `hosts`. Raises NotOpened."""
+async def append_relaunch(
+    store: EventStore, run_id: str, hosts: tuple[str, ...], job: SchedulerJob | None = None
+) -> Resumed:
+    """Open the next attempt of `run_id` (a failed run), on `hosts`, from the scheduler's `job` (if in one).
+    Raises NotOpened."""
 
     def decide(state: RunState | None) -> Resumed:
         if state is None:
             raise IllegalTransition(f"unknown run {run_id!r}")
-        return relaunch(state, hosts)
+        return msgspec.structs.replace(relaunch(state, hosts), job=job or UNSET)
 
     try:
         appended = await RunLog(store, run_id).append(decide)
@@ -42,14 +47,18 @@ async def append_relaunch(store: EventStore, run_id: str, hosts: tuple[str, ...]
 
 
 def open_attempt(
-    run_id: str, nats: NatsSettings, hosts: tuple[str, ...], timeout: float = OPEN_TIMEOUT
+    run_id: str,
+    nats: NatsSettings,
+    hosts: tuple[str, ...],
+    timeout: float = OPEN_TIMEOUT,
+    job: SchedulerJob | None = None,
 ) -> int:
     """Open the next attempt of `run_id`, on `hosts`, through its log; returns its number. Raises NotOpened."""
 
     async def go() -> Resumed:
         async with open_store(nats) as store:
             await store.ensure_stream()
-            return await append_relaunch(store, run_id, hosts)
+            return await append_relaunch(store, run_id, hosts, job)
 
     try:
         return asyncio.run(asyncio.wait_for(go(), timeout)).attempt

@@ -15,7 +15,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Final, Literal, NamedTuple, Protocol
@@ -28,11 +28,16 @@ from ftrain.cli import render
 from ftrain.projections.lifecycle import CompleteIntent, FailIntent
 from ftrain.supervise.elastic import next_hosts
 from ftrain.supervise.failure_report import FailureReport, describe, failure, signal_name, tee_stderr
+from ftrain.supervise.lease_keeper import LeaseKeeper
 from ftrain.supervise.opening import OPEN_TIMEOUT, NotOpened
 from ftrain.supervise.procs import end_attempt, signal_job
-from ftrain.train.object_store import run_storage
+from ftrain.supervise.relay import STOP_SIGNALS, stop_signals, warning_signal
+from ftrain.supervise.watchdog import Hang, Watchdog
+from ftrain.train.preemption import PREEMPTED_EXIT
 from ftrain.workers.layout import complete_steps
 from ftrain.workers.storage.errors import StorageError, StorageUnavailable
+from ftrain.workers.storage.location import run_location
+from ftrain.workers.storage.open import open_storage
 
 BACKOFF_CAP: Final = 60.0
 GRACE_SECONDS: Final = 25.0
@@ -96,11 +101,22 @@ class Supervisor:
         hosts: tuple[str, ...],
         min_nodes: int | None = None,
         grace: float = GRACE_SECONDS,
+        lease: LeaseKeeper | None = None,
+        hang_timeout: float | None = None,
+        save_signals: Sequence[signal.Signals] = (),
+        requeue: bool = False,
     ) -> None:
         """`command` is an attempt's argv on the given hosts; `attempt`: the run's attempt the log opened for
         the first start (1 for a new run), on `hosts`; `opener` opens the next one on the given hosts in the
         log before each relaunch, returning its number (raises NotOpened). `min_nodes` below the number of
-        hosts lets a relaunch go on without a node the last attempt lost (None: every node, always)."""
+        hosts lets a relaunch go on without a node the last attempt lost (None: every node, always). `lease`:
+        the run's supervisor lease, renewed meanwhile (lost: the attempt is stopped, nothing recorded);
+        `hang_timeout`: seconds without progress of any rank that end an attempt as hung (None: never).
+        `save_signals`: the signals the trainer saves on (each node's torchrun runs under the relay, which
+        hands the workers the warning one); a stop signal reaches the attempt as that warning, and only SIGTERM
+        and SIGINT start the grace period (an early warning leaves the time to the scheduler). `requeue`: a
+        node lost that the relaunch cannot go on without ends supervision (the job is requeued) instead of
+        waiting for the node in this allocation."""
         self.run_id = run_id
         self.command = command
         self.hosts = hosts
@@ -115,10 +131,15 @@ class Supervisor:
         self._child: subprocess.Popen[bytes] | None = None
         self._stop: int | None = None
         self._deadline: float | None = None
+        self.lease = lease
+        self.hang_timeout = hang_timeout
+        self._hang: Hang | None = None
+        self.save_signals = tuple(save_signals)
+        self.requeue = requeue
 
     def run(self) -> Outcome:
-        """Supervise with SIGTERM and SIGINT forwarded to the training processes."""
-        previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+        """Supervise with SIGTERM, SIGINT and the save signals forwarded to the training processes."""
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in stop_signals(self.save_signals)}
         try:
             return self._loop()
         finally:
@@ -129,32 +150,43 @@ class Supervisor:
     def _loop(self) -> Outcome:
         newest = self._newest()
         total = self.relaunches.max_retries + 1
+        last = self.number + self.relaunches.max_retries  # the lines number attempts as the log does
         attempt = stalled = 0
         while True:
             attempt += 1
             if self._stop is not None:  # told to stop during the backoff: the log already has the failure
                 return self._stopped("")
+            if (lost := self._lost()) is not None:  # another supervisor took the run over in the backoff
+                return Outcome("gave-up", 1, lost, recorded=False)
             if attempt > 1:
                 try:
                     self.number = self._open()
                 except NotOpened as exc:
                     return Outcome("gave-up", 1, f"run {self.run_id} not relaunched: {exc}")
+                if self.lease is not None:
+                    self.lease.attempt = self.number
             started = time.monotonic()
             returncode, report, survivors = self._attempt()
             ended = time.monotonic()
+            if (lost := self._lost()) is not None:  # the new holder recorded this attempt's end
+                render.emit(f"Attempt {self.number} of {last} stopped after {ended - started:.1f} s: {lost}")
+                return Outcome("gave-up", 1, lost, recorded=False)
             step = self._newest()
             progress = step is not None and (newest is None or step > newest)
             newest = step if progress else newest
-            head = f"Attempt {attempt} of {total}"
+            head = f"Attempt {self.number} of {last}"
             where = f"after {ended - started:.1f} s — " + (
                 f"checkpoint step {step}" if step is not None else "no checkpoint"
             )
-            if self._stop is not None:
-                name = signal_name(self._stop)
+            if self._stop is not None and not (returncode == 0 and self._stop not in STOP_SIGNALS):
+                name = signal_name(self._stop)  # (an early warning the job outran: it completed)
+                saved = report.worker_exit == PREEMPTED_EXIT
                 stop = FailIntent(
                     reason="preempted",
-                    exit_code=128 + self._stop,
-                    message=f"{name} forwarded to the training processes",
+                    exit_code=PREEMPTED_EXIT if saved else 128 + self._stop,
+                    message=f"{name}: the workers saved step {step} and exited {PREEMPTED_EXIT}"
+                    if saved
+                    else f"{name} forwarded to the training processes",
                     attempt=self.number,
                 )
                 recorded = self._record(stop)
@@ -164,13 +196,23 @@ class Supervisor:
                 recorded = self._record(CompleteIntent(attempt=self.number))
                 render.emit(f"{head} succeeded {where}")
                 return Outcome("completed", 0, recorded=recorded)
+            hang, self._hang = self._hang, None
             failed = msgspec.structs.replace(
-                failure(returncode, report.worker_exit, report.node), attempt=self.number
+                failure(returncode, report.worker_exit, report.node)
+                if hang is None
+                else FailIntent(reason="hang", message=hang.message),
+                attempt=self.number,
             )
             stalled = 0 if progress else stalled + 1
             delay = backoff_delay(self.relaunches.backoff, attempt)
             recorded = self._record(failed)
-            line = f"{head} failed ({describe(failed)}) {where}" + ("" if progress else " (no progress)")
+            if failed.reason == "preempted":  # the scheduler signalled the workers itself: it wants the nodes
+                render.emit(f"{head} preempted: the workers saved and exited {PREEMPTED_EXIT} {where}")
+                return Outcome(
+                    "stopped", PREEMPTED_EXIT, f"run {self.run_id} preempted (recorded as failed)", recorded
+                )
+            said = describe(failed) if hang is None else f"hung: {hang.message}"
+            line = f"{head} failed ({said}) {where}" + ("" if progress else " (no progress)")
             if survivors:
                 render.emit(line)
                 return Outcome(
@@ -187,10 +229,17 @@ class Supervisor:
                     if stalled >= STALLED_ATTEMPTS
                     else f" after {attempt - 1} {'retry' if attempt == 2 else 'retries'}"
                 )
-                return Outcome(
-                    "gave-up", 1, f"run {self.run_id} gave up{why} (last: {describe(failed)})", recorded
-                )
+                return Outcome("gave-up", 1, f"run {self.run_id} gave up{why} (last: {said})", recorded)
             hosts = next_hosts(self.hosts, report.node, self.min_nodes)
+            if self.requeue and report.node is not None and report.node.lost and hosts == self.hosts:
+                render.emit(line)
+                return Outcome(
+                    "gave-up",
+                    1,
+                    f"run {self.run_id} gave up in this allocation: node {report.node.host} lost, and "
+                    f"--min-nodes {self.min_nodes} needs it",
+                    recorded,
+                )
             if hosts != self.hosts:
                 assert report.node is not None
                 line += (
@@ -222,19 +271,25 @@ class Supervisor:
         argv = self.command(self.hosts)
         log.info("attempt_started", run_id=self.run_id, attempt=self.number, argv=argv)
         env = {**self.env, settings.ATTEMPT: str(self.number)}
+        watchdog = None
+        if self.hang_timeout is not None:
+            watchdog = Watchdog.for_attempt(self.run_id, self.number, self.hang_timeout)
+            env[settings.PROGRESS_DIR] = str(watchdog.directory)
         child = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, start_new_session=True)
         self._child = child
         if self._stop is not None:  # the signal came while the child was being started
-            self._signal_child(self._stop)
+            self._signal_child(warning_signal(self.save_signals) if self.save_signals else self._stop)
         assert child.stderr is not None
         report = FailureReport()
         tee = threading.Thread(target=tee_stderr, args=(child.stderr, report), daemon=True)
         tee.start()
         try:
-            returncode = self._wait(child)
+            returncode = self._wait(child, watchdog)
         finally:
             self._child = None
         survivors = end_attempt(self.run_id, self.number, END_SECONDS)  # orphaned workers, stopped ones too
+        if watchdog is not None:
+            watchdog.close()
         tee.join(timeout=5)
         log.info(
             "attempt_ended",
@@ -245,21 +300,33 @@ class Supervisor:
         )
         return returncode, report, survivors
 
-    def _wait(self, child: subprocess.Popen[bytes]) -> int:
-        """Wait for the child; once the grace period of a stop request is over, kill it."""
+    def _wait(self, child: subprocess.Popen[bytes], watchdog: Watchdog | None = None) -> int:
+        """Wait for the child; kill it once the grace period of a stop request is over, when the lease is
+        lost, or when the watchdog finds it hung."""
         while True:
             try:
                 return child.wait(timeout=POLL_SECONDS)
             except subprocess.TimeoutExpired:
-                if self._deadline is not None and time.monotonic() >= self._deadline:
+                over = self._deadline is not None and time.monotonic() >= self._deadline
+                if over or self._lost() is not None:
+                    self._kill(child)
+                elif self._hang is None and watchdog is not None and (hang := watchdog.poll()):
+                    log.warning("attempt_hung", run_id=self.run_id, attempt=self.number, message=hang.message)
+                    self._hang = hang
                     self._kill(child)
 
+    def _lost(self) -> str | None:
+        """Why this supervisor no longer holds the run's lease (None: it does, or it holds none)."""
+        return None if self.lease is None else self.lease.lost
+
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        """A stop request: forward it to the training processes and start the grace period."""
+        """A stop request: forward it to the training processes (as the warning signal, when the trainer saves
+        on one) and start the grace period (SIGTERM and SIGINT: an early warning leaves it to the scheduler)."""
         if self._stop is None:
             self._stop = signum
+        if self._deadline is None and signum in STOP_SIGNALS:
             self._deadline = time.monotonic() + self.grace
-        self._signal_child(signum)
+        self._signal_child(warning_signal(self.save_signals) if self.save_signals else signum)
 
     def _signal_child(self, signum: int) -> None:
         child = self._child
@@ -283,15 +350,15 @@ class Supervisor:
 
     def _sleep_until(self, moment: float) -> None:
         """The backoff, cut short by a stop request."""
-        while self._stop is None and (left := moment - time.monotonic()) > 0:
+        while self._stop is None and self._lost() is None and (left := moment - time.monotonic()) > 0:
             time.sleep(min(left, POLL_SECONDS))
 
     def _newest(self) -> int | None:
         """The newest sealed step (a path, or the run's `s3://` location); None when none, or out of reach."""
         if isinstance(self.ckpt_dir, str):
-            storage, run = run_storage(self.ckpt_dir)
             try:
-                found = storage.complete(run)
+                location = run_location(self.ckpt_dir)
+                found = open_storage(location.root).complete(location.run)
             except (StorageUnavailable, StorageError):
                 return None
             return found[0].step if found else None

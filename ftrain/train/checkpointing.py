@@ -1,62 +1,92 @@
-"""The training-side checkpoint API: `load()` once at start-up, `save(step)` when `due(step)`, `close()` at the end.
+"""The training-side checkpoint API: protect a training loop in four calls.
+
+    ckpt = CheckpointManager("s3://bucket/ckpt/my-run", model=model, optimizer=optimizer,
+                             states={"scheduler": scheduler}, every="500steps")
+    step = ckpt.load()                      # 0 on a fresh start, else the step resumed from
+    while step < total:
+        train_one_step(); step += 1
+        if ckpt.due(step):
+            ckpt.save(step)
+    ckpt.close()
+
+What shapes training is handed over as named stateful objects (anything with `state_dict`/`load_state_dict`,
+DCP's `Stateful`); the model and optimizer are sharded by DCP's `get_state_dict`, the RNG states and the step
+are ftrain's. Under `ftrain run` the run, its attempt, location, cadence and dataset revision come from the
+supervisor; outside it, from the arguments. Without a process group the manager makes a private one-process
+group of its own, so a single-process script is served too.
 
 Every rank writes its own shards with torch.distributed.checkpoint, hashing them as they are written; rank 0
-gathers the file digests, seals the directory (manifest, then the completion marker, then the rename of
-`.step-N.tmp` to `step-N`) and records `checkpointed` through the durable outbox, so the log never stalls
-training. All checkpoint collectives run on a dedicated gloo group, never on the training group: the async
-pipeline runs them from a background thread, where a training-group collective would deadlock.
-
-On object storage (`s3://`) a save, sync or async, is handed to `ObjectSaver` (`ftrain.train.object_save`):
-the live state, or the staged copy from the background thread. It fails closed and training goes on; too
-many failures in a row, or a newer attempt, stop the job: an async save's error surfaces at the next save,
-drain or close.
+gathers the file digests, seals the step (manifest, then the completion marker) and records `checkpointed`
+through the durable outbox, so the log never stalls training. All checkpoint collectives run on a dedicated
+gloo group, never on the training group: the async pipeline runs them from a background thread, where a
+training-group collective would deadlock. A save fails closed (training goes on); too many failures in a row,
+or a newer attempt, stop the job. On a warning signal (SIGUSR1, SIGTERM: `preemption`) every rank saves at the
+next step boundary and the process exits with PREEMPTED_EXIT.
 """
 
 import os
-import shutil
+import sys
 import time
+from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import msgspec
 import structlog
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+from torch import nn
+from torch._C._distributed_c10d import HashStore
 
 from ftrain import settings
-from ftrain.events.private import private_dir
+from ftrain.cadence import parse_checkpoint_every
+from ftrain.events.run_id import InvalidRunId, validate_run_id
 from ftrain.events.schema import Checkpointed
 from ftrain.projections.lifecycle import CheckpointIntent
 from ftrain.train.attempt_clock import AttemptClock
+from ftrain.train.beacon import ProgressBeacon
 from ftrain.train.config import CheckpointConfig
 from ftrain.train.faults import fault_point
 from ftrain.train.lifeline import die_with_launcher
-from ftrain.train.object_save import ObjectSaver, SavesFailing
-from ftrain.train.resume import ResumePoint, cleanup_stale, resume
-from ftrain.train.state import TrainState
-from ftrain.workers.checkpoint_dir import CheckpointExists, WrittenCheckpoint, seal_checkpoint, set_aside
-from ftrain.workers.dcp_writer import HashingWriter
-from ftrain.workers.fanout import fan_out
-from ftrain.workers.fence import Fenced
-from ftrain.workers.fence import check as check_fence
-from ftrain.workers.layout import assembly_dir, rank_stage_dir, step_dir
+from ftrain.train.lost_work import ProgressFile
+from ftrain.train.preemption import PREEMPTED_EXIT, SaveSignals
+from ftrain.train.resume import (
+    NoValidCheckpoint,
+    ResumeFailed,
+    ResumePoint,
+    ResumeRefused,
+    ResumeStopped,
+    resume,
+)
+from ftrain.train.saving import Saver, SavesFailing
+from ftrain.train.state import Resumable, TrainState, resumable
+from ftrain.workers.layout import rank_stage_dir
 from ftrain.workers.manifest import FileEntry, Manifest
 from ftrain.workers.recorder import Recorder
-from ftrain.workers.retention import prune
-from ftrain.workers.stage_dir import safe_stage_dir, same_device
+from ftrain.workers.stage_dir import UnsafeDirectory, default_stage_dir, safe_stage_dir
 from ftrain.workers.staging import StagingBuffers
+from ftrain.workers.storage.errors import Fenced, StorageError
+from ftrain.workers.storage.location import Location, run_location
+from ftrain.workers.storage.open import open_run
 from ftrain.workers.unpickle import allow_pickled
 
 __all__ = [
+    "PREEMPTED_EXIT",
     "CheckpointConfig",
     "CheckpointManager",
+    "Fenced",
+    "NoValidCheckpoint",
+    "ResumeFailed",
+    "ResumePoint",
+    "ResumeRefused",
+    "ResumeStopped",
     "SaveTimes",
     "SavesFailing",
     "TrainState",
+    "UnsafeDirectory",
     "allow_pickled",
+    "make_config",
 ]
 log = structlog.get_logger(__name__)
 LOG_WAIT_SECONDS = 60.0
@@ -70,15 +100,140 @@ class SaveTimes(msgspec.Struct, frozen=True):
     drain_seconds: float = 0.0
 
 
+def make_config(
+    location: str | Path | None,
+    *,
+    run_id: str | None = None,
+    every: int | str | None = None,
+    every_seconds: float | None = None,
+    keep: int = 3,
+    async_save: bool = False,
+    stage_dir: Path | None = None,
+    resume: bool = True,
+    dataset_revision: str | None = None,
+    max_failed_saves: int | None = None,
+    env: Mapping[str, str] = os.environ,
+) -> CheckpointConfig:
+    """The configuration from the arguments and, under `ftrain run`, what the supervisor passed (which wins:
+    the run, its location, the launch's cadence and dataset revision). ValueError naming the field."""
+    try:
+        run_id = settings.run_id(env) or run_id
+        written = settings.ckpt_location(env) or location
+        every = settings.checkpoint_every(env) or every
+        dataset_revision = settings.dataset_revision(env) or dataset_revision
+        failures = max_failed_saves or settings.max_failed_saves(env)
+    except settings.InvalidSetting as exc:
+        raise ValueError(str(exc)) from None
+    if run_id is not None:
+        try:
+            validate_run_id(run_id, what="run_id")
+        except InvalidRunId as exc:
+            raise ValueError(str(exc)) from None
+    if written is None:
+        raise ValueError("location: required outside `ftrain run` (a directory, or s3://bucket/prefix/<run>)")
+    if location is not None and str(location) != written:
+        log.warning("location_from_supervisor", given=str(location), used=written)
+    try:
+        place = run_location(written)
+    except StorageError as exc:
+        raise ValueError(f"location: {exc}") from None
+    save_interval = None
+    if isinstance(every, int) and not isinstance(every, bool):
+        save_interval = every
+    elif isinstance(every, str):
+        try:
+            cadence = parse_checkpoint_every(every)
+        except ValueError as exc:
+            raise ValueError(f"every: {exc}") from None
+        save_interval, every_seconds = cadence.steps, cadence.seconds or every_seconds
+    elif every is not None:
+        raise ValueError(f"every={every!r}: a step count, or a string like '500steps', '10min'")
+    return CheckpointConfig(
+        location=place,
+        stage_dir=(stage_dir or default_stage_dir(_job_name(place, run_id, env))).expanduser().absolute(),
+        run_id=run_id,
+        save_interval=save_interval,
+        every_seconds=every_seconds,
+        async_save=async_save,
+        keep=keep,
+        resume=resume,
+        dataset_revision=dataset_revision,
+        max_failed_saves=failures,
+    )
+
+
+def _job_name(place: Location, run_id: str | None, env: Mapping[str, str]) -> str:
+    """What names this job's node-local work space: the batch job (it survives a requeue), else the run."""
+    return env.get("SLURM_JOB_ID") or env.get("PBS_JOBID") or run_id or place.run
+
+
 class CheckpointManager:
     """Saves and resumes one training job's state; one instance per rank."""
 
-    def __init__(self, config: CheckpointConfig, state: TrainState) -> None:
+    def __init__(
+        self,
+        location: str | Path | None = None,
+        *,
+        model: nn.Module | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
+        states: Mapping[str, Resumable] | None = None,
+        loader: object = None,
+        every: int | str | None = None,
+        keep: int = 3,
+        async_save: bool = False,
+        stage_dir: Path | None = None,
+        resume: bool = True,
+        run_id: str | None = None,
+        dataset_revision: str | None = None,
+    ) -> None:
+        """`location`: the run's checkpoints, a directory or `s3://bucket/prefix/<run>` (under `ftrain run`:
+        the run's). `states`: every other object that shapes training, by name. `loader`: the data loader,
+        saved when it can save its position (torchdata's `StatefulDataLoader`, a loader of your own); one
+        that cannot is accepted, and a resume then starts its iteration over (a warning says so). `every`:
+        steps between saves, or a cadence like `"500steps"`, `"10min"`. Raises ValueError naming a bad
+        argument before anything is created."""
+        named = dict(states or {})
+        if loader is not None:
+            if "loader" in named:
+                raise ValueError("loader: given twice (as loader= and in states)")
+            if resumable(loader):
+                named["loader"] = loader  # type: ignore[assignment]
+            else:
+                log.warning(
+                    "loader_not_resumable",
+                    loader=type(loader).__name__,
+                    consequence="a resume restarts its iteration; exact resume needs a resumable loader "
+                    "such as torchdata's StatefulDataLoader",
+                )
+        config = make_config(
+            location,
+            run_id=run_id,
+            every=every,
+            keep=keep,
+            async_save=async_save,
+            stage_dir=stage_dir,
+            resume=resume,
+            dataset_revision=dataset_revision,
+        )
+        self._start(config, TrainState(model, optimizer, named, _rank()))
+
+    @classmethod
+    def from_config(cls, config: CheckpointConfig, state: TrainState) -> "CheckpointManager":
+        """A manager for a configuration and state built by hand (tests, benchmarks)."""
+        manager = cls.__new__(cls)
+        manager._start(config, state)
+        return manager
+
+    def _start(self, config: CheckpointConfig, state: TrainState) -> None:
         die_with_launcher()
+        self._own_group = not dist.is_initialized()
+        if self._own_group:  # a single-process script: a private group of one, so every collective is trivial
+            dist.init_process_group("gloo", store=HashStore(), rank=0, world_size=1)
         self.config = config
         self.state = state
         self.rank = dist.get_rank()
-        # rank 0 records the lifecycle of a run the log knows; without a run id the directory is the truth
+        state.rank = self.rank
+        # rank 0 records the lifecycle of a run the log knows; without a run id the location is the truth
         self.recorder = (
             Recorder(config.run_id, settings.nats(os.environ), rank=self.rank)
             if config.run_id and self.rank == 0
@@ -86,99 +241,135 @@ class CheckpointManager:
         )
         self.world = dist.get_world_size()
         self.group = dist.new_group(backend="gloo")
-        self._due_group = dist.new_group(backend="gloo") if config.every_seconds else None
+        self._signals = SaveSignals(settings.save_signals(os.environ))
+        self._beacon = ProgressBeacon.from_env(os.environ, self.rank)
+        """This rank's progress, for the supervisor's hang watchdog (off outside `ftrain run`)."""
+        agree = self.world > 1 and (config.every_seconds is not None or self._signals.installed)
+        self._due_group = dist.new_group(backend="gloo") if agree else None
+        self._stopping = False
         self._last_save = time.monotonic()
+        self._loop_start = time.monotonic()
+        self._progress: ProgressFile | None = None
         self._buffers = StagingBuffers()
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ftrain-ckpt")
-        self._pruner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ftrain-prune")
-        """Deletes checkpoints beyond `keep` behind the training loop, one prune at a time (rank 0)."""
         self._inflight: Future[None] | None = None
-        self.write_once = False
-        """Async saves write straight into the checkpoint directory (set by `load`: the stage directory is on
-        its device, where a staged copy would only write every byte twice)."""
         self.attempt = 0
         """The run's attempt this job records in (set by `load`; 0: no log to say)."""
-        self._objects = (
-            ObjectSaver(config, self.group, self._manifest, self._record) if config.object_dir else None
-        )
+        self.resumed: ResumePoint | None = None
+        """Where `load` resumed (None: a fresh start)."""
+        self.lost: tuple[int, float | None] | None = None
+        """The steps (and their seconds) the previous attempt trained past the checkpoint resumed from, as
+        this node's rank 0 saw them (None: unknown); reported on every `checkpointed` for goodput."""
+        self.store = open_run(config.location, config.stage_dir)
+        """The run's checkpoints on their backend: every save and the resume go through it."""
+        self._saver = Saver(config, self.group, self._manifest, self._record, self.store)
         self.clock = AttemptClock()
-        """What the `checkpointed` events report for goodput; `clock.lost(n, seconds)` when the script knows
-        how many steps the previous attempt trained past the checkpoint this one resumed from (and how long)."""
+        """What the `checkpointed` events report for goodput."""
 
     @property
     def stage_root(self) -> Path:
-        """This rank's node-local staging directory (async saves only)."""
-        assert self.config.stage_dir is not None
+        """This rank's node-local staging directory."""
         return rank_stage_dir(self.config.stage_dir, self.rank)
 
     # -- start-up ------------------------------------------------------------------------------------------
 
-    def load(self) -> ResumePoint | None:
-        """Clean stale staging, then resume from the newest valid checkpoint (None: a fresh start).
-        Raises NoValidCheckpoint on every rank when checkpoints exist and none is valid, UnsafeDirectory
-        when the staging directory is not private to this user."""
-        if self.config.stage_dir is not None and self.config.async_save:
-            safe_stage_dir(self.config.stage_dir)
-        if self._objects is not None:  # ckpt_dir is this node's work directory, not the storage
-            safe_stage_dir(self.config.ckpt_dir)
-            cleanup_stale(self.config.ckpt_dir, rank_stage_dir(self.config.ckpt_dir, self.rank), 1)
-        else:
-            cleanup_stale(
-                self.config.ckpt_dir, self.stage_root if self.config.async_save else None, self.rank
-            )
+    def load(self) -> int:
+        """Clean stale staging, then resume from the newest valid checkpoint; returns the step to continue
+        after (0: a fresh start; `resumed` has the step and epoch). Raises NoValidCheckpoint on every rank when
+        checkpoints exist and none is valid, UnsafeDirectory when the stage directory is not private."""
+        safe_stage_dir(self.config.stage_dir)  # every rank's progress record is there
+        self.store.prepare(self.rank, staged=self.config.async_save)
         dist.barrier(group=self.group)
-        point, self.attempt = resume(self.config, self.state, self.recorder, self.group)
-        if self.config.async_save:
-            if self._objects is None:
-                self.write_once = same_device(self.stage_root.parent, self.config.ckpt_dir)
-                log.info("async_saves", write_once=self.write_once, stage_dir=str(self.stage_root.parent))
-            if point is not None:  # so the first save stalls no longer than the next; on a fresh start the
-                # optimizer has no state yet, and asking for its state dict would make some (torch steps
-                # it once with lr 0: Adam's step count would be off by one)
-                self._buffers.reserve(self.state.state_dict())
+        self.resumed, self.attempt = resume(self.config, self.state, self.recorder, self.group, self.store)
+        if self.config.async_save and self.resumed is not None:  # so the first save stalls no longer than
+            # the next; on a fresh start the optimizer has no state yet, and asking for its state dict would
+            # make some (torch steps it once with lr 0: Adam's step count would be off by one)
+            self._buffers.reserve(self.state.state_dict())
+        step = self.resumed.step if self.resumed is not None else 0
+        if self._progress is not None:  # loaded again (benchmarks)
+            self._progress.close()
+        self._progress = ProgressFile(
+            self.config.stage_dir, self.config.location.uri, self.config.run_name, self.rank
+        )
+        if self.resumed is not None:
+            self.lost = _furthest(self._progress.lost(step), self.group)
+            if self.lost is not None:
+                self.clock.lost(*self.lost)
+        self._progress.begin(step)
         self.clock.start()
-        return point
+        self._loop_start = time.monotonic()
+        return step
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the state was saved in (0 on a fresh start)."""
+        return self.resumed.epoch if self.resumed is not None else 0
 
     # -- saving --------------------------------------------------------------------------------------------
 
     def due(self, step: int) -> bool:
-        """Whether a save is due after `step`: by interval, or by wall time as rank 0's clock says (every rank
-        makes the same decision, or their collectives would diverge)."""
-        if self.config.save_interval and step % self.config.save_interval == 0:
-            return True
-        if self._due_group is None or self.config.every_seconds is None:
-            return False
-        flag = torch.tensor(
-            [time.monotonic() - self._last_save >= self.config.every_seconds], dtype=torch.uint8
+        """Step `step` is done: whether a save is due now, by interval, by wall time as rank 0's clock says,
+        or because a warning signal came (every rank makes the same decision, or their collectives would
+        diverge: one small all-reduce per step when a clock or a signal must be agreed on)."""
+        self._beacon.finished(step)
+        if self._progress is not None:
+            self._progress.finished(step, time.monotonic() - self._loop_start)
+        fault_point("step", step)
+        by_steps = bool(self.config.save_interval) and step % (self.config.save_interval or 1) == 0
+        by_time = (
+            self.config.every_seconds is not None
+            and self.rank == 0
+            and time.monotonic() - self._last_save >= self.config.every_seconds
         )
-        dist.broadcast(flag, src=0, group=self._due_group)
-        return bool(flag.item())
+        signalled = self._signals.received is not None
+        if self._due_group is not None:
+            flags = torch.tensor([by_time, signalled], dtype=torch.uint8)
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self._due_group)
+            by_time, signalled = bool(flags[0]), bool(flags[1])
+        self._stopping = self._stopping or signalled
+        return by_steps or by_time or signalled
 
-    def save(self, step: int, epoch: int) -> SaveTimes:
-        """Checkpoint the state at `step`: synchronously, or staged and handed to the background pipeline."""
+    def save(self, step: int, epoch: int = 0) -> SaveTimes:
+        """Checkpoint the state at `step`: synchronously, or staged and handed to the background pipeline.
+        After a warning signal, the save is finished and the process exits with PREEMPTED_EXIT."""
+        self._beacon.saving(step)
         self.state.step, self.state.epoch = step, epoch
         self._last_save = time.monotonic()
+        if self._progress is not None:
+            self._progress.saved(step, self._last_save - self._loop_start)
         self.clock.began(step)
         if not self.config.async_save:
             start = time.perf_counter()
-            if self._objects is not None:
-                self._objects.save(step, epoch, self.state, self.attempt)
-            else:
-                self._save_sync(step, epoch)
+            self._saver.save(step, epoch, self.state, self.attempt, staged=False)
             times = SaveTimes(save_seconds=time.perf_counter() - start)
             self.clock.ended(step, times.save_seconds)
-            return times
-        drain = self.drain()
-        start = time.perf_counter()
-        staged = self._buffers.stage(self.state.state_dict())
-        stage = time.perf_counter() - start
-        fault_point("stage", step)
-        self.clock.ended(step, stage + drain)
-        if self._objects is not None:
-            self._inflight = self._worker.submit(self._objects.save, step, epoch, staged, self.attempt)
         else:
-            self._inflight = self._worker.submit(self._save_async, step, epoch, staged)
-        return SaveTimes(stage_seconds=stage, drain_seconds=drain)
+            drain = self.drain()
+            start = time.perf_counter()
+            staged = self._buffers.stage(self.state.state_dict())
+            stage = time.perf_counter() - start
+            fault_point("stage", step)
+            self.clock.ended(step, stage + drain)
+            self._inflight = self._worker.submit(
+                self._saver.save, step, epoch, staged, self.attempt, staged=True
+            )
+            times = SaveTimes(stage_seconds=stage, drain_seconds=drain)
+        if self._stopping:
+            self._exit_preempted(step)
+        return times
+
+    def _exit_preempted(self, step: int) -> None:
+        """The save asked for by a warning signal is handed over: finish it, deliver the events, exit; every
+        rank together, so that no rank's exit has the launcher end another still delivering its events."""
+        self.close()
+        if dist.is_initialized() and self.world > 1:
+            dist.barrier(group=self.group)
+        if self.rank == 0:
+            name = self._signals.received.name if self._signals.received else "a peer's signal"
+            print(
+                f"PREEMPTED by {name}: checkpoint at step {step} saved, exiting", file=sys.stderr, flush=True
+            )
+        raise SystemExit(PREEMPTED_EXIT)
 
     def drain(self) -> float:
         """Wait for the save in flight (re-raising its error); returns the seconds waited."""
@@ -193,7 +384,7 @@ class CheckpointManager:
 
     def close(self) -> float:
         """Finish the save in flight, stop the pipeline, and wait (up to LOG_WAIT_SECONDS) for the log to take
-        what rank 0 recorded; returns the seconds waited for the save.
+        what rank 0 recorded; returns the seconds waited for the save. Safe to call more than once.
 
         The wait is long enough to outlast a NATS leader election: the job's end is the last moment this
         process can deliver its outbox, and on a node whose FTRAIN_HOME no other ftrain process shares (rank 0
@@ -202,7 +393,12 @@ class CheckpointManager:
             return self.drain()
         finally:
             self._worker.shutdown(wait=True)
-            self._pruner.shutdown(wait=True)
+            self._saver.close()
+            self._signals.restore()
+            self._beacon.close()
+            progress, self._progress = self._progress, None
+            if progress is not None:
+                progress.close()
             recorder, self.recorder = self.recorder, None  # closed once, however often close() is called
             if recorder is not None and not recorder.close(LOG_WAIT_SECONDS):
                 log.warning(
@@ -212,72 +408,13 @@ class CheckpointManager:
                     waited_seconds=LOG_WAIT_SECONDS,
                     delivered_by="the next ftrain process with this FTRAIN_HOME",
                 )
-
-    def _save_sync(self, step: int, epoch: int) -> None:
-        tmp = self._assembly(step)
-        writer = HashingWriter(tmp)
-        dcp_save({"app": self.state}, storage_writer=writer, process_group=self.group)
-        fault_point("write", step)
-        self._finalize(step, epoch, tmp, writer.entries())
-
-    def _save_async(self, step: int, epoch: int, staged: dict[str, Any]) -> None:
-        """The background half: rank-local write to the stage dir, fan-out to durable storage, finalize; or,
-        when the stage dir shares the destination's device, one write straight into the assembly dir."""
-        if self.write_once:
-            tmp = self._assembly(step)
-            writer = HashingWriter(tmp)
-            dcp_save({"app": staged}, storage_writer=writer, process_group=self.group)
-            fault_point("write", step)
-            fault_point("fanout", step)  # the files are where a fan-out would have put them
-            self._finalize(step, epoch, tmp, writer.entries())
-            return
-        local = step_dir(self.stage_root, step)
-        shutil.rmtree(local, ignore_errors=True)
-        private_dir(local, tighten=False)
-        writer = HashingWriter(local, sync_files=False)
-        dcp_save({"app": staged}, storage_writer=writer, process_group=self.group)
-        entries = writer.entries()
-        fault_point("write", step)
-        fan_out(local, self._assembly(step), entries)
-        local.rmdir()
-        fault_point("fanout", step)
-        self._finalize(step, epoch, self._assembly(step), entries)
-
-    def _assembly(self, step: int) -> Path:
-        """Where this attempt assembles `step`: never where an older attempt's process may still write."""
-        return assembly_dir(self.config.ckpt_dir, step, f"attempt-{self.attempt}" if self.attempt else "")
-
-    def _finalize(self, step: int, epoch: int, tmp: Path, entries: list[FileEntry]) -> None:
-        """Gather every rank's file digests on rank 0, which seals the checkpoint and records it."""
-        gathered: list[list[FileEntry]] | None = [[] for _ in range(self.world)] if self.rank == 0 else None
-        dist.gather_object(entries, gathered, dst=0, group=self.group)
-        if gathered is None:
-            return
-        fault_point("finalize", step)
-        manifest = self._manifest(step, epoch, [e for rank_files in gathered for e in rank_files])
-        final = step_dir(self.config.ckpt_dir, step)
-        written = self._seal(tmp, final, manifest)
-        fault_point("sealed", step)
-        self._record(step, epoch, written.uri, written.checkpoint_hash, manifest)
-        log.info("checkpoint_finalized", step=step, path=str(final), bytes=manifest.size_bytes)
-        check_fence(self.config.ckpt_dir, self.attempt)
-        self._pruner.submit(self._prune)
-
-    def _prune(self) -> None:
-        """Delete the checkpoints beyond `keep`, off the training loop: unlinking a 1 GB checkpoint took
-        0.85 s here, which every sync save would otherwise stall for. A newer attempt prunes for itself."""
-        try:
-            check_fence(self.config.ckpt_dir, self.attempt)
-            prune(self.config.ckpt_dir, self.config.keep)
-        except Fenced as exc:
-            log.warning("prune_skipped", run_dir=str(self.config.ckpt_dir), reason=str(exc))
-        except OSError as exc:  # the directory out of reach: the next save's prune tries again
-            log.warning("prune_failed", run_dir=str(self.config.ckpt_dir), error=str(exc))
+            if self._own_group and dist.is_initialized():
+                self._own_group = False
+                dist.destroy_process_group()
 
     def _manifest(self, step: int, epoch: int, entries: list[FileEntry]) -> Manifest:
         return Manifest(
-            run_id=self.config.run_id
-            or (self._objects.run_name if self._objects else self.config.ckpt_dir.name),
+            run_id=self.config.run_name,
             step=step,
             epoch=epoch,
             shards=self.world,
@@ -309,14 +446,18 @@ class CheckpointManager:
                 )
             )
 
-    def _seal(self, tmp: Path, final: Path, manifest: Manifest) -> WrittenCheckpoint:
-        """Seal unless a newer attempt owns the directory (raises Fenced). A `step-N` already there was never
-        recorded by this attempt, which is past every step it resumed from: an older attempt's, sealed after
-        it was superseded; it is set aside (kept as evidence), never trusted."""
-        check_fence(self.config.ckpt_dir, self.attempt)
-        try:
-            return seal_checkpoint(tmp, final, manifest, self.attempt)
-        except CheckpointExists:
-            log.warning("older_attempts_checkpoint_set_aside", path=str(final))
-            set_aside(final, "unrecorded", f"{int(time.time())}")
-            return seal_checkpoint(tmp, final, manifest, self.attempt)
+
+def _furthest(
+    mine: tuple[int, float | None] | None, group: dist.ProcessGroup
+) -> tuple[int, float | None] | None:
+    """The lost work as the rank that got furthest saw it (every rank's own record, gathered); None when no
+    rank of this job has a record (all of them on other nodes than the attempt before)."""
+    every: list[tuple[int, float | None] | None] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(every, mine, group=group)
+    known = [lost for lost in every if lost is not None]
+    return max(known, key=lambda lost: lost[0]) if known else None
+
+
+def _rank() -> int:
+    """This process's rank in the job (0 before a process group exists: a single-process script)."""
+    return dist.get_rank() if dist.is_initialized() else 0

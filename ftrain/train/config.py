@@ -1,24 +1,50 @@
-"""How and where a trainer checkpoints: the one object the checkpoint manager and resume share."""
+"""How and where a trainer checkpoints: the one object the checkpoint manager, its saves and resume share.
+
+Checked where it is made: a bad value is a ValueError naming the field, one line, before any process group,
+file or connection exists.
+"""
 
 from pathlib import Path
 
 import msgspec
 
+from ftrain.workers.storage.location import Location
+
+MIN_KEEP = 2
+"""Retention keeps at least the newest checkpoint and the one before it: the newest may be the one a
+failure interrupted while it was being verified, and pruning must never delete the only good one."""
+
 
 class CheckpointConfig(msgspec.Struct, frozen=True, kw_only=True):
     """How and where a trainer checkpoints."""
 
-    ckpt_dir: Path
+    location: Location
+    """The run's checkpoints: a directory or an `s3://` prefix, with the backend that holds them."""
+    stage_dir: Path
+    """This node's private work space: async saves stage there, and on object storage each rank writes its
+    shards there before uploading them and downloads there before a resume."""
     run_id: str | None = None
+    """The run in the event log (None: no log; the location alone is the truth)."""
     save_interval: int | None = None
     every_seconds: float | None = None
     async_save: bool = False
-    stage_dir: Path | None = None
     keep: int = 3
     resume: bool = True
     dataset_revision: str | None = None
-    object_dir: str | None = None
-    """The run's checkpoints on object storage (`s3://bucket/prefix/<run>`); `ckpt_dir` is then the rank's
-    node-local work directory (shards written before upload, downloads before a resume), not the storage."""
     max_failed_saves: int = 3
-    """Saves in a row that may fail (storage out of reach) before the job stops."""
+    """Saves in a row that may fail (storage out of reach, a full disk) before the job stops."""
+
+    def __post_init__(self) -> None:
+        if self.keep < MIN_KEEP:
+            raise ValueError(f"keep={self.keep}: at least {MIN_KEEP} checkpoints must be kept")
+        if self.save_interval is not None and self.save_interval < 1:
+            raise ValueError(f"save_interval={self.save_interval}: a positive number of steps, or None")
+        if self.every_seconds is not None and not 0 < self.every_seconds < float("inf"):
+            raise ValueError(f"every_seconds={self.every_seconds}: a positive number of seconds, or None")
+        if self.max_failed_saves < 1:
+            raise ValueError(f"max_failed_saves={self.max_failed_saves}: at least 1")
+
+    @property
+    def run_name(self) -> str:
+        """The name manifests carry: the run id, or without a log the location's last segment."""
+        return self.run_id or self.location.run

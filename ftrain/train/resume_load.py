@@ -3,12 +3,11 @@
 Each rank judges the files it owns (its own shards; rank 0 also `.metadata` and the rest), so each byte is
 checked once in the job; the verdicts are combined so all ranks take the same way: storage out of reach stops
 the job, a defect skips the candidate, and only when every verdict is clean does DCP load, never parsing an
-unverified byte, its pickles through the allowlist. The file-system and the object-storage paths share this.
+unverified byte, its pickles through the allowlist. Every backend's resume goes through here.
 """
 
 import os
 import re
-from collections.abc import Callable
 from pathlib import Path
 
 import structlog
@@ -20,10 +19,17 @@ from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from ftrain.projections.lifecycle import FailIntent, RunState
 from ftrain.train.config import CheckpointConfig
 from ftrain.train.state import TrainState
-from ftrain.workers.checkpoint_dir import StorageUnavailable, verify_files
-from ftrain.workers.dcp_reader import Rejected, RestrictedLoadPlanner, VerifiedReader, load_metadata
+from ftrain.workers.dcp_reader import (
+    METADATA,
+    Rejected,
+    RestrictedLoadPlanner,
+    VerifiedReader,
+    parse_metadata,
+)
 from ftrain.workers.manifest import FileEntry, Manifest
 from ftrain.workers.recorder import Recorder as Recording
+from ftrain.workers.storage.errors import StorageUnavailable
+from ftrain.workers.storage.port import Readable
 from ftrain.workers.unpickle import RefusedPickle
 
 _SHARD = re.compile(r"__(\d+)_\d+\.distcp$")
@@ -53,31 +59,20 @@ def owned(files: tuple[FileEntry, ...], rank: int, world: int) -> list[FileEntry
     return mine
 
 
-def local_verdict(path: Path, manifest: Manifest) -> Metadata | str | StorageUnavailable:
-    """This rank's verdict on the files it owns in the directory `path`, then its own verified parse of
-    `.metadata`; storage out of reach is returned, not raised, so all ranks stop together."""
-    mine = owned(manifest.files, dist.get_rank(), dist.get_world_size())
-    try:
-        return verify_files(path, mine) or load_metadata(path, manifest.files)
-    except StorageUnavailable as exc:
-        return exc
-
-
 def load_verified(
-    path: Path,
-    manifest: Manifest,
-    state: TrainState,
-    group: dist.ProcessGroup,
-    metadata: Metadata | str | StorageUnavailable,
-    fetch: Callable[[str], None] | None = None,
+    local: Readable, manifest: Manifest, state: TrainState, group: dist.ProcessGroup
 ) -> str | None:
-    """Combine every rank's `metadata` verdict (the parsed metadata: its files are clean); only when all are
-    clean does DCP load from `path`, through `fetch` for a file `path` may lack. Returns the combined
-    verdict, the same on every rank (None: loaded)."""
-    world = dist.get_world_size()
+    """Combine every rank's verdict on the files it made readable; only when all are clean, and `.metadata`
+    (read by rank 0, sent to every rank) matches its entry, does DCP load from `local.path`, through
+    `local.fetch` for a file the path lacks. Returns the combined verdict, the same on every rank (None:
+    loaded)."""
+    if reason := combined(local.verdict, group):
+        return reason
+    metadata = _shared_metadata(local.path, manifest.files, group)
     if reason := combined(None if isinstance(metadata, Metadata) else metadata, group):
         return reason
     assert isinstance(metadata, Metadata)
+    world = dist.get_world_size()
     if manifest.world_size != world:
         log.warning("world_size_changed", saved=manifest.world_size, now=world)
     state.restore_rng = manifest.world_size == world  # per-rank RNG streams exist for the ranks that saved
@@ -85,17 +80,33 @@ def load_verified(
     try:
         dcp_load(
             {"app": state},
-            storage_reader=VerifiedReader(path, metadata, fetch),
+            storage_reader=VerifiedReader(local.path, metadata, local.fetch),
             planner=RestrictedLoadPlanner(),
             process_group=group,
         )
     except CheckpointException as exc:  # raised on every rank, with every rank's failure
-        return load_failure(path, exc)
+        return load_failure(local.path, exc)
     except RefusedPickle as exc:  # this rank's own state (an old RNG pickle): the others must hear of it
         refused = str(exc)
     finally:
         state.restore_rng = True
     return combined(refused, group)
+
+
+def _shared_metadata(
+    path: Path, files: tuple[FileEntry, ...], group: dist.ProcessGroup
+) -> Metadata | str | StorageUnavailable:
+    """`.metadata` as rank 0 holds it (verified with its own files), sent to every rank, each of which parses
+    the bytes only once they match the manifest entry: on object storage the other nodes never downloaded it."""
+    raw: bytes | StorageUnavailable = b""
+    if dist.get_rank() == 0 and any(f.name == METADATA for f in files):
+        try:
+            raw = (path / METADATA).read_bytes()
+        except OSError as exc:
+            raw = StorageUnavailable(f"{path}: {exc}")
+    box: list[bytes | StorageUnavailable] = [raw]
+    dist.broadcast_object_list(box, src=0, group=group)
+    return box[0] if isinstance(box[0], StorageUnavailable) else parse_metadata(box[0], files)
 
 
 def combined(verdict: Verdict, group: dist.ProcessGroup) -> str | None:

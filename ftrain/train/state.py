@@ -1,14 +1,16 @@
 """Everything that shapes a training trajectory, as one DCP state dict: exact resume needs all of it.
 
-Model and optimizer go through `get_state_dict`/`set_state_dict` (sharded DTensors, no gather); the LR
-scheduler, the data position and the step are replicated; the RNG states (python, numpy, torch, CUDA) differ
+Model and optimizer go through `get_state_dict`/`set_state_dict` (sharded DTensors, no gather); every other
+stateful object the script names (an LR scheduler, the data position, EMA weights, a GradScaler) and the step
+are replicated; the RNG states (python, numpy, torch, CUDA) differ
 per rank and live under a per-rank key, so each rank saves and restores its own. The python and numpy states
 are stored as plain numbers (tuples, lists): loading them runs nothing. Checkpoints written before kept them
 as pickled bytes; those still load, through the allowlisted unpickler.
 """
 
 import random
-from typing import Any, Protocol
+from collections.abc import Mapping
+from typing import Any, Final, Protocol
 
 import numpy as np
 import torch
@@ -20,11 +22,20 @@ from ftrain.workers.unpickle import restricted_loads
 
 
 class Resumable(Protocol):
-    """Anything with a state dict (LR scheduler, data loader)."""
+    """Anything with a state dict: an LR scheduler, a resumable data loader, EMA weights, a GradScaler."""
 
     def state_dict(self) -> dict[str, Any]: ...
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None: ...
+
+
+RESERVED_KEYS: Final = ("model", "optim", "progress")
+"""Keys of the saved state ftrain fills itself (with `rng/<rank>`): no named state may take them."""
+
+
+def resumable(value: object) -> bool:
+    """Whether `value` can save and restore its state."""
+    return callable(getattr(value, "state_dict", None)) and callable(getattr(value, "load_state_dict", None))
 
 
 def rng_state() -> dict[str, Any]:
@@ -60,47 +71,59 @@ def _tuples(value: Any) -> Any:
 
 
 class TrainState(Stateful):
-    """The full training state of one rank; `step`/`epoch` are the position the state corresponds to."""
+    """The full training state of one rank; `step`/`epoch` are the position the state corresponds to.
+
+    The model and the optimizer (either may be absent) are saved sharded, as DCP's `get_state_dict` gives
+    them (plain, DDP and FSDP2 modules alike); every named state is saved as its own `state_dict()` gives
+    it, under its name."""
 
     def __init__(
         self,
-        model: nn.Module,
-        optimizer: torch.optim.Optimizer,
-        scheduler: Resumable,
-        loader: Resumable,
+        model: nn.Module | None,
+        optimizer: torch.optim.Optimizer | None,
+        states: Mapping[str, Resumable],
         rank: int,
     ) -> None:
+        for name, value in states.items():
+            if name in RESERVED_KEYS or name.startswith("rng/") or not name:
+                raise ValueError(
+                    f"states[{name!r}]: the name is ftrain's own ({', '.join(RESERVED_KEYS)}, rng/)"
+                )
+            if not resumable(value):
+                raise ValueError(
+                    f"states[{name!r}]: a {type(value).__name__} has no state_dict()/load_state_dict()"
+                )
         self.model = model
         self.optimizer = optimizer
-        self.scheduler = scheduler
-        self.loader = loader
+        self.states = dict(states)
         self.rank = rank
         self.step = 0
         self.epoch = 0
         self.restore_rng = True
 
     def state_dict(self) -> dict[str, Any]:
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
-        state = {
-            "model": model_sd,
-            "optim": optim_sd,
-            "scheduler": self.scheduler.state_dict(),
-            "loader": self.loader.state_dict(),
-            "progress": {"step": self.step, "epoch": self.epoch},
-        }
+        state: dict[str, Any] = {name: value.state_dict() for name, value in self.states.items()}
+        if self.model is not None:
+            optimizers = () if self.optimizer is None else (self.optimizer,)
+            state["model"], optim_sd = get_state_dict(self.model, optimizers)
+            if self.optimizer is not None:
+                state["optim"] = optim_sd
+        state["progress"] = {"step": self.step, "epoch": self.epoch}
         if self.restore_rng:
             state[f"rng/{self.rank}"] = rng_state()
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        set_state_dict(
-            self.model,
-            self.optimizer,
-            model_state_dict=state_dict["model"],
-            optim_state_dict=state_dict["optim"],
-        )
-        self.scheduler.load_state_dict(state_dict["scheduler"])
-        self.loader.load_state_dict(state_dict["loader"])
+        if self.model is not None:
+            optimizers = () if self.optimizer is None else (self.optimizer,)
+            set_state_dict(
+                self.model,
+                optimizers,
+                model_state_dict=state_dict["model"],
+                optim_state_dict=state_dict.get("optim", {}),
+            )
+        for name, value in self.states.items():
+            value.load_state_dict(state_dict[name])
         self.step = int(state_dict["progress"]["step"])
         self.epoch = int(state_dict["progress"]["epoch"])
         if self.restore_rng:

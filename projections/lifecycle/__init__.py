@@ -3,7 +3,7 @@ deciders that turn a writer's request into the event the judge checks. No I/O; u
 
 - `state`: RunState and CheckpointRef, what the log says about a run.
 - `judge`: `check` (is this event legal now?) and `apply` (the fold); IllegalTransition.
-- `deciders`: relaunch, resume, skip, complete, and outbox intent → event.
+- `deciders`: relaunch, resume, skip, complete, a supervisor lost, and outbox intent → event.
 - `resume_plan`: which checkpoints a resume tries, for the CLI and the trainer alike.
 - `intents`: what trainers and supervisors ask to record through the outbox.
 """
@@ -18,6 +18,7 @@ from ftrain.projections.lifecycle.deciders import (
     resume_from,
     resumed_event,
     skip,
+    supervisor_lost,
 )
 from ftrain.projections.lifecycle.intents import (
     CheckpointIntent,
@@ -66,4 +67,5 @@ __all__ = [
     "resumed_event",
     "skip",
     "skipped_line",
+    "supervisor_lost",
 ]

@@ -47,6 +47,24 @@ def _check_failed(state: RunState) -> None:
         )
 
 
+def supervisor_lost(state: RunState, holder: str | None) -> Failed | None:
+    """The `failed` (reason `lost`) a relaunch records, holding the run's lease, for a running run whose
+    supervisor (`holder`, as its lease named it) stopped renewing that lease; None when the run is no longer
+    running. A run no supervisor ever leased (`holder` None: `ftrain launch`, or an older ftrain's) keeps
+    the refusal: nothing says its supervisor is gone."""
+    if holder is None:
+        _check_failed(state)
+    check_open(state)
+    if state.status != "running":
+        return None
+    return Failed(
+        run_id=state.run_id,
+        reason="lost",
+        message=f"its supervisor {holder} stopped renewing its lease",
+        attempt=state.attempt,
+    )
+
+
 def relaunch(state: RunState, hosts: tuple[str, ...] = ()) -> Resumed:
     """The `resumed` a supervisor appends before it starts any process of a relaunch: it opens the next attempt
     (of two racing supervisors, the one whose append lands; the other then finds the run running), from the
@@ -103,11 +121,12 @@ def corrupt_skipped_event(state: RunState, ref: CheckpointRef, reason: str) -> C
 def completed_event(
     state: RunState, cost_gpu_hours: float | None, at: datetime, attempt: int | None = None
 ) -> Completed:
-    """`completed` as of `at`: the reported GPU-hours, else running wall time × GPUs; recorded by `attempt`
+    """`completed` as of `at`: the reported cost, else running wall time × GPUs (a CPU job: its CPUs or nodes,
+    in its `cost_unit`); recorded by `attempt`
     (None: the current one, as an operator's command does)."""
     return Completed(
         run_id=state.run_id,
-        cost_gpu_hours=cost_gpu_hours if cost_gpu_hours is not None else state.gpu_hours_at(at),
+        cost_gpu_hours=cost_gpu_hours if cost_gpu_hours is not None else state.cost_hours_at(at),
         running_seconds=state.running_seconds_at(at),
         cost_source="reported" if cost_gpu_hours is not None else "wall-time",
         attempt=state.attempt if attempt is None else attempt,

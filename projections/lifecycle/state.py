@@ -4,11 +4,13 @@ from datetime import datetime
 from typing import Literal
 
 import msgspec
+from msgspec import UnsetType
 
 from ftrain.events.chain import ChainHead
 from ftrain.events.schema import Checkpointed, Launched
 
 RunStatus = Literal["running", "failed", "completed"]
+CostUnit = Literal["GPU-hours", "CPU-hours", "node-hours"]
 
 
 class CheckpointRef(msgspec.Struct, frozen=True, kw_only=True):
@@ -110,7 +112,21 @@ class RunState(msgspec.Struct, frozen=True, kw_only=True):
         return before + max(current, 0.0) * self.gpus
 
     def gpu_hours_at(self, moment: datetime) -> float:
-        """Reported cost once completed, else running wall time × GPUs of each attempt."""
+        """Reported cost once completed, else running wall time × GPUs of each attempt; 0 for a CPU job."""
+        return self.cost_hours_at(moment) if self.cost_unit == "GPU-hours" else 0.0
+
+    @property
+    def cost_unit(self) -> CostUnit:
+        """What the run is costed in, as launched: GPU-hours, or a CPU job's CPU-hours or node-hours."""
+        if self.launch.devices != "cpu":
+            return "GPU-hours"
+        return "node-hours" if isinstance(self.launch.cpus_per_node, UnsetType) else "CPU-hours"
+
+    def cost_hours_at(self, moment: datetime) -> float:
+        """The cost in `cost_unit`: reported (or computed) once completed, else running wall time × the GPUs,
+        CPUs or nodes of each attempt (`completed` holds it in `cost_gpu_hours`, whatever the unit)."""
         if self.cost_gpu_hours is not None:
             return self.cost_gpu_hours
-        return self.gpu_seconds_at(moment) / 3600.0
+        launch = self.launch
+        per_node = launch.gpus_per_node if launch.devices != "cpu" else launch.cpus_per_node or 1
+        return self.gpu_seconds_at(moment) / launch.gpus_per_node * per_node / 3600.0

@@ -1,4 +1,10 @@
-"""What any storage backend raises: a location ftrain cannot use, storage out of reach, a step already there."""
+"""What any storage backend raises: a location ftrain cannot use, storage out of reach, a step already there,
+a newer attempt; and the one verdict every backend gives a URI outside the run."""
+
+from typing import Final
+
+OUTSIDE_RUN: Final = "outside the run's storage root"
+"""Why a checkpoint URI is refused unread: it does not name a step of the run's own."""
 
 
 class StorageError(ValueError):
@@ -14,3 +20,7 @@ class StorageUnavailable(Exception):
 
 class CheckpointExists(FileExistsError):
     """The step is already there (another writer, or an interrupted earlier attempt)."""
+
+
+class Fenced(RuntimeError):
+    """A newer attempt owns the run's checkpoints: this one must write nothing more."""

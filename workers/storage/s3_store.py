@@ -52,6 +52,7 @@ from ftrain.workers.manifest import (
     decode_marker,
     encode_manifest,
 )
+from ftrain.workers.retention import MIN_KEEP
 from ftrain.workers.s3.bucket import Bucket, ObjectMissing
 from ftrain.workers.s3.ranged import fetch_files
 from ftrain.workers.storage.errors import CheckpointExists, StorageError, StorageUnavailable
@@ -302,7 +303,10 @@ class S3Storage:
 
     def prune(self, run_id: str, keep: int) -> list[int]:
         """Retention: delete the run's sealed steps beyond the newest `keep` (marker first, then the rest in
-        batches); returns the deleted steps. Set-aside prefixes are evidence and never touched."""
+        batches); returns the deleted steps. Set-aside prefixes are evidence and never touched; `keep` is at
+        least MIN_KEEP, so the step just sealed and the one before it stay."""
+        if keep < MIN_KEEP:
+            raise ValueError(f"keep must be at least {MIN_KEEP}, not {keep}")
         removed = []
         for old in self.complete(run_id)[keep:]:
             self.objects.delete(self.objects.keys(self._step_key(old.uri)))

@@ -1,0 +1,60 @@
+"""The scheduler job `ftrain run` runs in, and what follows from it: the run a requeued job resumes, and the
+command that asks the scheduler for another go. Pure (reads a given environment, runs nothing).
+
+Rule: inside a Slurm job, with no --run-id, the run is `<project>-slurm-<SLURM_JOB_ID>`; inside a PBS job,
+`<project>-pbs-<PBS_JOBID up to its first dot>` (`1234.server` → `1234`; an array index's brackets become `_`).
+A job id survives a requeue (Slurm: `scontrol requeue`, `--requeue` after a node failure or preemption; PBS:
+`qrerun`), so the requeued job's `ftrain run` finds its run failed and resumes it; a job submitted anew gets a new
+id, hence a new run, unless it passes --run-id. SLURM_RESTART_COUNT says how many times the job was requeued.
+"""
+
+import re
+from collections.abc import Mapping
+from typing import Final
+
+from ftrain.events.schema import INT64_MAX, SchedulerJob
+
+SLURM_JOB_ID: Final = "SLURM_JOB_ID"
+SLURM_RESTART_COUNT: Final = "SLURM_RESTART_COUNT"
+PBS_JOBID: Final = "PBS_JOBID"
+_NOT_IN_RUN_ID: Final = re.compile(r"[^A-Za-z0-9_-]")
+
+
+def current_job(env: Mapping[str, str]) -> SchedulerJob | None:
+    """The Slurm or PBS job of `env` (Slurm first), with Slurm's requeue count; None outside both."""
+    if job_id := env.get(SLURM_JOB_ID, "").strip():
+        count = env.get(SLURM_RESTART_COUNT, "").strip()
+        return SchedulerJob("slurm", job_id, min(int(count), INT64_MAX) if count.isdigit() else 0)
+    if job_id := env.get(PBS_JOBID, "").strip():
+        return SchedulerJob("pbs", job_id, None)
+    return None
+
+
+def job_run_id(project: str, job: SchedulerJob) -> str:
+    """The run a job resumes when no --run-id is given (the rule in this module's docstring)."""
+    token = job.id.split(".", 1)[0] if job.scheduler == "pbs" else job.id
+    return f"{project}-{job.scheduler}-{_NOT_IN_RUN_ID.sub('_', token).strip('_')}"
+
+
+def state_command(job: SchedulerJob) -> list[str] | None:
+    """The command that shows the job's state (Slurm only: None for PBS)."""
+    return ["scontrol", "show", "job", "--oneliner", job.id] if job.scheduler == "slurm" else None
+
+
+def ended_by_hand(shown: str) -> bool:
+    """Whether `scontrol show job` says the job is being ended other than by its time limit: cancelled
+    (`scancel`: `JobState=COMPLETING Reason=None`, measured), or ended by the scheduler for a reason of its own.
+    Such a job is never requeued, although Slurm would take the request; a running job (a warning signal, or
+    `scancel --signal` alone) or one past its time limit (`Reason=TimeLimit`) is."""
+    state = re.search(r"\bJobState=(\S+)", shown)
+    reason = re.search(r"\bReason=(\S+)", shown)
+    if state is None or state[1] == "RUNNING":
+        return False
+    return not (state[1] in ("COMPLETING", "TIMEOUT") and reason is not None and reason[1] == "TimeLimit")
+
+
+def requeue_command(job: SchedulerJob) -> list[str]:
+    """The command that puts the job back in the queue, to start again on a fresh allocation."""
+    if job.scheduler == "slurm":
+        return ["scontrol", "requeue", job.id]
+    return ["qrerun", job.id]

@@ -1,0 +1,93 @@
+"""What the previous attempt trained past its last checkpoint, as the trainer library saw it: goodput's
+recomputed steps and their time, for every script that uses the checkpoint manager.
+
+Every rank keeps one small file in its node-local private stage directory, rewritten in place after every
+step (one `pwrite`, no fsync: a few microseconds; a kill loses at most the step being written): the attempt's
+furthest step with its loop time, and the loop time of its newest saves. The next attempt's ranks read theirs
+before they overwrite them, and the furthest one counts (a kill lands on the ranks at slightly different
+points): the steps past the checkpoint resumed from and their time are what the run does again. A rank that
+lands on another node (or after a reboot) finds no file: the term stays unknown, never guessed.
+"""
+
+import os
+from pathlib import Path
+from typing import Final
+
+import msgspec
+import structlog
+
+from ftrain.events.private import open_private
+
+KEPT_SAVES: Final = 16
+"""Saves remembered: enough for any checkpoint a resume can fall back to within retention."""
+MAX_FILE_BYTES: Final = 4096
+log = structlog.get_logger(__name__)
+
+
+class Progress(msgspec.Struct, frozen=True):
+    """An attempt's furthest step and its loop time; the step its loop began at (loop time 0) and the loop
+    time at each of its newest saves."""
+
+    location: str = ""
+    """The run's checkpoint location: a record left by another run of the same name is not this one's."""
+    start: int = 0
+    step: int = 0
+    seconds: float = 0.0
+    saves: tuple[tuple[int, float], ...] = ()
+
+
+class ProgressFile:
+    """One rank's progress record of one run on this node."""
+
+    def __init__(self, directory: Path, location: str, run_name: str, rank: int) -> None:
+        self.path = directory / f"progress-{run_name}-rank{rank}.json"
+        self.location = location
+        self._fd = open_private(self.path, os.O_RDWR)
+        self.previous = self._read()
+        """What the attempt before this one left (None: nothing, or nothing readable)."""
+        self._now = Progress()
+
+    def begin(self, step: int) -> None:
+        """This attempt's training loop begins at `step` (after its resume); the previous record is replaced."""
+        self._write(Progress(location=self.location, start=step, step=step))
+
+    def _read(self) -> Progress | None:
+        raw = os.pread(self._fd, MAX_FILE_BYTES, 0)
+        if not raw:
+            return None
+        try:
+            found = msgspec.json.decode(raw, type=Progress)
+        except msgspec.DecodeError:  # cut by a kill mid-write: unknown, not a failure
+            log.info("progress_unreadable", path=str(self.path))
+            return None
+        return found if found.location == self.location else None
+
+    def lost(self, resumed_from: int) -> tuple[int, float | None] | None:
+        """The steps the previous attempt trained past `resumed_from`, and their loop time when it saved
+        that step itself (None: no previous attempt here)."""
+        if self.previous is None:
+            return None
+        steps = max(self.previous.step - resumed_from, 0)
+        saved = dict(((self.previous.start, 0.0), *self.previous.saves)).get(resumed_from)
+        return steps, None if saved is None else max(self.previous.seconds - saved, 0.0)
+
+    def finished(self, step: int, seconds: float) -> None:
+        """Step `step` is done, `seconds` into this attempt's training loop."""
+        self._write(msgspec.structs.replace(self._now, step=step, seconds=seconds))
+
+    def saved(self, step: int, seconds: float) -> None:
+        """Step `step` was handed to a save `seconds` into the loop."""
+        saves = (*self._now.saves, (step, seconds))[-KEPT_SAVES:]
+        self._write(msgspec.structs.replace(self._now, saves=saves))
+
+    def _write(self, progress: Progress) -> None:
+        self._now = progress
+        data = msgspec.json.encode(progress)
+        try:
+            os.pwrite(self._fd, data, 0)
+            os.ftruncate(self._fd, len(data))
+        except OSError as exc:  # a full /tmp costs the goodput term, never the run
+            log.warning("progress_not_written", path=str(self.path), error=str(exc))
+
+    def close(self) -> None:
+        os.close(self._fd)

@@ -1,0 +1,148 @@
+"""The hang watchdog: ranks report through real beacons; a stopped rank is named; a slow save is no hang; a
+real `ftrain run` (torchrun, CPU, gloo, 2 ranks) whose node is stopped mid-run (`FTRAIN_STOP_AT`) is ended
+within --hang-timeout plus a few seconds, recorded `failed` (hang) naming the ranks, relaunched, and ends
+bit-identical to an uninterrupted run."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ftrain.supervise.watchdog import SAVE_ALLOWANCE, Watchdog
+from ftrain.train.beacon import ProgressBeacon, rank_file, read_progress
+from tests.conftest import ftrain_process
+from tests.training import final_digest, stopped, torchrun, wait_for
+
+ITERS = ("--train-iters", "20", "--save-interval", "5")
+HANG_TIMEOUT = 8
+
+
+def test_a_report_costs_microseconds_and_the_file_holds_the_last(tmp_path: Path) -> None:
+    beacon = ProgressBeacon.from_env({"FTRAIN_PROGRESS_DIR": str(tmp_path / "p")}, 3)
+    reports = 20_000
+    started = time.perf_counter()
+    for step in range(1, reports + 1):
+        beacon.finished(step)
+    each = (time.perf_counter() - started) / reports
+    beacon.saving(reports)
+    last = read_progress(rank_file(tmp_path / "p", 3), 3)
+    assert last is not None and (last.step, last.phase, last.reports, last.pid) == (
+        reports, "saving", reports + 1, os.getpid()
+    )  # fmt: skip
+    assert each < 50e-6, each
+    print(f"a progress report costs {each * 1e6:.1f} µs")
+    off = ProgressBeacon.from_env({}, 0)  # outside `ftrain run`: nothing, and never an error
+    off.finished(1)
+    unwritable = tmp_path / "ro"
+    unwritable.mkdir(mode=0o500)
+    ProgressBeacon.from_env({"FTRAIN_PROGRESS_DIR": str(unwritable / "p")}, 0).finished(1)
+
+
+def test_the_watchdog_names_the_stopped_rank_and_gives_a_saving_rank_its_allowance(tmp_path: Path) -> None:
+    directory = tmp_path / "progress"
+    code = (
+        "import os, signal, sys\nfrom ftrain.train.beacon import ProgressBeacon\n"
+        "b = ProgressBeacon.from_env(os.environ, int(sys.argv[1]))\nb.finished(int(sys.argv[2]))\n"
+        "os.kill(os.getpid(), signal.SIGSTOP)\n"
+    )
+    env = {**os.environ, "FTRAIN_PROGRESS_DIR": str(directory)}
+    ranks = [subprocess.Popen([sys.executable, "-c", code, str(r), "7"], env=env) for r in (0, 1)]
+    try:
+        wait_for(lambda: all(stopped(p.pid) for p in ranks), None, "both ranks stopped", 30)
+        os.kill(
+            ranks[0].pid, signal.SIGCONT
+        )  # rank 0 blocks in "a collective" (it exits): rank 1 stays stopped
+        ranks[0].wait(10)
+        watchdog = Watchdog(directory, timeout=5)
+        assert watchdog.poll(100.0) is None  # armed: the first look is progress
+        assert watchdog.poll(104.0) is None
+        hang = watchdog.poll(105.5)
+        assert hang is not None and hang.ranks == (1,) and hang.step == 7
+        assert "rank 1 on " in hang.message and "stopped (SIGSTOP or frozen) at step 7" in hang.message
+        saver = ProgressBeacon(directory, 0)  # a rank starts a save: not hung until its allowance is spent
+        saver.saving(8)
+        assert watchdog.poll(110.0) is None
+        assert watchdog.poll(110.0 + SAVE_ALLOWANCE * 5 - 1) is None
+        late = watchdog.poll(110.0 + SAVE_ALLOWANCE * 5 + 1)
+        assert late is not None and late.ranks == (1,)  # still the lowest step
+    finally:
+        for p in ranks:
+            p.kill()
+            p.wait()
+
+
+def _run(
+    env: dict[str, str], run_id: str, *options: str, timeout: float = 420
+) -> subprocess.CompletedProcess[str]:
+    return ftrain_process(
+        ["run", "P", "--nodes", "1", "--gpus-per-node", "2", "--run-id", run_id, "--backoff", "0.5",
+         *options, "--", "-m", "ftrain.examples.train", *ITERS],
+        env, timeout=timeout,
+    )  # fmt: skip
+
+
+def _failures(env: dict[str, str], run_id: str) -> list[dict[str, object]]:
+    done = ftrain_process(["replay", run_id, "--json"], env)
+    assert done.returncode == 0, done.stderr
+    events = [e.get("event") or e for e in json.loads(done.stdout)]
+    return [e for e in events if e.get("type") == "failed"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_stopped_node_is_ended_as_a_hang_relaunched_and_the_run_ends_bit_identical(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    reference = final_digest(torchrun(tmp_path / "reference", *ITERS))
+    faults = {
+        **env,
+        "FTRAIN_STOP_AT": "step:12",
+        "FTRAIN_KILL_ONCE": str(tmp_path / "once"),
+        "OMP_NUM_THREADS": "1",
+    }
+    done = _run(faults, "hung", "--hang-timeout", str(HANG_TIMEOUT))
+    assert done.returncode == 0, done.stdout + done.stderr[-4000:]
+    assert final_digest(done) == reference
+    (hang,) = _failures(env, "hung")
+    assert hang["reason"] == "hang", hang
+    message = str(hang["message"])
+    assert re.search(r"^rank [01] on .* stopped \(SIGSTOP or frozen\) at step 1[12]", message), message
+    stalled = int(re.search(r"no rank progressed for (\d+) s", message).group(1))  # type: ignore[union-attr]
+    assert HANG_TIMEOUT <= stalled <= HANG_TIMEOUT + 5, message
+    print(f"hang detected {stalled} s after the last progress (--hang-timeout {HANG_TIMEOUT})")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_slow_checkpoint_is_not_a_hang(env: dict[str, str], tmp_path: Path) -> None:
+    """Each step takes 1 s and the saves more than --hang-timeout would allow a step (the stop is released
+    after 2 timeouts: a save stands still that long), yet the run completes in its first attempt."""
+    slow = {**env, "FTRAIN_STOP_AT": "write:10", "FTRAIN_KILL_ONCE": str(tmp_path / "once"),
+            "OMP_NUM_THREADS": "1", "FTRAIN_STEP_DELAY": "0.3"}  # fmt: skip
+    job = subprocess.Popen(
+        [str(Path(sys.executable).with_name("ftrain")), "run", "P", "--nodes", "1", "--gpus-per-node", "2",
+         "--run-id", "slow", "--hang-timeout", "4", "--", "-m", "ftrain.examples.train", *ITERS],
+        env={**os.environ, **slow}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        from ftrain.supervise.procs import attempt_processes
+
+        def all_stopped() -> bool:
+            pids = attempt_processes("slow", 1)
+            return len(pids) >= 3 and all(stopped(p) for p in pids)  # the agent and both ranks
+
+        wait_for(all_stopped, job, "the save stopped", 300)
+        time.sleep(2 * 4)  # two hang timeouts inside a save: within its allowance
+        for pid in attempt_processes("slow", 1):
+            os.kill(pid, signal.SIGCONT)
+        out, err = job.communicate(timeout=300)
+    finally:
+        job.kill()
+    assert job.returncode == 0, out + err[-4000:]
+    assert _failures(env, "slow") == []

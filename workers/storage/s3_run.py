@@ -1,0 +1,193 @@
+"""One run's checkpoints on object storage (S3), as the trainer's ranks write and resume them (`port.RunStore`).
+
+Saving: rank 0 claims the step (`S3Storage.begin`); each rank writes its shards to a private directory of this
+node's stage directory (hashing as DCP writes them) and uploads its own files with those digests; rank 0 seals
+the step (manifest, then the conditional marker) once every upload is in and no newer attempt holds the fence
+(`s3_fence`).
+
+Resuming: a candidate is downloaded into one cache per node, shared by the node's ranks: each rank fetches only
+the files it owns, in parallel ranged reads hashed as they arrive, so every byte crosses the network and is
+hashed once in the job. The cache is made by whichever rank of the node gets there first (`claim_dir`), which
+also removes it once the load is over; it is named for the start and the step, so a crashed start's leftovers
+are never taken for this one's. A file the load needs that the node lacks (its owner is on another node) is
+fetched whole into the rank's scratch directory and verified there before it is renamed into the cache.
+"""
+
+import os
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from ftrain.projections.lifecycle import OnDisk
+from ftrain.workers.dcp_reader import Rejected
+from ftrain.workers.integrity import Hashed
+from ftrain.workers.layout import SetAsideKind, rank_stage_dir, run_key, step_dir
+from ftrain.workers.manifest import FileEntry, Manifest
+from ftrain.workers.s3.client import shared_client
+from ftrain.workers.stage_dir import claim_dir, safe_stage_dir
+from ftrain.workers.storage import s3_fence
+from ftrain.workers.storage.errors import CheckpointExists, StorageUnavailable
+from ftrain.workers.storage.file_run import local_files, remove_leftovers
+from ftrain.workers.storage.location import Location
+from ftrain.workers.storage.port import RankFiles, Readable, StoredCheckpoint
+from ftrain.workers.storage.s3_store import S3Storage
+
+log = structlog.get_logger(__name__)
+_CACHE = "download-"
+
+
+class S3RunStore:
+    """A run's prefix in a bucket, and this node's work directory for uploads and downloads."""
+
+    def __init__(self, location: Location, stage_dir: Path, client: Any = None) -> None:
+        bucket, prefix = location.bucket_prefix
+        self._location = location
+        self.storage = S3Storage(bucket, prefix, client or shared_client())
+        self.run = location.run
+        self.stage_dir = stage_dir
+
+    @property
+    def location(self) -> Location:
+        return self._location
+
+    # -- start-up and resume -------------------------------------------------------------------------------
+
+    def prepare(self, rank: int, *, staged: bool) -> None:
+        """Every save and resume works in the stage directory, staged or not."""
+        safe_stage_dir(self.stage_dir)
+        remove_leftovers(rank_stage_dir(self.stage_dir, rank))
+
+    def reachable(self) -> None:
+        self.storage.objects.reach(run_key(self.storage.prefix, self.run))
+
+    def complete(self) -> list[OnDisk]:
+        return self.storage.complete(self.run)
+
+    def owner(self) -> int:
+        return s3_fence.owner(self.storage, self.run)
+
+    def claim(self, attempt: int) -> None:
+        s3_fence.claim(self.storage, self.run, attempt)
+
+    def check(self, attempt: int) -> None:
+        s3_fence.check(self.storage, self.run, attempt)
+
+    def clean(self) -> list[str]:
+        return self.storage.clean(self.run)
+
+    def confined(self, uri: str) -> str | None:
+        return self.storage.confined(uri, self.run)
+
+    def read_manifest(self, uri: str, expected_hash: str | None, *, run_id: str, step: int) -> Manifest | str:
+        return self.storage.read_manifest(uri, expected_hash, run_id=run_id, step=step)
+
+    @contextmanager
+    def readable(
+        self, uri: str, manifest: Manifest, files: Sequence[FileEntry], *, start: str, rank: int
+    ) -> Iterator[Readable]:
+        """The files downloaded into the node's cache, hashed as they arrive."""
+        name = f"{_CACHE}{start}-step-{manifest.step}"
+        cache, scratch = self.stage_dir / name, rank_stage_dir(self.stage_dir, rank) / "fetch"
+        created = False
+        try:
+            try:
+                created = claim_dir(self.stage_dir, name)
+                if created:  # a start that did not finish left these
+                    for stale in os.listdir(self.stage_dir):
+                        if stale.startswith(_CACHE) and stale != name:
+                            remove_leftovers(self.stage_dir / stale)
+                verdict: str | StorageUnavailable | None = self.storage.fetch(uri, files, cache)
+            except StorageUnavailable as exc:
+                verdict = exc
+            except OSError as exc:  # the local cache, not the checkpoint
+                verdict = StorageUnavailable(f"local cache {cache}: {exc}")
+            log.info(
+                "resume_downloaded",
+                rank=rank,
+                uri=uri,
+                files=[e.name for e in files],
+                verdict=str(verdict or ""),
+            )
+            yield Readable(
+                cache, verdict, FetchForLoad(self.storage, uri, manifest.files, cache, scratch, rank)
+            )
+        finally:
+            remove_leftovers(scratch)
+            with suppress(OSError):  # the rank's directory goes too, unless something else is in it
+                scratch.parent.rmdir()
+            if created:
+                remove_leftovers(cache)
+
+    def quarantine(self, uri: str, kind: SetAsideKind, tag: str) -> str | None:
+        return self.storage.quarantine(uri, kind, tag)
+
+    # -- saving --------------------------------------------------------------------------------------------
+
+    def begin(self, step: int, attempt: int) -> str:
+        """Claim the step. A sealed step of that name was never recorded by this attempt, which is past every
+        step it resumed from: it is set aside, as on a file system."""
+        try:
+            return self.storage.begin(self.run, step)
+        except CheckpointExists:
+            uri = self.storage.step_uri(self.run, step)
+            log.warning("older_attempts_checkpoint_set_aside", uri=uri)
+            self.storage.quarantine(uri, "unrecorded", f"{int(time.time())}")
+            return self.storage.begin(self.run, step)
+
+    @contextmanager
+    def rank_files(self, uri: str, step: int, rank: int, *, staged: bool) -> Iterator[RankFiles]:
+        with local_files(step_dir(rank_stage_dir(self.stage_dir, rank) / "upload", step)) as files:
+            yield files
+
+    def deliver(self, uri: str, written: RankFiles, entries: Sequence[FileEntry]) -> None:
+        for entry in entries:
+            self.storage.upload(uri, entry.name, written.path / entry.name, Hashed(entry.size, entry.digest))
+
+    def seal(self, uri: str, manifest: Manifest, attempt: int) -> StoredCheckpoint:
+        self.check(attempt)
+        return self.storage.seal(uri, manifest)
+
+    def discard(self, uri: str) -> None:
+        self.storage.discard(uri)
+
+    def prune(self, keep: int, attempt: int) -> list[int]:
+        self.check(attempt)
+        return self.storage.prune(self.run, keep)
+
+
+class FetchForLoad:
+    """The load's fetch hook: a file this rank's plan reads that its node's cache lacks (its owner is on
+    another node) is downloaded whole into this rank's scratch directory, verified there, and only then
+    renamed into the cache, so the ranks of a node never see each other's partial bytes. A defect raises
+    Rejected, storage out of reach StorageUnavailable: DCP hands either to every rank."""
+
+    def __init__(
+        self,
+        storage: S3Storage,
+        uri: str,
+        files: tuple[FileEntry, ...],
+        cache: Path,
+        scratch: Path,
+        rank: int,
+    ) -> None:
+        self.storage, self.uri, self.cache, self.scratch, self.rank = storage, uri, cache, scratch, rank
+        self.entries = {entry.name: entry for entry in files}
+
+    def __call__(self, name: str) -> None:
+        entry = self.entries.get(name)
+        if entry is None:
+            raise Rejected(f"DCP metadata names file {name!r}, which the manifest does not list")
+        try:
+            if os.path.lexists(self.cache / name):  # downloaded and verified by a rank of this node
+                return
+            safe_stage_dir(self.scratch)
+            if verdict := self.storage.fetch(self.uri, [entry], self.scratch):
+                raise Rejected(verdict)
+            os.rename(self.scratch / name, self.cache / name)
+        except OSError as exc:
+            raise StorageUnavailable(f"local cache {self.cache}: {exc}") from exc
+        log.info("fetched_for_load", rank=self.rank, uri=self.uri, file=name, size=entry.size)
