@@ -34,7 +34,7 @@ from ftrain.experiments.inputs import set_aside_steps
 from ftrain.projections.lifecycle import apply, plan_resume
 from ftrain.settings import KILL_POINTS
 from ftrain.train.checkpointing import CheckpointManager
-from ftrain.train.metrics import Record, last_iter, lost_seconds, process_start_time, reached_step
+from ftrain.train.metrics import process_start_time
 from ftrain.train.resume import set_aside_planned
 from ftrain.train.resume_load import owned
 from ftrain.workers import retention
@@ -514,78 +514,6 @@ def test_staging_reuses_its_buffers_and_holds_the_values_of_the_moment_it_staged
 
 
 # -- metrics ----------------------------------------------------------------------------------------------
-
-
-def test_last_iter_skips_a_torn_last_line_and_records_without_an_iteration(tmp_path: Path) -> None:
-    path = tmp_path / "metrics-0.jsonl"
-    assert last_iter(path) is None
-    path.write_bytes(
-        b'{"time": 1, "train/iter": 1, "train/loss": 2.5}\n'
-        b'{"time": 2, "train/iter": 2, "train/ckpt_save_seconds": 0.1}\n'
-        b'{"time": 3, "train/ckpt_drain_seconds": 0.0, "final": true}\n'
-        b"[3]\n"
-        b'{"time": 4, "train/iter": 3, "train/lo'  # SIGKILL mid-write
-    )
-    assert last_iter(path) == 2
-    path.write_bytes(b'{"final": true}\n{"train/it')
-    assert last_iter(path) is None
-
-
-def test_reached_step_is_the_furthest_any_rank_logged(tmp_path: Path) -> None:
-    """A kill lands on the ranks at slightly different points; the work lost is the furthest one's."""
-    assert reached_step(tmp_path) is None
-    (tmp_path / "metrics-0.jsonl").write_bytes(
-        b'{"time": 1, "train/iter": 7}\n{"time": 2, "train/iter": 8, "tr'
-    )
-    (tmp_path / "metrics-1.jsonl").write_bytes(
-        b'{"time": 1, "train/iter": 7}\n{"time": 2, "train/iter": 8}\n'
-    )
-    (tmp_path / "metrics-2.jsonl").write_bytes(b"")
-    assert reached_step(tmp_path) == 8
-
-
-def test_lost_seconds_are_the_loop_time_of_the_last_attempts_steps_past_the_checkpoint(
-    tmp_path: Path,
-) -> None:
-    """What a resumed trainer reports as the time its lost steps cost: from the previous step's line to each
-    one's, less the save stalls between; an earlier attempt's lines and a torn last line do not count."""
-    path = tmp_path / "metrics-0.jsonl"
-    assert lost_seconds(path, 10) is None
-    earlier = [
-        {"time": 1.0, "train/iter": 11, "train/dt": 1.0},
-        {"time": 2.0, "train/iter": 12, "train/dt": 1.0},
-    ]
-    attempt = [
-        {"time": 10.0, "train/iter": 9, "train/dt": 0.4, "train/restart_seconds": 5.0, "train/lost_steps": 3},
-        {"time": 10.5, "train/iter": 10, "train/dt": 0.5},
-        {"time": 10.6, "train/iter": 10, "train/ckpt_stage_seconds": 0.05, "train/ckpt_drain_seconds": 0.05},
-        {"time": 11.6, "train/iter": 11, "train/dt": 0.3},  # 1.1 s after step 10's line, 0.1 s of it held
-        {"time": 12.8, "train/iter": 12, "train/dt": 0.3},  # slowed by the save's background work
-    ]
-    path.write_bytes(b"".join(msgspec.json.encode(r) + b"\n" for r in [*earlier, *attempt]) + b'{"time": 13')
-    assert lost_seconds(path, 10) == pytest.approx(1.0 + 1.2)
-    assert lost_seconds(path, 12) == 0.0
-    assert lost_seconds(path, 8) == pytest.approx(0.4 + 0.5 + 1.0 + 1.2)  # the first step: its own dt
-
-
-def test_a_resume_reads_a_long_runs_metrics_back_from_the_end_only(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    path = tmp_path / "metrics-0.jsonl"
-    lines = [{"time": float(i), "train/iter": i, "train/dt": 0.5} for i in range(1, 100_001)]
-    path.write_bytes(b"".join(msgspec.json.encode(r) + b"\n" for r in lines))
-    decoded: list[bytes] = []
-    real = ftrain.train.metrics.decode_record
-
-    def spy(line: bytes) -> Record | None:
-        decoded.append(line)
-        return real(line)
-
-    monkeypatch.setattr(ftrain.train.metrics, "decode_record", spy)
-    assert (last_iter(path), len(decoded)) == (100_000, 1)
-    decoded.clear()
-    assert lost_seconds(path, 99_990) == pytest.approx(10.0)
-    assert len(decoded) == 11  # the ten lost steps and the one resumed from
 
 
 def test_process_start_time_is_when_the_process_started(tmp_path: Path) -> None:

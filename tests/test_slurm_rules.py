@@ -207,3 +207,19 @@ def test_srun_naming_a_node_failure_blames_that_node() -> None:
     report.feed(b"srun: error: Node failure on n2\nsrun: error: n1: task 0: Killed\nsrun: Force Terminated")
     assert report.node == NodeExit("n2", 137) and report.node.lost
     assert failure(137, None, report.node).reason == "node-failure"
+
+
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGABRT])  # the stop signals it ignores
+def test_the_relay_ends_by_the_signal_that_ended_torchrun_so_the_supervisor_reads_it_as_such(
+    signum: signal.Signals,
+) -> None:
+    child = f"import os, signal; os.kill(os.getpid(), {int(signum)})"
+    relayed = subprocess.run(
+        [sys.executable, "-m", "ftrain.supervise.relay", "--", sys.executable, "-c", child],
+        env={**os.environ, "FTRAIN_SAVE_SIGNALS": "USR1,TERM"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert (relayed.returncode, relayed.stderr) == (-signum, "")

@@ -129,7 +129,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.execvp(command[0], command)
     code = relay(command, save)
     if code < 0:  # end as torchrun ended: the supervisor tells a signal (a SIGKILLed job) from an exit status
-        signal.signal(-code, signal.SIG_DFL)
+        if -code not in (signal.SIGKILL, signal.SIGSTOP):  # those two keep their default action anyway
+            signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
     return code
 

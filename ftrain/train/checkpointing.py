@@ -249,6 +249,8 @@ class CheckpointManager:
         self._stopping = False
         self._last_save = time.monotonic()
         self._loop_start = time.monotonic()
+        self._stalled = 0.0
+        """Seconds the saves held the training loop since it began."""
         self._progress: ProgressFile | None = None
         self._buffers = StagingBuffers()
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ftrain-ckpt")
@@ -297,7 +299,7 @@ class CheckpointManager:
                 self.clock.lost(*self.lost)
         self._progress.begin(step)
         self.clock.start()
-        self._loop_start = time.monotonic()
+        self._loop_start, self._stalled = time.monotonic(), 0.0
         return step
 
     @property
@@ -313,7 +315,7 @@ class CheckpointManager:
         diverge: one small all-reduce per step when a clock or a signal must be agreed on)."""
         self._beacon.finished(step)
         if self._progress is not None:
-            self._progress.finished(step, time.monotonic() - self._loop_start)
+            self._progress.finished(step, self._trained())
         fault_point("step", step)
         by_steps = bool(self.config.save_interval) and step % (self.config.save_interval or 1) == 0
         by_time = (
@@ -336,13 +338,14 @@ class CheckpointManager:
         self.state.step, self.state.epoch = step, epoch
         self._last_save = time.monotonic()
         if self._progress is not None:
-            self._progress.saved(step, self._last_save - self._loop_start)
+            self._progress.saved(step, self._trained())
         self.clock.began(step)
         if not self.config.async_save:
             start = time.perf_counter()
             self._saver.save(step, epoch, self.state, self.attempt, staged=False)
             times = SaveTimes(save_seconds=time.perf_counter() - start)
             self.clock.ended(step, times.save_seconds)
+            self._stalled += times.save_seconds
         else:
             drain = self.drain()
             start = time.perf_counter()
@@ -350,6 +353,7 @@ class CheckpointManager:
             stage = time.perf_counter() - start
             fault_point("stage", step)
             self.clock.ended(step, stage + drain)
+            self._stalled += stage + drain
             self._inflight = self._worker.submit(
                 self._saver.save, step, epoch, staged, self.attempt, staged=True
             )
@@ -357,6 +361,10 @@ class CheckpointManager:
         if self._stopping:
             self._exit_preempted(step)
         return times
+
+    def _trained(self) -> float:
+        """The training loop's time so far, the saves' stalls left out: what lost steps cost to redo."""
+        return time.monotonic() - self._loop_start - self._stalled
 
     def _exit_preempted(self, step: int) -> None:
         """The save asked for by a warning signal is handed over: finish it, deliver the events, exit; every

@@ -3,7 +3,8 @@ recomputed steps and their time, for every script that uses the checkpoint manag
 
 Every rank keeps one small file in its node-local private stage directory, rewritten in place after every
 step (one `pwrite`, no fsync: a few microseconds; a kill loses at most the step being written): the attempt's
-furthest step with its loop time, and the loop time of its newest saves. The next attempt's ranks read theirs
+furthest step with its loop time (the saves' stalls left out, as the log's goodput counts them), and the loop
+time at its newest saves. The next attempt's ranks read theirs
 before they overwrite them, and the furthest one counts (a kill lands on the ranks at slightly different
 points): the steps past the checkpoint resumed from and their time are what the run does again. A rank that
 lands on another node (or after a reboot) finds no file: the term stays unknown, never guessed.

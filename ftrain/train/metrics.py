@@ -7,7 +7,7 @@ Names follow the seed: `train/iter`, `train/loss`, `train/dt`, `train/ckpt_save_
 
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -128,44 +128,6 @@ def loop_times(attempt: Sequence[Record]) -> list[tuple[int, float]]:
             )
             previous, held = record.time, 0.0
     return out
-
-
-def _backwards(path: Path) -> Iterator[Record]:
-    """A metrics file's records from its last line back (torn ones skipped), each decoded as it is reached:
-    what a resume needs is at the end of a file that may hold a long run."""
-    try:
-        lines = path.read_bytes().splitlines()
-    except FileNotFoundError:
-        return
-    for line in reversed(lines):
-        if (record := decode_record(line)) is not None:
-            yield record
-
-
-def last_iter(path: Path) -> int | None:
-    """The last `train/iter` a previous attempt logged (None without one): the step it reached."""
-    return next((r.iter for r in _backwards(path) if r.iter is not None), None)
-
-
-def reached_step(directory: Path) -> int | None:
-    """The furthest step any rank of a previous attempt logged: a kill lands on the ranks at slightly
-    different points, and the work lost is what the furthest one had done."""
-    reached = [step for path in directory.glob("metrics-*.jsonl") if (step := last_iter(path)) is not None]
-    return max(reached, default=None)
-
-
-def lost_seconds(path: Path, resumed_from: int) -> float | None:
-    """The loop time of the steps past `resumed_from` in the last attempt of a metrics file: what the run
-    spends again re-doing them (None without a previous attempt's records). Read back from the end to the
-    step it resumed from (or that attempt's first step)."""
-    tail: list[Record] = []
-    for record in _backwards(path):
-        tail.append(record)
-        if record.restart_seconds is not None or (record.is_step and (record.iter or 0) <= resumed_from):
-            break
-    if not tail:
-        return None
-    return sum(seconds for step, seconds in loop_times(tail[::-1]) if step > resumed_from)
 
 
 class MetricsWriter:
