@@ -17,7 +17,7 @@ import pytest
 from ftrain.supervise.watchdog import SAVE_ALLOWANCE, Watchdog
 from ftrain.train.beacon import ProgressBeacon, rank_file, read_progress
 from tests.conftest import ftrain_process
-from tests.training import final_digest, stopped, torchrun, wait_for
+from tests.training import final_digest, is_relay, stopped, torchrun, wait_for
 
 ITERS = ("--train-iters", "20", "--save-interval", "5")
 HANG_TIMEOUT = 8
@@ -135,7 +135,7 @@ def test_a_slow_checkpoint_is_not_a_hang(env: dict[str, str], tmp_path: Path) ->
 
         def job_processes() -> list[int]:
             """The agent and both ranks: the signal relay above torchrun is no part of the stop."""
-            return [p for p in attempt_processes("slow", 1) if b"ftrain.supervise.relay" not in _cmdline(p)]
+            return [p for p in attempt_processes("slow", 1) if not is_relay(p)]
 
         def all_stopped() -> bool:
             pids = job_processes()
@@ -150,10 +150,3 @@ def test_a_slow_checkpoint_is_not_a_hang(env: dict[str, str], tmp_path: Path) ->
         job.kill()
     assert job.returncode == 0, out + err[-4000:]
     assert _failures(env, "slow") == []
-
-
-def _cmdline(pid: int) -> bytes:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:  # gone meanwhile
-        return b""

@@ -25,7 +25,7 @@ from ftrain.workers.layout import MARKER, complete_steps, set_asides
 from ftrain.workers.manifest import decode_marker
 from ftrain.workers.outbox import Outbox, outbox_path
 from tests.netns import FTRAIN, stream_leader
-from tests.training import alive, final_digest, stopped, torchrun, wait_for
+from tests.training import alive, final_digest, is_relay, stopped, torchrun, wait_for
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 TRAIN = ("-m", "ftrain.examples.train", "--train-iters", "20", "--save-interval", "5")
@@ -298,7 +298,7 @@ def test_the_log_losing_a_server_or_rank_0s_node_never_holds_training_and_loses_
 
 def frozen(nodes: Any, node: str, run: str) -> bool:
     """Whether attempt 1's processes on `node` (torchrun's agent and its two ranks) are all stopped."""
-    procs = on(nodes, node, run, 1)
+    procs = [pid for pid in on(nodes, node, run, 1) if not is_relay(pid)]
     return len(procs) == 3 and all(stopped(pid) for pid in procs)
 
 

@@ -111,3 +111,11 @@ def stopped(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("T", "t")
     except FileNotFoundError:
         return False
+
+
+def is_relay(pid: int) -> bool:
+    """Whether process `pid` is ftrain's signal relay above a node's torchrun (no part of a stopped job)."""
+    try:
+        return b"ftrain.supervise.relay" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:  # gone meanwhile
+        return False

@@ -458,12 +458,15 @@ class CheckpointManager:
 def _furthest(
     mine: tuple[int, float | None] | None, group: dist.ProcessGroup
 ) -> tuple[int, float | None] | None:
-    """The lost work as the rank that got furthest saw it (every rank's own record, gathered); None when no
-    rank of this job has a record (all of them on other nodes than the attempt before)."""
+    """The lost work: the steps of the rank that got furthest (a kill lands on the ranks at slightly different
+    points), timed by rank 0's record, as rank 0's metrics time them; None when no rank of this job has a
+    record (all of them on other nodes than the attempt before)."""
     every: list[tuple[int, float | None] | None] = [None] * dist.get_world_size(group)
     dist.all_gather_object(every, mine, group=group)
-    known = [lost for lost in every if lost is not None]
-    return max(known, key=lambda lost: lost[0]) if known else None
+    steps = max((lost[0] for lost in every if lost is not None), default=None)
+    if steps is None:
+        return None
+    return steps, every[0][1] if every[0] is not None else None
 
 
 def _rank() -> int:
