@@ -54,6 +54,8 @@ class Outcome(msgspec.Struct, frozen=True):
     uri: str | None = None
     failure: str | None = None
     fenced: bool = False
+    sealed: bool = False
+    """Fenced only after the step was sealed and recorded (a process stopped in between): the log refused it."""
 
 
 class Saver:
@@ -85,7 +87,8 @@ class Saver:
             sealed = self._seal(step, epoch, outcome.uri, gathered, attempt) if gathered is not None else None
             outcome = _broadcast(sealed, self.group)
         if outcome.fenced:
-            raise Fenced(f"checkpoint at step {step} not saved: {outcome.failure}")
+            done = "sealed, but the log refused it" if outcome.sealed else "not saved"
+            raise Fenced(f"checkpoint at step {step} {done}: {outcome.failure}")
         self._count(step, outcome.failure)
 
     def close(self) -> None:
@@ -142,6 +145,12 @@ class Saver:
         fault_point("sealed", step)
         self._record(step, epoch, written.uri, written.checkpoint_hash, manifest)
         log.info("checkpoint_finalized", step=step, uri=written.uri, bytes=manifest.size_bytes)
+        try:  # a process stopped between sealing and recording wakes up here: a newer attempt may own the run
+            self.store.check(attempt)
+        except Fenced as exc:  # the step stays where it is: the newer attempt set it aside, or will
+            return Outcome(failure=str(exc), fenced=True, sealed=True)
+        except SAVE_ERRORS as exc:  # out of reach: the next save's seal checks again
+            log.warning("fence_unchecked", step=step, error=_reason(exc))
         self._pruner.submit(self._prune, attempt)
         return Outcome()
 
