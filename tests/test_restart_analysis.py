@@ -1,7 +1,10 @@
 """The restart-cost experiment's pure parts: injection specs, the kill schedule, and the analysis, which must
 report every disagreement between the log, the metrics, the supervisor's output and the kill records."""
 
+import os
+import stat
 from datetime import UTC, datetime
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -268,3 +271,18 @@ def test_the_analysis_and_the_drawing_never_import_torch() -> None:
     loaded = modules_imported_by(wanted)
     assert wanted <= loaded
     assert not {m for m in loaded if m.partition(".")[0] == "torch"}
+
+
+def test_the_plot_and_the_report_are_private_to_their_user_whatever_the_umask(tmp_path: Path) -> None:
+    from ftrain.experiments.plot import publish
+
+    old = os.umask(0o022)
+    try:
+        plot, report = publish(analyze("t", [], [phase()]), tmp_path / "experiments" / "restart-1")
+    finally:
+        os.umask(old)
+    modes = {
+        p: stat.S_IMODE(os.stat(p).st_mode) for p in (tmp_path / "experiments", plot.parent, plot, report)
+    }
+    assert modes == {tmp_path / "experiments": 0o700, plot.parent: 0o700, plot: 0o600, report: 0o600}
+    assert plot.read_bytes().startswith(b"\x89PNG") and "## Summary" in report.read_text()

@@ -6,6 +6,7 @@ steps lost and the restart seconds. Right: the median stall per save,
 a sync save beside async's stage and drain stacked. Drawn off-screen (Agg); needs the `experiments` extra.
 """
 
+import io
 from pathlib import Path
 
 import matplotlib
@@ -14,6 +15,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
 
+from ftrain.events.atomic_file import write_atomic
+from ftrain.events.private import private_dir
 from ftrain.experiments.report import PLOT, REPORT, markdown
 from ftrain.experiments.results import ExperimentResult, PhaseResult
 
@@ -103,14 +106,16 @@ def draw(result: ExperimentResult, path: Path) -> None:
     _stalls(right, result.phases)
     fig.suptitle(result.title.replace("`", ""), fontsize=11)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    image = io.BytesIO()
+    fig.savefig(image, format="png", dpi=120)
     plt.close(fig)
+    write_atomic(path, image.getvalue())  # 0600: an experiment's figures are its user's, like its log
 
 
 def publish(result: ExperimentResult, directory: Path) -> tuple[Path, Path]:
     """Write `restart_plot.png` and `restart_report.md` into `directory`; returns their paths."""
-    directory.mkdir(parents=True, exist_ok=True)
+    private_dir(directory, tighten=False)  # missing parents 0700 whatever the umask; the user's own kept
     plot, report = directory / PLOT, directory / REPORT
     draw(result, plot)
-    report.write_text(markdown(result))
+    write_atomic(report, markdown(result).encode())
     return plot, report
