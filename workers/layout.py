@@ -27,6 +27,18 @@ MANIFEST: Final = "manifest.json"
 WRITER_CLAIM: Final = ".writer"
 """On an object store: the object a writer claims a step with (conditionally, first), naming itself."""
 MARKER: Final = ".complete"
+MIN_KEEP: Final = 2
+"""Retention keeps at least the newest checkpoint and the one before it, on every backend: the newest may be
+the one a failure interrupted while it was being verified, and a prune never deletes the only good one."""
+
+
+def check_keep(keep: int) -> int:
+    """`keep` when it keeps at least MIN_KEEP checkpoints; else ValueError naming it."""
+    if keep < MIN_KEEP:
+        raise ValueError(f"keep={keep}: at least {MIN_KEEP} checkpoints must be kept")
+    return keep
+
+
 ATTEMPT: Final = ".attempt"
 """The attempt that owns a run's checkpoints: a file in its directory (`workers.fence`), or an object directly
 under its key prefix (`workers.storage.s3_fence`)."""

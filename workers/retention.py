@@ -10,18 +10,15 @@ from pathlib import Path
 
 import structlog
 
-from ftrain.workers.layout import MARKER, complete_steps, step_dir
+from ftrain.workers.layout import MARKER, check_keep, complete_steps, step_dir
 from ftrain.workers.nofollow import remove_dir
 
-MIN_KEEP = 2
 log = structlog.get_logger(__name__)
 
 
 def prune(run_dir: Path, keep: int) -> list[int]:
     """Delete complete checkpoints beyond the newest `keep`; returns the deleted steps."""
-    if keep < MIN_KEEP:
-        raise ValueError(f"keep must be at least {MIN_KEEP}, not {keep}")
-    removed = complete_steps(run_dir)[keep:]
+    removed = complete_steps(run_dir)[check_keep(keep) :]
     for step in removed:
         try:  # the marker first: a half-deleted directory must not look complete
             remove_dir(run_dir, step_dir(run_dir, step).name, first=MARKER)

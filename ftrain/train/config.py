@@ -8,11 +8,8 @@ from pathlib import Path
 
 import msgspec
 
+from ftrain.workers.layout import check_keep
 from ftrain.workers.storage.location import Location
-
-MIN_KEEP = 2
-"""Retention keeps at least the newest checkpoint and the one before it: the newest may be the one a
-failure interrupted while it was being verified, and pruning must never delete the only good one."""
 
 
 class CheckpointConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -35,8 +32,7 @@ class CheckpointConfig(msgspec.Struct, frozen=True, kw_only=True):
     """Saves in a row that may fail (storage out of reach, a full disk) before the job stops."""
 
     def __post_init__(self) -> None:
-        if self.keep < MIN_KEEP:
-            raise ValueError(f"keep={self.keep}: at least {MIN_KEEP} checkpoints must be kept")
+        check_keep(self.keep)
         if self.save_interval is not None and self.save_interval < 1:
             raise ValueError(f"save_interval={self.save_interval}: a positive number of steps, or None")
         if self.every_seconds is not None and not 0 < self.every_seconds < float("inf"):

@@ -39,6 +39,7 @@ from ftrain.workers.layout import (
     RESERVED,
     WRITER_CLAIM,
     SetAsideKind,
+    check_keep,
     parse_step,
     run_key,
     set_aside_name,
@@ -52,7 +53,6 @@ from ftrain.workers.manifest import (
     decode_marker,
     encode_manifest,
 )
-from ftrain.workers.retention import MIN_KEEP
 from ftrain.workers.s3.bucket import Bucket, ObjectMissing
 from ftrain.workers.s3.ranged import fetch_files
 from ftrain.workers.storage.errors import CheckpointExists, StorageError, StorageUnavailable
@@ -305,8 +305,7 @@ class S3Storage:
         """Retention: delete the run's sealed steps beyond the newest `keep` (marker first, then the rest in
         batches); returns the deleted steps. Set-aside prefixes are evidence and never touched; `keep` is at
         least MIN_KEEP, so the step just sealed and the one before it stay."""
-        if keep < MIN_KEEP:
-            raise ValueError(f"keep must be at least {MIN_KEEP}, not {keep}")
+        check_keep(keep)
         removed = []
         for old in self.complete(run_id)[keep:]:
             self.objects.delete(self.objects.keys(self._step_key(old.uri)))
