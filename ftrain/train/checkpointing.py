@@ -246,6 +246,8 @@ class CheckpointManager:
         """This rank's progress, for the supervisor's hang watchdog (off outside `ftrain run`)."""
         agree = self.world > 1 and (config.every_seconds is not None or self._signals.installed)
         self._due_group = dist.new_group(backend="gloo") if agree else None
+        self._groups = [g for g in (self.group, self._due_group) if g is not None]
+        """The groups this manager made, destroyed by `close`."""
         self._stopping = False
         self._last_save = time.monotonic()
         self._loop_start = time.monotonic()
@@ -367,11 +369,9 @@ class CheckpointManager:
         return time.monotonic() - self._loop_start - self._stalled
 
     def _exit_preempted(self, step: int) -> None:
-        """The save asked for by a warning signal is handed over: finish it, deliver the events, exit; every
-        rank together, so that no rank's exit has the launcher end another still delivering its events."""
+        """The save asked for by a warning signal is handed over: finish it, deliver the events, exit (every
+        rank together: `close` waits for the others)."""
         self.close()
-        if dist.is_initialized() and self.world > 1:
-            dist.barrier(group=self.group)
         if self.rank == 0:
             name = self._signals.received.name if self._signals.received else "a peer's signal"
             print(
@@ -416,9 +416,22 @@ class CheckpointManager:
                     waited_seconds=LOG_WAIT_SECONDS,
                     delivered_by="the next ftrain process with this FTRAIN_HOME",
                 )
-            if self._own_group and dist.is_initialized():
-                self._own_group = False
-                dist.destroy_process_group()
+            self._release_groups()
+
+    def _release_groups(self) -> None:
+        """Destroy the manager's own gloo groups while the interpreter is alive: gloo's threads outliving it
+        abort the process at exit. After a warning signal every rank first waits for the others, so that no
+        rank's exit has the launcher end another still delivering its events."""
+        groups, self._groups = self._groups, []
+        if not groups or not dist.is_initialized():
+            return
+        if self._stopping and self.world > 1:
+            dist.barrier(group=self.group)
+        for group in groups:
+            dist.destroy_process_group(group)
+        if self._own_group:
+            self._own_group = False
+            dist.destroy_process_group()
 
     def _manifest(self, step: int, epoch: int, entries: list[FileEntry]) -> Manifest:
         return Manifest(
