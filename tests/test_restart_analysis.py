@@ -112,13 +112,21 @@ def test_every_disagreement_is_reported() -> None:
     no_restart_line = msgspec.structs.replace(
         data, records=[r for r in data.records if r.restart_seconds is None]
     )
-    assert "1 `resumed` event(s) but 0 `train/restart_seconds` line(s) in the metrics" in (
-        analyze_phase(no_restart_line).problems
+    assert (
+        "1 `resumed` event(s) with steps left to train but 0 `train/restart_seconds` line(s) in the metrics"
+        in (analyze_phase(no_restart_line).problems)
     )
     two_kills = msgspec.structs.replace(data, kills=[*(data.kills or []), *(data.kills or [])])
     assert analyze_phase(two_kills).problems == ["2 kill(s) but 1 `failed` and 1 `resumed` event(s)"]
     set_aside = msgspec.structs.replace(phase(complete=(30, 20, 10)), set_aside=[30])
     assert analyze_phase(set_aside).problems == []  # 30 was sealed but never recorded: resuming 20 is right
+
+
+def test_a_resume_at_the_last_step_trains_nothing_and_owes_no_restart_line() -> None:
+    """An attempt that sealed its last step and then died (at exit) is relaunched, resumes there and ends at
+    once: no step, so no `train/restart_seconds` line, and no mismatch for it."""
+    data = phase(resume_step=30, complete=(30, 20, 10), stdout_step=30)
+    assert analyze_phase(msgspec.structs.replace(data, records=steps(1, 30, 0))).problems == []
 
 
 def test_the_overhead_over_the_baseline_and_the_report() -> None:

@@ -16,6 +16,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from ftrain.train.checkpointing import CheckpointManager
+from ftrain.train.process_exit import run_then_exit
 
 
 def batch(step: int, rank: int, world: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -60,4 +61,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_then_exit(main)  # exits without the interpreter's teardown, which races gloo's threads

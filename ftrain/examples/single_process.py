@@ -15,6 +15,7 @@ from torch import nn
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from ftrain.train.checkpointing import CheckpointManager
+from ftrain.train.process_exit import run_then_exit
 
 
 def main() -> None:
@@ -48,4 +49,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_then_exit(main)  # exits without the interpreter's teardown, which races gloo's threads

@@ -41,6 +41,7 @@ from ftrain.train.checkpointing import (
 )
 from ftrain.train.lifeline import die_with_launcher
 from ftrain.train.metrics import MetricsWriter, process_start_time
+from ftrain.train.process_exit import run_then_exit
 
 META_INIT_AUTO_PARAMS = 6_000_000_000  # the seed's threshold: dense init stays exact for smaller models
 PROCESS_START = process_start_time()
@@ -288,4 +289,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_then_exit(main)

@@ -24,9 +24,12 @@ def count_problems(
         )
     elif len(failed) != len(resumed):
         problems.append(f"{len(failed)} `failed` but {len(resumed)} `resumed` event(s)")
-    if len(restarts) != len(resumed):
+    last = max((r.iter for r in data.records if r.iter is not None), default=None)
+    training = [e for e in resumed if last is None or e.step < last]  # one at the last step trains nothing
+    if len(restarts) != len(training):
         problems.append(
-            f"{len(resumed)} `resumed` event(s) but {len(restarts)} `train/restart_seconds` line(s) in the metrics"
+            f"{len(training)} `resumed` event(s) with steps left to train but {len(restarts)} "
+            "`train/restart_seconds` line(s) in the metrics"
         )
     if data.stdout is not None:
         lines = [int(step) for step in RESUMED_LINE.findall(data.stdout)]

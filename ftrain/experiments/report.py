@@ -204,7 +204,8 @@ def markdown(result: ExperimentResult) -> str:
     else:
         lines.append(
             "No mismatch. Checked: every kill has one `failed` and one `resumed` event; every `resumed` event "
-            "a `RESUMED from step=` line and a `train/restart_seconds` line at the step after it; every resume "
+            "a `RESUMED from step=` line and, unless it resumed at the last step, a `train/restart_seconds` line at "
+            "the step after it; every resume "
             "started from the newest checkpoint complete at its kill; no failure lost more steps than the "
             "bound; every chain verifies (checks that need the supervisor's output or the kill records are "
             "skipped where those are absent)."

@@ -10,13 +10,14 @@ never the training group.
 
 A failure fails the save closed (the step discarded, nothing recorded, one warning line) and training goes on;
 after `max_failed_saves` failures in a row every rank raises SavesFailing. A newer attempt fences this one: the
-step is discarded and every rank raises Fenced.
+step is discarded and every rank raises Fenced; a rank 0 that learns it only after recording (it was stopped
+in between) raises alone, without waiting on peers that may be dead or stopped.
 """
 
 import sys
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, NoReturn
 
 import msgspec
 import structlog
@@ -55,7 +56,8 @@ class Outcome(msgspec.Struct, frozen=True):
     failure: str | None = None
     fenced: bool = False
     sealed: bool = False
-    """Fenced only after the step was sealed and recorded (a process stopped in between): the log refused it."""
+    """Fenced only after the step was sealed and recorded (a process stopped in between): the log refused it.
+    Rank 0 alone learns it, and stops without a word to peers that may be gone."""
 
 
 class Saver:
@@ -85,10 +87,13 @@ class Saver:
             gathered: Reports | None = [([], None)] * self.world if self.rank == 0 else None
             dist.gather_object(report, gathered, dst=0, group=self.group)
             sealed = self._seal(step, epoch, outcome.uri, gathered, attempt) if gathered is not None else None
+            if (
+                sealed is not None and sealed.sealed
+            ):  # rank 0 woke from a stop: its peers may be dead or stopped
+                _raise_fenced(step, sealed)  # so it does not wait on them; the launcher ends the rest
             outcome = _broadcast(sealed, self.group)
         if outcome.fenced:
-            done = "sealed, but the log refused it" if outcome.sealed else "not saved"
-            raise Fenced(f"checkpoint at step {step} {done}: {outcome.failure}")
+            _raise_fenced(step, outcome)
         self._count(step, outcome.failure)
 
     def close(self) -> None:
@@ -183,6 +188,11 @@ class Saver:
                 file=sys.stderr,
                 flush=True,
             )
+
+
+def _raise_fenced(step: int, outcome: Outcome) -> NoReturn:
+    done = "sealed, but the log refused it" if outcome.sealed else "not saved"
+    raise Fenced(f"checkpoint at step {step} {done}: {outcome.failure}")
 
 
 def _reason(exc: BaseException) -> str:
