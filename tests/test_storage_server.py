@@ -1,5 +1,6 @@
 """`ftrain storage start|stop|status`: the embedded SeaweedFS under $FTRAIN_HOME, private, reused, stopped."""
 
+import json
 import stat
 from pathlib import Path
 
@@ -8,6 +9,7 @@ import pytest
 from ftrain.cli.main import main
 from ftrain.workers.s3.client import make_client
 from ftrain.workers.s3.server import DEFAULT_BUCKET, read_record, seaweed_dir
+from tests.json_docs import documented
 
 
 def _ftrain(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, list[str]]:
@@ -42,6 +44,8 @@ def test_start_reuse_status_stop(
         )
         assert DEFAULT_BUCKET in [b["Name"] for b in client.list_buckets()["Buckets"]]
         assert _ftrain(capsys, "storage", "status") == (0, out)
+        code, doc = _ftrain(capsys, "storage", "status", "--json")
+        assert code == 0 and set(json.loads(doc[0])) == documented()["ftrain storage status --json, running"]
     finally:
         code, stopped = _ftrain(capsys, "storage", "stop")
     assert (code, stopped) == (0, ["SeaweedFS stopped"])

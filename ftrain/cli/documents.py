@@ -51,8 +51,8 @@ def failed(event: Failed, state: RunState) -> dict[str, Any]:
 def completed(event: Completed, unit: str) -> dict[str, Any]:
     """`complete --json` (and `run --json`'s `completion`): `cost_hours` in `cost_unit` ("GPU-hours",
     "CPU-hours", "node-hours"), `cost_source` ("reported" or "wall-time"), `running_seconds`."""
-    return {**_recorded(event, "completed"), "cost_hours": event.cost_gpu_hours, "cost_unit": unit,
-            "cost_source": event.cost_source, "running_seconds": event.running_seconds}  # fmt: skip
+    return {**_recorded(event, "completed"), "cost_hours": round(event.cost_gpu_hours, 6), "cost_unit": unit,
+            "cost_source": event.cost_source, "running_seconds": round(event.running_seconds, 3)}  # fmt: skip
 
 
 def run_outcome(
