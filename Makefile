@@ -1,10 +1,12 @@
 # The two set-up commands of the README: `make demo` and `make test`. Each creates what it needs.
-# `make test` runs the lint and every test but those marked slow; `make test-slow` runs those (CI runs both).
+# The tests are in tiers, by folder (tests/conftest.py): `make test-unit` runs tests/unit/ alone (pure, seconds:
+# no lint), `make test` the lint, then the unit and the integration tier (tests/integration/), `make test-e2e`
+# the end-to-end tier (tests/e2e/: torchrun jobs, network namespaces, Slurm). CI (.ci/run) runs every tier.
 # `make mutation` (slow, not part of `make test`) scores the pure core's tests by mutation testing.
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test test-slow lint docs bench mutation
+.PHONY: demo test test-unit test-integration test-e2e lint docs bench mutation
 
 $(BIN)/ftrain: pyproject.toml
 	python3 -m venv $(VENV)
@@ -27,10 +29,19 @@ docs: $(BIN)/ftrain
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 test: lint
-	$(BIN)/pytest -q --durations=15 -m "not slow"
+	$(MAKE) test-unit
+	$(MAKE) test-integration
 
-test-slow: $(BIN)/ftrain
-	$(BIN)/pytest -q --durations=15 -m slow
+# On both cores (pytest-xdist): a little faster than serial on this 2-core machine when it is quiet, as it is
+# for CI and a developer's loop (docs/benchmarks.md). The integration and e2e tiers run serially.
+test-unit: $(BIN)/ftrain
+	$(BIN)/pytest -q --durations=5 -n 2 tests/unit
+
+test-integration: $(BIN)/ftrain
+	$(BIN)/pytest -q --durations=15 tests/integration
+
+test-e2e: $(BIN)/ftrain
+	$(BIN)/pytest -q --durations=15 tests/e2e
 
 bench: $(BIN)/ftrain
 	$(BIN)/python scripts/bench_events.py

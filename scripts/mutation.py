@@ -1,4 +1,4 @@
-"""`make mutation`: mutation testing of the pure core with its fast tests, and the score of each module.
+"""`make mutation`: mutation testing of the pure core with the unit tier, and the score of each module.
 
 Runs mutmut (configured in pyproject.toml's `[tool.mutmut]`: which modules, which tests), then prints per module
 the mutants killed, the equivalent ones, the score (killed / (total - equivalent)) and the raw rate (killed /
@@ -24,7 +24,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 EQUIVALENTS = ROOT / "tests" / "mutation_equivalents.txt"
 KILLED = {"killed", "timeout", "caught by type check"}
-PACKAGES = ("events", "projections", "workers", "ftrain", "tests")
+PACKAGES = ("events", "projections", "workers", "ftrain", "tests", "scripts", "docs", "README.md")
+"""What the copies of the tree hold: the code, and what the unit tier reads besides it (`also_copy` for mutmut)."""
 CONSTANTS: tuple[tuple[str, str, str], ...] = (
     ("ftrain/events/chain.py", 'GENESIS = "0" * 64', 'GENESIS = "0" * 63'),
     ("ftrain/events/chain.py", 'GENESIS = "0" * 64', 'GENESIS = "1" * 64'),
@@ -63,7 +64,7 @@ def results(mutmut: list[str]) -> list[tuple[str, str, str]]:
 
 
 def constant_survivors() -> list[str]:
-    """Apply each of CONSTANTS to a copy of the tree and run the fast tests; the mutants that pass."""
+    """Apply each of CONSTANTS to a copy of the tree and run the unit tier; the mutants that pass."""
     config = tomllib.loads((ROOT / "pyproject.toml").read_text("utf-8"))["tool"]["mutmut"]
     tests = [*config["pytest_add_cli_args"], *config["pytest_add_cli_args_test_selection"]]
     survivors = []

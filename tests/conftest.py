@@ -1,20 +1,59 @@
-"""Shared fixtures: a real nats-server per test, an environment pointing ftrain at it, and the service; and the
-multi-node tests' cluster of network-namespace nodes (`nodes`, one per session)."""
+"""The tiers, and the fixtures they share.
 
-import json
-import os
-import subprocess
-import sys
-from collections.abc import AsyncIterator, Iterable, Iterator
+A test's tier is its folder: `tests/unit/` (pure: no server, no process of ftrain's or torchrun's, no sleep),
+`tests/integration/` (real nats-server, SQLite, SeaweedFS or moto, files, ftrain CLI processes; no torchrun)
+and `tests/e2e/` (torchrun jobs and training processes, network namespaces, the real Slurm, the restart
+experiment). Collection marks each test `unit`, `integration` or `e2e` from its folder and fails on a test file
+anywhere else; a unit test that asks for a server fails (tests/unit/conftest.py). Helpers live in
+`tests/support/`.
+
+The shared fixtures: a real nats-server per test, an environment pointing ftrain at it, the service, and the
+CLI run in this process against them. The multi-node tests' cluster (`nodes`) is the e2e tier's
+(tests/e2e/conftest.py).
+"""
+
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
-import nats
 import pytest
 
 from ftrain.events.jetstream.server import ServerProcess, throwaway_server
-from ftrain.events.record import STREAM
 from ftrain.service import RunService
-from tests.netns import nodes as nodes
+from tests.support.cli import Cli
+from tests.support.servers import login
+
+TESTS = Path(__file__).resolve().parent
+TIERS = ("unit", "integration", "e2e")
+
+
+def tier_of(path: Path) -> str | None:
+    """The tier of a test file under tests/: its first folder, when that is a tier's."""
+    path = path.resolve()
+    parts = path.relative_to(TESTS).parts if path.is_relative_to(TESTS) else ()
+    return parts[0] if len(parts) > 1 and parts[0] in TIERS else None
+
+
+class Misplaced(pytest.File):
+    """A test file outside the tiers' folders: collecting it is an error that names it."""
+
+    def collect(self) -> list[pytest.Item]:
+        raise self.CollectError(
+            f"{self.nodeid}: a test file outside tests/unit/, tests/integration/ and "
+            "tests/e2e/; a test's folder is its tier (tests/conftest.py)"
+        )
+
+
+def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
+    if file_path.suffix == ".py" and file_path.name.startswith("test_") and tier_of(file_path) is None:
+        return Misplaced.from_parent(parent, path=file_path)
+    return None
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark each test with its folder's tier (`-m unit`, `-m integration`, `-m e2e`)."""
+    for item in items:
+        if (tier := tier_of(Path(item.path))) is not None:
+            item.add_marker(getattr(pytest.mark, tier))
 
 
 @pytest.fixture
@@ -47,85 +86,7 @@ async def app(env: dict[str, str]) -> AsyncIterator[RunService]:
         yield service
 
 
-def login(server: ServerProcess) -> dict[str, str]:
-    """The settings a user sets to reach `server`: its URL and the nkey seed file it admits."""
-    return {"FTRAIN_NATS_URL": server.url, "FTRAIN_NATS_NKEY": server.nkey_file}
-
-
-async def plain_connect(url: str, nkey: str) -> nats.NATS:
-    """A plain nats-py client (no ftrain code) signed in with the nkey seed file `nkey`."""
-    return await nats.connect(url, nkeys_seed=nkey)
-
-
-async def stream_last_seq(server: ServerProcess) -> int:
-    """The stream's last sequence, read with a plain client (0 when the stream does not exist yet)."""
-    return await last_seq_at(server.url, server.nkey_file)
-
-
-async def last_seq_at(url: str, nkey: str) -> int:
-    """`stream_last_seq` of the server at `url`, signed in with the seed file `nkey`."""
-    nc = await plain_connect(url, nkey)
-    try:
-        info = await nc.jetstream().stream_info(STREAM)
-        return int(info.state.last_seq)
-    except nats.js.errors.NotFoundError:
-        return 0
-    finally:
-        await nc.close()
-
-
-def ftrain_process(
-    args: list[str], env: dict[str, str], timeout: float = 60
-) -> subprocess.CompletedProcess[str]:
-    """Run the real `ftrain` console script."""
-    script = Path(sys.executable).with_name("ftrain")
-    return subprocess.run(
-        [str(script), *args],
-        env={**os.environ, **env},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-
-
-def modules_imported_by(modules: Iterable[str]) -> set[str]:
-    """Every module a fresh interpreter holds after importing `modules`: what a layering test asserts on."""
-    code = "import importlib, json, sys\nfor m in sys.argv[1:]: importlib.import_module(m)\nprint(json.dumps([*sys.modules]))"
-    result = subprocess.run(
-        [sys.executable, "-c", code, *modules], capture_output=True, text=True, check=False
-    )
-    assert result.returncode == 0, result.stderr
-    return set(json.loads(result.stdout))
-
-
-def free_port() -> int:
-    """A free TCP port on 127.0.0.1."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def start_configured_server(directory: Path, config: str, port: int) -> subprocess.Popen[bytes]:
-    """A nats-server with a hand-written config (auth, TLS, cluster); returns once its client port accepts."""
-    import socket
-    import time
-
-    from ftrain.events.jetstream.server import nats_server_binary
-
-    directory.mkdir(parents=True, exist_ok=True)
-    conf = directory / "server.conf"
-    conf.write_text(config)
-    log = open(directory / "server.log", "wb")  # noqa: SIM115 - handed to the child process
-    proc = subprocess.Popen([str(nats_server_binary()), "-c", str(conf)], stdout=log, stderr=log)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return proc
-        except OSError:
-            time.sleep(0.02)
-    proc.kill()
-    raise RuntimeError(f"nats-server did not start: {(directory / 'server.log').read_text()[-2000:]}")
+@pytest.fixture
+def cli(capsys: pytest.CaptureFixture[str], env: dict[str, str]) -> Cli:
+    """`ftrain ARGS` in this process against the test's server (tests/support/cli.py)."""
+    return Cli(capsys, env)

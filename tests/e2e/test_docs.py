@@ -1,0 +1,14 @@
+"""The docs' `e2e` blocks run as written: the commands and Python blocks of README.md and docs/ marked
+`<!-- docs-test: e2e -->` (training jobs, the demo, the restart experiment; the convention:
+tests/support/docs.py)."""
+
+import pytest
+
+from tests.support.docs import RUN, Block, Scratch, runs_as_written
+from tests.support.docs import scratch as scratch  # the fixture
+
+
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("block", [b for b in RUN if b.e2e], ids=lambda b: b.name)
+def test_the_block_runs_as_written(block: Block, scratch: Scratch) -> None:
+    runs_as_written(block, scratch)

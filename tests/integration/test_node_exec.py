@@ -1,0 +1,165 @@
+"""`ftrain run --node-exec TEMPLATE`: the runner that holds one attempt's node commands together as an srun
+step with --kill-on-bad-exit does, the supervisor over it, and the refusals of `ftrain run` (real processes
+here; the template `env NODE={host}` stands in for `ssh {host}`, starting each "node" on this machine). The
+template's rules and each node's command line: tests/unit/test_node_exec_rules.py."""
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from ftrain.events.jetstream.server import ServerProcess
+from ftrain.projections.lifecycle import FailIntent
+from ftrain.supervise.node_exec import (
+    NodeExit,
+    each_node_command,
+    parse_node_exit,
+)
+from ftrain.supervise.supervisor import Outcome, Relaunches, Supervisor
+from tests.support.builders import Intents
+from tests.support.processes import ftrain_process
+from tests.support.servers import stream_last_seq
+
+
+def run_each(*hosts: str, script: str, template: str = "env NODE={host}") -> subprocess.Popen[str]:
+    host_args = [a for h in hosts for a in ("--host", h)]
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "ftrain.supervise.each_node",
+            "--template",
+            template,
+            *host_args,
+            "--",
+            "sh",
+            "-c",
+            script,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "FTRAIN_RUN_ID": "r1"},
+    )
+
+
+def test_every_node_runs_the_command_with_the_runs_variables() -> None:
+    proc = run_each("a", "b", script='echo "$NODE $FTRAIN_RUN_ID"')
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert sorted(out.split("\n")[:2]) == ["a r1", "b r1"]
+
+
+def test_the_first_node_to_fail_ends_the_others_and_gives_its_status(tmp_path: Path) -> None:
+    marker = tmp_path / "a-survived"
+    proc = run_each(
+        "a", "b", script=f'if [ "$NODE" = b ]; then sleep 0.5; exit 3; fi; sleep 20; touch {marker}'
+    )
+    started = time.monotonic()
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 3 and "b exited with status 3; ending the other nodes" in err, err
+    assert time.monotonic() - started < 10 and not marker.exists()
+
+
+def test_a_node_killed_by_a_signal_is_reported_as_a_shell_would() -> None:
+    proc = run_each("a", script="kill -9 $$")
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 128 + 9
+    assert [parse_node_exit(line) for line in err.splitlines() if line.startswith("each_node:")] == [
+        NodeExit("a", 137)
+    ]
+
+
+def supervise_nodes(
+    tmp_path: Path,
+    script: str,
+    recorder: Intents,
+    relaunches: Relaunches,
+    opener: Callable[[tuple[str, ...]], int],
+    min_nodes: int | None = None,
+) -> Outcome:
+    """A supervisor running `script` on "nodes" a and b through the runner (`$NODE` says which)."""
+    return Supervisor(
+        "r1",
+        lambda hosts: each_node_command("env NODE={host}", hosts, ["sh", "-c", script]),
+        {**os.environ, "FTRAIN_RUN_ID": "r1"},
+        tmp_path / "ckpt",
+        relaunches,
+        recorder,
+        attempt=1,
+        opener=opener,
+        hosts=("a", "b"),
+        min_nodes=min_nodes,
+    ).run()
+
+
+def test_the_supervisor_records_a_lost_node_as_node_failure_naming_it(tmp_path: Path) -> None:
+    script = 'if [ "$NODE" = b ]; then sleep 0.3; kill -9 $$; fi; sleep 20'
+    recorder = Intents()
+    outcome = supervise_nodes(
+        tmp_path,
+        script,
+        recorder,
+        Relaunches(max_retries=0),
+        lambda _: pytest.fail("no relaunch: --max-retries 0"),
+    )
+    lost = FailIntent(
+        reason="node-failure",
+        exit_code=137,
+        message="node b lost: its command was killed by SIGKILL",
+        attempt=1,
+    )
+    assert recorder.intents == [lost]
+    assert outcome.status == "gave-up" and outcome.message.endswith(f"(last: {lost.message})")
+
+
+def test_with_min_nodes_the_relaunch_goes_on_without_the_lost_node(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Node b is lost in attempt 1; with --min-nodes 1 attempt 2 is opened and run on node a alone."""
+    once = tmp_path / "b-lost"
+    script = f'if [ "$NODE" = b ] && mkdir {once}; then sleep 0.3; kill -9 $$; fi; sleep 0.6'
+    opened: list[tuple[str, ...]] = []
+
+    def opener(hosts: tuple[str, ...]) -> int:
+        opened.append(hosts)
+        return 2
+
+    recorder = Intents()
+    outcome = supervise_nodes(tmp_path, script, recorder, Relaunches(max_retries=1, backoff=0), opener, 1)
+    assert outcome.status == "completed" and opened == [("a",)]
+    assert [type(i).__name__ for i in recorder.intents] == ["FailIntent", "CompleteIntent"]
+    assert "going on without b (--min-nodes 1): 1 node(s), a; retrying in 0 s" in capsys.readouterr().out
+
+
+def test_sigterm_reaches_every_node() -> None:
+    proc = run_each("a", "b", script='trap "echo $NODE stopped; exit 0" TERM; sleep 20 & wait')
+    time.sleep(1.5)
+    proc.terminate()
+    out, _ = proc.communicate(timeout=30)
+    assert sorted(out.split()) == ["a", "b", "stopped", "stopped"] and proc.returncode == 0
+
+
+@pytest.mark.parametrize("template", ["env {host} {host:d}", "ssh {host:>999999999}", "ssh {host} {host!s}"])
+async def test_ftrain_run_refuses_a_format_spec_before_anything_is_appended(
+    env: dict[str, str], server: ServerProcess, template: str
+) -> None:
+    refused = ftrain_process(["run", "P", "--nodes", "2", "--gpus-per-node", "1", "--nodelist", "n[1-2]",
+                              "--run-id", "r-spec", "--node-exec", template], env)  # fmt: skip
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+    assert refused.stderr.startswith("ftrain run: error: --node-exec") and "Traceback" not in refused.stderr
+    assert await stream_last_seq(server) == 0  # no `launched`, no `failed`: the run does not exist
+
+
+def test_ftrain_run_refuses_a_bad_template_and_too_few_hosts(env: dict[str, str]) -> None:
+    bad = ftrain_process(["run", "P", "--nodes", "2", "--gpus-per-node", "1", "--nodelist", "n[1-2]",
+                          "--node-exec", "ssh node1"], env)  # fmt: skip
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "does not name {host}" in bad.stderr
+    few = ftrain_process(
+        ["run", "P", "--nodes", "2", "--gpus-per-node", "1", "--node-exec", "ssh {host}"], env
+    )
+    assert few.returncode == 2 and "needs as many hosts" in few.stderr, few.stderr

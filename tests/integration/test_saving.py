@@ -1,0 +1,115 @@
+"""The one save sequence (`ftrain.train.saving.Saver`) on the file system and on a real S3 server (moto), in a
+real one-process gloo group: DCP writes real shards, the store seals them. A save that cannot land fails closed
+and training goes on, `max_failed_saves` in a row stop the job, a newer attempt fences this one, and the prune
+behind the loop keeps the newest two."""
+
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import HashStore
+
+from ftrain.train.config import CheckpointConfig
+from ftrain.train.saving import Saver, SavesFailing
+from ftrain.workers.manifest import FileEntry, Manifest
+from ftrain.workers.storage.errors import Fenced
+from ftrain.workers.storage.port import RunStore
+from tests.integration.test_storage_conformance import RUN, Backend, s3_backend
+from tests.support.s3 import Endpoint, endpoint
+
+
+@pytest.fixture(autouse=True)
+def one_rank() -> Iterator[None]:
+    dist.init_process_group("gloo", store=HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoint]:
+    with endpoint("moto", tmp_path_factory.mktemp("moto")) as found:
+        yield found
+
+
+@pytest.fixture(params=["file", "moto"])
+def backend(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Backend:
+    if request.param == "file":
+        return Backend((tmp_path / "ckpt").as_uri(), tmp_path / "stage", {})
+    return s3_backend(request.getfixturevalue("moto"), tmp_path, monkeypatch)
+
+
+def manifest_of(step: int, epoch: int, entries: list[FileEntry]) -> Manifest:
+    return Manifest(
+        run_id=RUN,
+        step=step,
+        epoch=epoch,
+        shards=1,
+        world_size=1,
+        dataset_revision=None,
+        created_at=datetime.now(UTC),
+        files=tuple(sorted(entries, key=lambda e: e.name)),
+    )
+
+
+def saver(
+    store: RunStore, recorded: list[tuple[int, str]], *, keep: int = 3, max_failed_saves: int = 3
+) -> Saver:
+    """What the manager makes: a saver on `store`, recording (step, URI) for each sealed step."""
+    settings = CheckpointConfig(
+        location=store.location, stage_dir=Path("/nonexistent"), keep=keep, max_failed_saves=max_failed_saves
+    )
+    store.prepare(0, staged=True)
+    group = dist.new_group(backend="gloo")
+    return Saver(
+        settings, group, manifest_of, lambda step, _e, uri, _h, _m: recorded.append((step, uri)), store
+    )
+
+
+@pytest.mark.parametrize("staged", [False, True])
+def test_saves_land_are_recorded_and_the_prune_keeps_the_newest_two(backend: Backend, staged: bool) -> None:
+    store, recorded = backend.store(), list[tuple[int, str]]()
+    saves = saver(store, recorded, keep=2)
+    for step in (1, 2, 3, 4):
+        saves.save(step, 0, {"w": torch.full((4,), float(step))}, 0, staged=staged)
+    saves.close()
+    assert [step for step, _ in recorded] == [1, 2, 3, 4]
+    assert [d.step for d in store.complete()] == [4, 3]
+    assert not [p for p in backend.stage.rglob("*") if p.is_file()], "no work file left behind"
+
+
+def test_saves_that_cannot_land_fail_closed_and_past_the_limit_stop_the_job(
+    backend: Backend, capfd: pytest.CaptureFixture[str]
+) -> None:
+    gone, recorded = backend.out_of_reach(), list[tuple[int, str]]()
+    saves = saver(gone, recorded, max_failed_saves=2)
+    saves.save(1, 0, {"w": torch.ones(4)}, 0, staged=False)  # fails closed: training goes on
+    assert "checkpoint at step 1 not saved (1 of 2 failures in a row allowed" in capfd.readouterr().err
+    with pytest.raises(
+        SavesFailing, match=r"^2 checkpoint saves in a row failed \(limit 2\), the last at step 2"
+    ):
+        saves.save(2, 0, {"w": torch.ones(4)}, 0, staged=True)
+    saves.close()
+    assert recorded == []
+
+    store = backend.store()  # storage back: the count starts over once a save lands
+    saves = saver(store, recorded, max_failed_saves=2)
+    saves.save(3, 0, {"w": torch.ones(4)}, 0, staged=False)
+    saves.close()
+    assert [d.step for d in store.complete()] == [3] and [s for s, _ in recorded] == [3]
+
+
+def test_a_newer_attempt_fences_the_save_and_nothing_is_sealed(backend: Backend) -> None:
+    store, recorded = backend.store(), list[tuple[int, str]]()
+    store.claim(3)
+    saves = saver(store, recorded)
+    with pytest.raises(Fenced, match="attempt 2 is superseded by attempt 3"):
+        saves.save(5, 0, {"w": torch.ones(4)}, 2, staged=False)
+    saves.save(6, 0, {"w": torch.ones(4)}, 3, staged=False)
+    saves.close()
+    assert [d.step for d in store.complete()] == [6] and [s for s, _ in recorded] == [6]
+    assert store.clean() == [], "the fenced save's partial step was discarded"

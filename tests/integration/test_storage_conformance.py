@@ -1,0 +1,298 @@
+"""One suite of cases for the storage port's run store (`workers.storage.port.RunStore`), run against every
+backend the trainer saves to: the file system, SeaweedFS and moto (as the eventsourcing library's recorder
+tests do: one base class of cases, one subclass per backend). No mocks: the S3 cases talk HTTP to real
+servers, and a writer killed mid-write is a real process sent SIGKILL."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+
+from ftrain.projections.lifecycle import OnDisk
+from ftrain.workers.integrity import digest_of, to_hex
+from ftrain.workers.layout import MANIFEST
+from ftrain.workers.manifest import FileEntry, Manifest
+from ftrain.workers.storage.errors import Fenced, StorageUnavailable
+from ftrain.workers.storage.file_run import FileRunStore
+from ftrain.workers.storage.location import Location, run_location
+from ftrain.workers.storage.open import open_run
+from ftrain.workers.storage.port import RunStore, StoredCheckpoint
+from ftrain.workers.storage.s3_run import S3RunStore
+from tests.support.s3 import Endpoint, endpoint
+
+RUN = "conf-run"
+FILES = {"__0_0.distcp": b"rank zero's shard" * 100, ".metadata": b"metadata bytes", "__1_0.distcp": b"one"}
+
+
+class Backend:
+    """How the cases reach one backend: a run's store, its raw bytes (to damage them), and a store whose
+    storage is out of reach."""
+
+    def __init__(self, root: str, stage: Path, env: dict[str, str], endpoint: Endpoint | None = None) -> None:
+        self.root, self.stage, self.env, self.endpoint = root, stage, env, endpoint
+
+    def location(self, run: str = RUN) -> Location:
+        return run_location(f"{self.root}/{run}")
+
+    def store(self, run: str = RUN) -> RunStore:
+        if self.endpoint is None:
+            return FileRunStore(self.location(run), self.stage)
+        return S3RunStore(self.location(run), self.stage, self.endpoint.client())
+
+    def overwrite(self, uri: str, name: str, data: bytes) -> None:
+        """Replace one stored file of the step at `uri` with `data` (damage from outside ftrain)."""
+        parsed = urlparse(uri)
+        if self.endpoint is None:
+            Path(parsed.path, name).write_bytes(data)
+        else:
+            key = f"{parsed.path.strip('/')}/{name}"
+            self.endpoint.client().put_object(Bucket=parsed.netloc, Key=key, Body=data)
+
+    def out_of_reach(self) -> RunStore:
+        """A store of the run where the storage cannot answer: a file system path through a regular file
+        (ENOTDIR, as an unmounted or stale mount answers), a bucket that does not exist."""
+        if self.endpoint is None:
+            blocker = self.stage.parent / "not-a-directory"
+            blocker.write_bytes(b"")
+            return FileRunStore(run_location(blocker / RUN), self.stage)
+        return S3RunStore(
+            run_location(f"s3://no-such-bucket-{os.getpid()}/ckpt/{RUN}"), self.stage, self.endpoint.client()
+        )
+
+
+def manifest(step: int, entries: list[FileEntry]) -> Manifest:
+    return Manifest(
+        run_id=RUN,
+        step=step,
+        epoch=0,
+        shards=2,
+        world_size=2,
+        dataset_revision=None,
+        created_at=datetime.now(UTC),
+        files=tuple(sorted(entries, key=lambda e: e.name)),
+    )
+
+
+def save(store: RunStore, step: int, attempt: int = 0, *, staged: bool = False) -> StoredCheckpoint:
+    """What the trainer's ranks do, as one process: begin, each rank's files written and delivered, seal."""
+    uri = store.begin(step, attempt)
+    entries = []
+    for rank, names in enumerate(([".metadata", "__0_0.distcp"], ["__1_0.distcp"])):
+        with store.rank_files(uri, step, rank, staged=staged) as target:
+            mine = [FileEntry(name, len(FILES[name]), digest_of(FILES[name])) for name in names]
+            for name in names:
+                (target.path / name).write_bytes(FILES[name])
+            store.deliver(uri, target, mine)
+        entries += mine
+    return store.seal(uri, manifest(step, entries), attempt)
+
+
+class StoreCases:
+    """The cases every backend passes; a subclass supplies `backend`."""
+
+    @pytest.fixture
+    def store(self, backend: Backend) -> RunStore:
+        return backend.store()
+
+    @pytest.mark.parametrize("staged", [False, True])
+    def test_a_saved_step_is_complete_confined_and_its_manifest_checks_out(
+        self, store: RunStore, staged: bool
+    ) -> None:
+        written = save(store, 10, staged=staged)
+
+        assert store.complete() == [OnDisk(10, written.uri, written.checkpoint_hash)]
+        assert store.confined(written.uri) == written.uri
+        read = store.read_manifest(written.uri, written.checkpoint_hash, run_id=RUN, step=10)
+        assert read == written.manifest and {e.name for e in written.manifest.files} == set(FILES)
+        assert (
+            store.read_manifest(written.uri, to_hex(digest_of(b"other")), run_id=RUN, step=10)
+            == "hash mismatch"
+        )
+        assert isinstance(store.read_manifest(written.uri, None, run_id=RUN, step=11), str), "another step's"
+
+    def test_each_ranks_files_are_readable_locally_verified_and_the_rest_fetched(
+        self, store: RunStore, backend: Backend
+    ) -> None:
+        written = save(store, 10)
+        mine = [e for e in written.manifest.files if e.name != "__1_0.distcp"]
+        store.prepare(0, staged=True)
+        with store.readable(written.uri, written.manifest, mine, start="s1", rank=0) as local:
+            assert local.verdict is None
+            assert all((local.path / e.name).read_bytes() == FILES[e.name] for e in mine)
+            if local.fetch is not None:  # a node-local copy: what this rank does not own arrives on demand
+                local.fetch("__1_0.distcp")
+            assert (local.path / "__1_0.distcp").read_bytes() == FILES["__1_0.distcp"]
+        assert not [p for p in backend.stage.rglob("*") if p.is_file()], "nothing left in the work space"
+
+    def test_damaged_bytes_are_a_verdict_naming_the_file(self, store: RunStore, backend: Backend) -> None:
+        written = save(store, 10)
+        backend.overwrite(written.uri, "__0_0.distcp", b"x" * len(FILES["__0_0.distcp"]))
+        store.prepare(0, staged=True)
+        with store.readable(
+            written.uri, written.manifest, written.manifest.files, start="s2", rank=0
+        ) as local:
+            assert local.verdict == "file __0_0.distcp hash mismatch"
+        backend.overwrite(written.uri, MANIFEST, b"{}")
+        assert (
+            store.read_manifest(written.uri, written.checkpoint_hash, run_id=RUN, step=10)
+            == "manifest unreadable"
+        )
+
+    def test_storage_out_of_reach_is_unavailable_never_corrupt(self, backend: Backend) -> None:
+        gone = backend.out_of_reach()
+        uri = f"{gone.location.uri}/step-10"
+        for call in (
+            gone.complete,
+            gone.reachable,
+            lambda: gone.read_manifest(uri, None, run_id=RUN, step=10),
+        ):
+            with pytest.raises(StorageUnavailable):
+                call()
+
+    def test_prune_keeps_the_newest_and_never_fewer_than_two(self, store: RunStore) -> None:
+        for step in (10, 20, 30, 40):
+            save(store, step)
+        with pytest.raises(ValueError, match="at least 2"):
+            store.prune(1, 0)
+        assert [d.step for d in store.complete()] == [40, 30, 20, 10], "a refused prune deletes nothing"
+
+        assert store.prune(2, 0) == [20, 10]
+        assert [d.step for d in store.complete()] == [40, 30]
+
+    def test_the_fence_stops_an_older_attempt_from_sealing_or_pruning(self, store: RunStore) -> None:
+        assert store.owner() == 0
+        store.claim(2)
+        assert store.owner() == 2
+        with pytest.raises(Fenced):
+            store.claim(1)
+        store.check(2)
+        save(store, 10, attempt=2)
+        save(store, 20, attempt=2)
+        save(store, 30, attempt=2)
+        with pytest.raises(Fenced):
+            save(store, 40, attempt=1)
+        with pytest.raises(Fenced):
+            store.prune(2, 1)
+        assert [d.step for d in store.complete()] == [30, 20, 10] and store.owner() == 2
+
+    def test_an_older_attempts_step_of_the_same_name_is_set_aside_not_trusted(self, store: RunStore) -> None:
+        old = save(store, 10, attempt=1)
+        new = save(store, 10, attempt=2)
+        assert store.complete() == [OnDisk(10, new.uri, new.checkpoint_hash)]
+        assert new.checkpoint_hash != old.checkpoint_hash
+
+    def test_quarantine_frees_the_steps_name_and_keeps_the_bytes(self, store: RunStore) -> None:
+        written = save(store, 10)
+        moved = store.quarantine(written.uri, "corrupt", "7")
+        assert moved is not None and moved.rstrip("/").endswith("step-10.corrupt-7")
+        assert store.complete() == [] and store.confined(moved) is not None
+        assert store.quarantine(written.uri, "corrupt", "8") is None, "gone: nothing to move"
+        save(store, 10)
+        assert [d.step for d in store.complete()] == [10]
+
+    def test_a_discarded_save_leaves_nothing_and_the_step_can_be_saved_again(self, store: RunStore) -> None:
+        uri = store.begin(10, 0)
+        with store.rank_files(uri, 10, 0, staged=False) as target:
+            (target.path / "__0_0.distcp").write_bytes(b"half")
+            store.deliver(uri, target, [FileEntry("__0_0.distcp", 4, digest_of(b"half"))])
+        store.discard(uri)
+        assert store.complete() == [] and store.clean() == []
+        save(store, 10)
+        assert [d.step for d in store.complete()] == [10]
+
+    def test_confined_refuses_every_uri_outside_the_runs_own_steps(
+        self, store: RunStore, backend: Backend
+    ) -> None:
+        written = save(store, 10)
+        other = save(backend.store("other-run"), 10)
+        assert store.confined(other.uri) is None
+        base = store.location.uri
+        for uri in (base, f"{base}/step-10/x", f"{base}/../other-run/step-10", "s3://elsewhere/ckpt/step-1"):
+            assert store.confined(uri) is None, uri
+        assert store.confined(written.uri) == written.uri
+
+    def test_a_writer_killed_mid_write_leaves_no_step_and_clean_removes_its_work(
+        self, backend: Backend
+    ) -> None:
+        """A real process begins step 10, writes and delivers its files, and is SIGKILLed before it seals:
+        the step is absent (never half there), `clean` removes what it left, and the step saves again."""
+        code = textwrap.dedent(f"""
+            import sys
+            from pathlib import Path
+            from ftrain.workers.integrity import digest_of
+            from ftrain.workers.manifest import FileEntry
+            from ftrain.workers.storage.location import run_location
+            from ftrain.workers.storage.open import open_run
+            store = open_run(run_location({backend.location().uri!r}), Path({str(backend.stage)!r}))
+            uri = store.begin(10, 1)
+            with store.rank_files(uri, 10, 0, staged=True) as target:
+                (target.path / "__0_0.distcp").write_bytes(b"half" * 1000)
+                store.deliver(uri, target, [FileEntry("__0_0.distcp", 4000, digest_of(b"half" * 1000))])
+                print("delivered", flush=True)
+                sys.stdin.read()
+        """)
+        env = {**os.environ, **backend.env}
+        child = subprocess.Popen(
+            [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env
+        )
+        try:
+            assert child.stdout is not None and child.stdout.readline() == b"delivered\n"
+        finally:
+            child.send_signal(signal.SIGKILL)
+            child.wait(30)
+        store = backend.store()
+        step = f"{store.location.uri}/step-10"
+        assert store.complete() == []
+        assert isinstance(store.read_manifest(step, None, run_id=RUN, step=10), str)
+        assert store.clean(), "the dead writer's partial work is removed"
+        assert store.clean() == []
+        save(store, 10, attempt=1)
+        assert [d.step for d in store.complete()] == [10]
+
+    def test_the_factory_opens_this_backend_from_a_location(self, store: RunStore, backend: Backend) -> None:
+        opened = open_run(backend.location(), backend.stage)
+        assert type(opened) is type(store) and opened.location == store.location
+
+
+class TestFileSystem(StoreCases):
+    @pytest.fixture
+    def backend(self, tmp_path: Path) -> Backend:
+        return Backend((tmp_path / "ckpt").as_uri(), tmp_path / "stage", {})
+
+
+@pytest.fixture(scope="module")
+def seaweedfs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoint]:
+    with endpoint("seaweedfs", tmp_path_factory.mktemp("seaweedfs")) as found:
+        yield found
+
+
+@pytest.fixture(scope="module")
+def moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoint]:
+    with endpoint("moto", tmp_path_factory.mktemp("moto")) as found:
+        yield found
+
+
+def s3_backend(found: Endpoint, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Backend:
+    """A fresh bucket; the factory's shared client (the standard AWS chain) pointed at the server too."""
+    for name, value in found.env().items():
+        monkeypatch.setenv(name, value)
+    return Backend(f"s3://{found.new_bucket()}/ckpt", tmp_path / "stage", found.env(), found)
+
+
+class TestSeaweedFS(StoreCases):
+    @pytest.fixture
+    def backend(self, seaweedfs: Endpoint, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Backend:
+        return s3_backend(seaweedfs, tmp_path, monkeypatch)
+
+
+class TestMoto(StoreCases):
+    @pytest.fixture
+    def backend(self, moto: Endpoint, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Backend:
+        return s3_backend(moto, tmp_path, monkeypatch)

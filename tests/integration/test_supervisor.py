@@ -1,0 +1,185 @@
+"""`ftrain run` with real processes and no torchrun: bad input and refused relaunches change nothing, a job
+that ignores SIGTERM is killed with its own sessions, every process of an ended attempt is killed, a relaunch
+whose attempt cannot be opened is not started (through torchrun: tests/e2e/test_supervisor.py)."""
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from ftrain.projections.lifecycle import FailIntent
+from ftrain.supervise.opening import NotOpened
+from ftrain.supervise.procs import attempt_processes, end_attempt
+from ftrain.supervise.supervisor import Relaunches, Supervisor
+from tests.support.builders import Intents
+from tests.support.cli import Cli
+from tests.support.processes import free_port
+from tests.support.stand_in_trainer import ONE_GPU, starts
+from tests.support.stand_in_trainer import cli as cli  # the fixtures
+from tests.support.stand_in_trainer import trainer as trainer
+from tests.support.training import alive
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--run-id", "a.b"), "ftrain run: error: argument --run-id: run id 'a.b' is invalid"),
+        (("--max-retries", "-1"), "ftrain run: error: argument --max-retries: -1 is not between 0 and 9223372036854775807"),
+        (("--backoff", "-1"), "ftrain run: error: argument --backoff: '-1' is not a number between 0 and 1e+12"),
+        (("--nproc-per-node", "0"), "ftrain run: error: argument --nproc-per-node: 0 is not between 1 and 1024"),
+        (("--max-restarts", "x"), "ftrain run: error: argument --max-restarts: 'x' is not an integer"),
+        (("--nodes", "2"), "ftrain run: error: --nodes 2 needs a Slurm allocation (SLURM_JOB_ID is not set)"),
+        (("--strategy", "megatron", "--tp", "2", "--nproc-per-node", "1"),
+         "ftrain run: error: megatron: tensor_parallel*pipeline_parallel (2*1=2) must divide"),
+        (("--", "--lr", "1"), "ftrain run: error: training command starts with unsupported option '--lr'"),
+    ],
+)  # fmt: skip
+def test_bad_input_is_exit_2_and_changes_nothing(
+    cli: Cli, trainer: tuple[Path, Path], args: tuple[str, ...], message: str
+) -> None:
+    script, state = trainer
+    cli.ok("launch", "Q", *ONE_GPU)
+    before = cli.last_seq()
+    command = () if "--" in args else ("--", str(script), str(state), "ckpt")
+    code, out, err = cli("run", "P", "--nodes", "1", "--gpus-per-node", "2", *args, *command)
+    assert (code, out) == (2, "")
+    assert err.startswith(message), err
+    assert err.count("\n") == 1
+    assert cli.last_seq() == before
+    assert starts(state) == []
+
+
+def test_relaunch_refusals_exit_1_and_change_nothing(
+    cli: Cli, trainer: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    script, state = trainer
+    cmd = ("--", str(script), str(state), "ckpt")
+    cli.ok("launch", "P", *ONE_GPU, "--run-id", "live")
+    cli.ok("launch", "P", *ONE_GPU, "--run-id", "done")
+    cli.ok("complete", "done")
+    cli.ok("launch", "P", "--nodes", "1", "--gpus-per-node", "2", "--run-id", "wide")
+    cli.ok("fail", "wide")
+    before = cli.last_seq()
+    refusals = [
+        ("live", "ftrain run: run live is running (another supervisor?); if it is dead, record that first: "
+                 "ftrain fail live"),
+        ("done", "ftrain run: run done is completed; nothing may follow completion"),
+        ("wide", "ftrain run: run wide was launched as P 1×2 fsdp; relaunch it with the same project, --nodes, "
+                 "--gpus-per-node and --strategy"),
+    ]  # fmt: skip
+    for run_id, message in refusals:
+        assert cli("run", "P", *ONE_GPU, "--run-id", run_id, *cmd) == (1, "", message + "\n")
+    monkeypatch.setenv("FTRAIN_NATS_URL", f"nats://127.0.0.1:{free_port()}")
+    code, out, err = cli("run", "P", *ONE_GPU, *cmd)
+    assert (code, out, err.count("\n")) == (1, "", 1) and err.startswith("ftrain run: "), err
+    monkeypatch.setenv("FTRAIN_NATS_URL", cli.env["FTRAIN_NATS_URL"])
+    assert cli.last_seq() == before
+    assert starts(state) == []
+
+
+def test_a_job_ignoring_sigterm_is_killed_with_its_own_sessions(tmp_path: Path) -> None:
+    pids = tmp_path / "pids"
+    stubborn = tmp_path / "stubborn.py"
+    stubborn.write_text(  # neither process ever ends on its own: only a SIGKILL lets `run` return
+        "import os, signal, subprocess, sys\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import signal; "
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\\nwhile True: signal.pause()'], start_new_session=True)\n"
+        f"open({str(pids)!r}, 'w').write(f'{{os.getpid()}} {{child.pid}}')\n"
+        "while True: signal.pause()\n"
+    )
+
+    def preempt() -> None:
+        while not pids.exists() or not pids.read_text():
+            time.sleep(0.02)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=preempt, daemon=True).start()
+    recorder = Intents()
+    handler = signal.getsignal(signal.SIGTERM)
+    supervisor = Supervisor(
+        "r",
+        lambda hosts: [sys.executable, str(stubborn)],
+        os.environ,
+        tmp_path / "ckpt",
+        Relaunches(),
+        recorder,
+        attempt=1,
+        opener=lambda hosts: pytest.fail("a stopped run is not relaunched"),
+        hosts=("localhost",),
+        grace=0.3,
+    )
+    try:
+        outcome = supervisor.run()
+        assert outcome.status == "stopped" and outcome.exit_code == 143
+        assert recorder.intents == [
+            FailIntent(
+                reason="preempted",
+                exit_code=143,
+                message="SIGTERM forwarded to the training processes",
+                attempt=1,
+            )
+        ]
+        deadline = time.monotonic() + 5  # SIGKILL is sent; the grandchild dies when next scheduled
+        while any(alive(int(pid)) for pid in pids.read_text().split()):
+            assert time.monotonic() < deadline, "a process outlived the SIGKILL"
+            time.sleep(0.02)
+        assert signal.getsignal(signal.SIGTERM) is handler
+    finally:  # a failure must not leave them running forever
+        for pid in map(int, pids.read_text().split() if pids.exists() else ()):
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_every_process_of_an_ended_attempt_is_killed_even_stopped_and_in_its_own_session(
+    tmp_path: Path,
+) -> None:
+    mine = {**os.environ, "FTRAIN_RUN_ID": "r", "FTRAIN_ATTEMPT": "7"}
+    orphan = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"], env=mine, start_new_session=True
+    )
+    other = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"], env={**mine, "FTRAIN_ATTEMPT": "8"}
+    )
+    try:
+        os.kill(orphan.pid, signal.SIGSTOP)
+        assert orphan.pid in attempt_processes("r", 7) and other.pid not in attempt_processes("r", 7)
+        assert end_attempt("r", 7, timeout=5) == []
+        assert orphan.wait(timeout=5) == -signal.SIGKILL and other.poll() is None
+    finally:
+        orphan.kill()
+        other.kill()
+
+
+def test_a_relaunch_whose_attempt_cannot_be_opened_is_not_started(tmp_path: Path) -> None:
+    starts = tmp_path / "starts"
+    job = [sys.executable, "-c", f"open({str(starts)!r}, 'a').write('x'); raise SystemExit(3)"]
+
+    def unreachable(hosts: tuple[str, ...]) -> int:
+        raise NotOpened("the event log is out of reach (TimeoutError: )")
+
+    recorder = Intents()
+    outcome = Supervisor(
+        "r",
+        lambda hosts: job,
+        os.environ,
+        tmp_path / "ckpt",
+        Relaunches(backoff=0),
+        recorder,
+        attempt=1,
+        opener=unreachable,
+        hosts=("localhost",),
+    ).run()
+    assert outcome == (
+        "gave-up",
+        1,
+        "run r not relaunched: the event log is out of reach (TimeoutError: )",
+        True,
+    )
+    assert starts.read_text() == "x"
+    assert [i.attempt for i in recorder.intents] == [1]

@@ -1,0 +1,109 @@
+"""The public training API in one process: a single-process script resumes with its own states and a plain
+loader, and a user's `events`, `workers` and `projections` modules beside the script break nothing (its
+configuration: tests/unit/test_training_config.py; the examples under torchrun and `ftrain run`:
+tests/e2e/test_training_api.py)."""
+
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from ftrain.train.checkpointing import CheckpointManager
+from ftrain.workers.manifest import decode_manifest
+
+# -- one process, in this one ----------------------------------------------------------------------------
+
+
+class Counter:
+    """An extra piece of training state of the user's own."""
+
+    def __init__(self) -> None:
+        self.seen = 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"seen": self.seen}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.seen = state["seen"]
+
+
+def _train(location: Path, steps: int, stop_at: int | None = None) -> tuple[int, list[torch.Tensor], int]:
+    """A single-process loop with no process group of its own; returns the step reached, the weights, and
+    the counter's value."""
+    torch.manual_seed(0)
+    model = nn.Linear(4, 1)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
+    counter = Counter()
+    loader = torch.utils.data.DataLoader(list(range(8)))  # no saved position: accepted, with a warning
+    ckpt = CheckpointManager(
+        location, model=model, optimizer=optimizer, states={"counter": counter}, loader=loader, every=5
+    )
+    try:
+        step = ckpt.load()
+        while step < (stop_at or steps):
+            x = torch.randn(8, 4, generator=torch.Generator().manual_seed(step))
+            loss = model(x).pow(2).mean()
+            optimizer.zero_grad()
+            loss.backward()  # type: ignore[no-untyped-call]
+            optimizer.step()
+            counter.seen += 1
+            step += 1
+            if ckpt.due(step):
+                ckpt.save(step)
+    finally:
+        ckpt.close()
+    return step, [p.detach().clone() for p in model.parameters()], counter.seen
+
+
+@pytest.fixture
+def no_group() -> Iterator[None]:
+    assert not torch.distributed.is_initialized()
+    yield
+    assert not torch.distributed.is_initialized(), "the manager left its private process group behind"
+
+
+@pytest.mark.usefixtures("no_group")
+def test_a_single_process_script_resumes_with_its_own_states_and_a_plain_loader(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    for name in ("FTRAIN_RUN_ID", "FTRAIN_CKPT_DIR", "FTRAIN_CHECKPOINT_EVERY", "FTRAIN_DATASET_REVISION"):
+        monkeypatch.delenv(name, raising=False)
+    whole = _train(tmp_path / "whole", 12)
+    assert _train(tmp_path / "cut", 12, stop_at=10)[0] == 10
+    step, weights, seen = _train(tmp_path / "cut", 12)  # resumes from step 10
+    assert (step, seen) == (12, 12) == (whole[0], whole[2])
+    assert all(torch.equal(a, b) for a, b in zip(weights, whole[1], strict=True))
+    manifest = decode_manifest((tmp_path / "cut" / "step-10" / "manifest.json").read_bytes())
+    assert (manifest.run_id, manifest.world_size) == ("cut", 1)
+
+
+# -- imports and names -------------------------------------------------------------------------------------
+
+
+def test_a_users_events_workers_and_projections_modules_beside_the_script_break_nothing(
+    tmp_path: Path,
+) -> None:
+    for name in ("events", "workers", "projections"):
+        (tmp_path / f"{name}.py").write_text(f"MINE = {name!r}\n")
+    script = tmp_path / "train.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import events, workers, projections
+            from ftrain.train.checkpointing import CheckpointManager
+            import ftrain.events.schema
+            assert (events.MINE, workers.MINE, projections.MINE) == ("events", "workers", "projections")
+            print("ok", CheckpointManager.__name__)
+            """
+        )
+    )
+    result = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, check=False
+    )
+    assert (result.returncode, result.stdout, result.stderr) == (0, "ok CheckpointManager\n", "")

@@ -1,0 +1,30 @@
+"""A rank's progress report for the hang watchdog costs microseconds and its file holds the last; outside
+`ftrain run`, or where it cannot write, it does nothing and never fails (the watchdog over real processes:
+tests/integration/test_hang.py)."""
+
+import os
+import time
+from pathlib import Path
+
+from ftrain.train.beacon import ProgressBeacon, rank_file, read_progress
+
+
+def test_a_report_costs_microseconds_and_the_file_holds_the_last(tmp_path: Path) -> None:
+    beacon = ProgressBeacon.from_env({"FTRAIN_PROGRESS_DIR": str(tmp_path / "p")}, 3)
+    reports = 20_000
+    started = time.perf_counter()
+    for step in range(1, reports + 1):
+        beacon.finished(step)
+    each = (time.perf_counter() - started) / reports
+    beacon.saving(reports)
+    last = read_progress(rank_file(tmp_path / "p", 3), 3)
+    assert last is not None and (last.step, last.phase, last.reports, last.pid) == (
+        reports, "saving", reports + 1, os.getpid()
+    )  # fmt: skip
+    assert each < 50e-6, each
+    print(f"a progress report costs {each * 1e6:.1f} µs")
+    off = ProgressBeacon.from_env({}, 0)  # outside `ftrain run`: nothing, and never an error
+    off.finished(1)
+    unwritable = tmp_path / "ro"
+    unwritable.mkdir(mode=0o500)
+    ProgressBeacon.from_env({"FTRAIN_PROGRESS_DIR": str(unwritable / "p")}, 0).finished(1)
