@@ -540,8 +540,12 @@ def time_process(argv: list[str], env: dict[str, str], repeats: int) -> tuple[fl
 
 
 def bench_processes(env: dict[str, str], run_id: str, repeats: int = 5) -> dict[str, Any]:
-    """`ftrain status RUN` against the caught-up read model, beside `python -c pass` and the import cost."""
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("FTRAIN_")} | env
+    """`ftrain status RUN` against the caught-up read model, beside `python -c pass` and the import cost. With
+    bytecode caches, as a user has them: PYTHONDONTWRITEBYTECODE (set in some shells and CI images) would have
+    every run compile its modules again, about 0.08 s of the figure here; the untimed first run writes them."""
+    full_env = {
+        k: v for k, v in os.environ.items() if not k.startswith("FTRAIN_") and k != "PYTHONDONTWRITEBYTECODE"
+    } | env
     script = str(Path(sys.executable).with_name("ftrain"))
     status, status_all = time_process([script, "status", run_id], full_env, repeats)
     floor, floor_all = time_process([sys.executable, "-c", "pass"], full_env, repeats)

@@ -24,6 +24,8 @@ import argparse
 import contextlib
 import json
 import os
+import random
+import re
 import shlex
 import shutil
 import signal
@@ -66,6 +68,22 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return done
 
 
+NETS = range(100, 250)
+"""The third octet of a cluster's subnets, 10.77.<net>.0/24 and 10.78.<net>.0/24."""
+
+
+def free_net() -> int:
+    """A random `net` whose subnets no interface of the host holds: a bridge left by another cluster, or by a
+    crashed run, would take the traffic meant for this one."""
+    held = {
+        int(n) for n in re.findall(r"\b10\.7[78]\.(\d+)\.", _ip("-o", "addr", "show", check=False).stdout)
+    }
+    free = [n for n in NETS if n not in held]
+    if not free:
+        raise RuntimeError(f"every subnet 10.77-78.{NETS.start}-{NETS.stop - 1}.0/24 is in use on this host")
+    return random.choice(free)
+
+
 @dataclass
 class Cluster:
     """`count` nodes under `work` (each node's FTRAIN_HOME is `<work>/<node>/home`)."""
@@ -73,7 +91,7 @@ class Cluster:
     work: Path
     count: int
     tag: str = field(default_factory=lambda: f"ft{uuid.uuid4().hex[:5]}")
-    net: int = field(default_factory=lambda: 100 + int(uuid.uuid4().hex[:2], 16) % 150)
+    net: int = field(default_factory=free_net)
     nats: dict[str, int] = field(default_factory=dict)
     """The pid of each node's nats-server, by node."""
 

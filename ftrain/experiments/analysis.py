@@ -13,6 +13,7 @@ import re
 import statistics
 from collections.abc import Sequence
 from datetime import datetime
+from itertools import pairwise
 from typing import Final
 
 from ftrain.events.schema import AnyEvent, Checkpointed, Completed, Failed, Launched, Resumed
@@ -63,8 +64,9 @@ def stall(records: Sequence[Record]) -> Stall:
 
 
 def copy_window(records: Sequence[Record], events: Sequence[AnyEvent]) -> int:
-    """The most steps trained between a save's line and its `checkpointed` event (async saves complete in the
-    background; a sync save is complete before its line is written, so 0)."""
+    """The most steps trained between a save's line and its `checkpointed` event, or the failure that cut it
+    short (async saves complete in the background; a sync save is complete before its line is written, so
+    0)."""
     widest = 0
     for event in events:
         if not isinstance(event, Checkpointed):
@@ -82,6 +84,24 @@ def copy_window(records: Sequence[Record], events: Sequence[AnyEvent]) -> int:
                 break
             reached = max(reached, record.iter or reached)
         widest = max(widest, reached - event.step)
+    return max(widest, _cut_short_window(records, events))
+
+
+def _cut_short_window(records: Sequence[Record], events: Sequence[AnyEvent]) -> int:
+    """The most steps an attempt trained past the save it was still making when it died (no `checkpointed`
+    for that step before the next attempt's first step): a kill inside an async save loses those too."""
+    sealed = [(e.step, _unix(e.time)) for e in events if isinstance(e, Checkpointed)]
+    attempts = segments(records)
+    widest = 0
+    for attempt, following in pairwise(attempts):
+        saves = [(r.iter, r.time) for r in attempt if r.is_save and r.iter is not None]
+        if not saves or not following:
+            continue
+        (saved, at), until = saves[-1], following[0].time
+        if any(step == saved and at <= when <= until for step, when in sealed):
+            continue
+        reached = max((r.iter for r in attempt if r.is_step and r.iter is not None), default=saved)
+        widest = max(widest, reached - saved)
     return widest
 
 

@@ -79,7 +79,7 @@ def _summary(result: ExperimentResult) -> list[str]:
 def _failures(p: PhaseResult) -> list[str]:
     bound = "" if p.lost_bound is None else f"Lost steps may not exceed {p.lost_bound}: the save interval"
     if bound and p.async_ckpt:
-        bound += f" {p.save_interval} + the copy window ({p.copy_window_steps} steps from a save to its completion)"
+        bound += f" {p.save_interval} + the copy window ({p.copy_window_steps} steps from a save to its completion or to the kill that cut it short)"
     lines = [f"### {p.phase} ({_kind(p)} checkpointing) — run `{p.run_id}`", ""]
     if not p.failures:
         return [*lines, "No failures.", ""]

@@ -128,6 +128,17 @@ def test_a_resume_at_the_last_step_trains_nothing_and_owes_no_restart_line() -> 
     assert analyze_phase(msgspec.structs.replace(data, records=steps(1, 30, 0))).problems == []
 
 
+def test_steps_trained_past_an_async_save_the_kill_cut_short_widen_the_copy_window() -> None:
+    """Killed after step 25 while step 20's async save was still in flight (its line written, never sealed):
+    the resume from 10 loses 15 steps, the interval plus the 5 trained during that save, and that is no
+    mismatch. With step 20 sealed, the window is that of the completed saves (0 here)."""
+    data = phase(resume_step=10, complete=(10,), stdout_step=10)
+    assert analyze_phase(msgspec.structs.replace(data, async_ckpt=True)).copy_window_steps == 0
+    events = [e for e in data.events if not (isinstance(e, Checkpointed) and e.step == 20)]
+    cut = msgspec.structs.replace(data, async_ckpt=True, events=events)
+    assert analyze_phase(cut).copy_window_steps == 5
+
+
 def test_the_overhead_over_the_baseline_and_the_report() -> None:
     base = phase()
     baseline = msgspec.structs.replace(
