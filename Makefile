@@ -17,31 +17,31 @@ $(BIN)/ftrain: pyproject.toml
 demo: $(BIN)/ftrain
 	$(BIN)/ftrain demo
 
+# `TIER_TIMES=FILE make …` appends `<tier> <seconds>` to FILE as each tier ends, passed or not: .ci/run prints
+# them against their budgets.
+timed = @start=$$(date +%s); $(2); code=$$?; \
+	[ -z "$$TIER_TIMES" ] || echo "$(1) $$(($$(date +%s) - start))" >> "$$TIER_TIMES"; exit $$code
+
 lint: $(BIN)/ftrain
-	$(BIN)/ruff check .
-	$(BIN)/ruff format --check .
-	$(BIN)/mypy
-	$(BIN)/lint-imports
-	$(MAKE) docs
+	$(call timed,lint,$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/mypy && $(BIN)/lint-imports \
+		&& $(MAKE) --no-print-directory docs)
 
 # The docs site, strict: a broken link or anchor, or a page missing from the nav, fails the build.
 docs: $(BIN)/ftrain
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
-test: lint
-	$(MAKE) test-unit
-	$(MAKE) test-integration
+test: lint test-unit test-integration
 
 # On both cores (pytest-xdist): a little faster than serial on this 2-core machine when it is quiet, as it is
 # for CI and a developer's loop (docs/benchmarks.md). The integration and e2e tiers run serially.
 test-unit: $(BIN)/ftrain
-	$(BIN)/pytest -q --durations=5 -n 2 tests/unit
+	$(call timed,unit,$(BIN)/pytest -q --durations=5 -n 2 tests/unit)
 
 test-integration: $(BIN)/ftrain
-	$(BIN)/pytest -q --durations=15 tests/integration
+	$(call timed,integration,$(BIN)/pytest -q --durations=15 tests/integration)
 
 test-e2e: $(BIN)/ftrain
-	$(BIN)/pytest -q --durations=15 tests/e2e
+	$(call timed,e2e,$(BIN)/pytest -q --durations=15 tests/e2e)
 
 bench: $(BIN)/ftrain
 	$(BIN)/python scripts/bench_events.py
