@@ -109,10 +109,13 @@ def _corrupt(what: str, exc: BaseException) -> CorruptPickle:
     return CorruptPickle(f"{what} does not unpickle: {reason[:MAX_REASON]}")
 
 
+_MEMO_PUTS: Final = frozenset({"PUT", "BINPUT", "LONG_BINPUT"})
+
+
 def _overrun(file: IO[bytes]) -> ValueError | None:
     """Why an in-memory pickle's stream is malformed: a length past its end, an unknown opcode, an opcode
-    across the end of its frame (the C unpickler answers those with a MemoryError); None when it is sound or
-    not in memory."""
+    across the end of its frame, a memo index no pickle of its size can reach (the C unpickler answers those
+    with a MemoryError); None when it is sound or not in memory."""
     if not isinstance(file, io.BytesIO):
         return None
     try:
@@ -120,10 +123,14 @@ def _overrun(file: IO[bytes]) -> ValueError | None:
     except ValueError as exc:
         return exc
     starts = [pos or 0 for _, _, pos in ops]  # bytes always have positions
-    frame_end = 0
+    frame_end, size = 0, len(file.getvalue())
     for (op, arg, _), pos, end in zip(ops, starts, [*starts[1:], starts[-1] + 1], strict=True):
         if pos < frame_end < end:
             return ValueError(f"{op.name} at byte {pos} crosses the end of its frame")
+        if op.name in _MEMO_PUTS and int(arg or 0) > size:  # the C unpickler sizes its memo to the index
+            return ValueError(
+                f"{op.name} at byte {pos} stores memo entry {arg}, beyond any pickle of {size} bytes"
+            )
         if op.name == "FRAME":
             frame_end = end + int(arg or 0)
     return None

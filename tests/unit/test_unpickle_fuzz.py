@@ -281,3 +281,19 @@ def test_an_item_that_raises_while_loading_is_a_corrupt_verdict_on_every_rank(tm
     failed = CheckpointException("read", {0: (caught.value, traceback.StackSummary())})
     assert load_failure(tmp_path, failed) == str(caught.value)
     assert str(caught.value).startswith("item app.x does not unpickle: UnpicklingError: ")
+
+
+HUGE_MEMO = b"\x80\x02K\x01r" + struct.pack("<I", 2**31) + b"."
+"""BININT1 1, LONG_BINPUT 2**31, STOP: the C unpickler sizes its memo to the index (16 GiB of pointers). The
+fuzz found it twice by changing one byte of a real checkpoint pickle's LONG_BINPUT."""
+
+
+def test_a_memo_index_no_pickle_of_its_size_can_reach_is_corrupt_not_a_memory_error() -> None:
+    with pytest.raises(
+        RefusedPickle, match=r"LONG_BINPUT at byte 4 stores memo entry 2147483648, beyond any"
+    ):
+        restricted_loads(HUGE_MEMO, "a pickle")
+    with pytest.raises(
+        RefusedPickle, match=r"LONG_BINPUT at byte 4 stores memo entry 2147483648, beyond any"
+    ):
+        torch_load(io.BytesIO(HUGE_MEMO), "item")  # not a zip: torch's legacy reader, the same unpickler
