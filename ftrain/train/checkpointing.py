@@ -419,9 +419,11 @@ class CheckpointManager:
             self._release_groups()
 
     def _release_groups(self) -> None:
-        """Destroy the manager's own gloo groups while the interpreter is alive: gloo's threads outliving it
-        abort the process at exit. After a warning signal every rank first waits for the others, so that no
-        rank's exit has the launcher end another still delivering its events."""
+        """Destroy the manager's own gloo groups (and a one-process group it made), so a script that goes on
+        after `close()` holds none of them. Their threads end only with the last reference, so this does not
+        prevent the abort at exit: `process_exit.run_then_exit` does. After a warning signal every rank first
+        waits for the others, so that no rank's exit has the launcher end another still delivering its
+        events."""
         groups, self._groups = self._groups, []
         if not groups or not dist.is_initialized():
             return
