@@ -67,6 +67,7 @@ from ftrain.examples.train import build_model, model_config, parse_args
 from ftrain.logs import configure as configure_logs
 from ftrain.train.checkpointing import CheckpointManager
 from ftrain.train.config import CheckpointConfig
+from ftrain.train.process_exit import run_then_exit
 from ftrain.train.state import TrainState
 from ftrain.workers.layout import step_dir
 from ftrain.workers.storage.location import run_location
@@ -761,4 +762,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_then_exit(main)  # its torchrun workers end like the trainer: see ftrain.train.process_exit

@@ -69,6 +69,7 @@ from ftrain.examples.model import MODELS
 from ftrain.logs import configure as configure_logs
 from ftrain.train.checkpointing import CheckpointManager
 from ftrain.train.config import CheckpointConfig
+from ftrain.train.process_exit import run_then_exit
 from ftrain.workers.s3.bucket import TRANSFER
 from ftrain.workers.s3.client import make_client
 from ftrain.workers.s3.server import REGION, throwaway_storage_server
@@ -558,4 +559,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_then_exit(main)  # its torchrun workers end like the trainer: see ftrain.train.process_exit
