@@ -32,16 +32,18 @@ docs: $(BIN)/ftrain
 
 test: lint test-unit test-integration
 
-# On both cores (pytest-xdist): a little faster than serial on this 2-core machine when it is quiet, as it is
-# for CI and a developer's loop (docs/benchmarks.md). The integration and e2e tiers run serially.
+# The unit and integration tiers run on both cores (pytest-xdist; faster than serial on this 2-core machine,
+# docs/benchmarks.md) and in a new random order each run (pytest-randomly prints the seed; `--randomly-seed=N`
+# replays an order: docs/architecture.md). The e2e tier runs serially in file order: its jobs each want both
+# cores.
 test-unit: $(BIN)/ftrain
 	$(call timed,unit,$(BIN)/pytest -q --durations=5 -n 2 tests/unit)
 
 test-integration: $(BIN)/ftrain
-	$(call timed,integration,$(BIN)/pytest -q --durations=15 tests/integration)
+	$(call timed,integration,$(BIN)/pytest -q --durations=15 -n 2 tests/integration)
 
 test-e2e: $(BIN)/ftrain
-	$(call timed,e2e,$(BIN)/pytest -q --durations=15 tests/e2e)
+	$(call timed,e2e,$(BIN)/pytest -q -p no:randomly --durations=15 tests/e2e)
 
 bench: $(BIN)/ftrain
 	$(BIN)/python scripts/bench_events.py

@@ -7,9 +7,12 @@ experiment). Collection marks each test `unit`, `integration` or `e2e` from its 
 anywhere else; a unit test that asks for a server fails (tests/unit/conftest.py). Helpers live in
 `tests/support/`.
 
-The shared fixtures: a real nats-server per test, an environment pointing ftrain at it, the service, and the
-CLI run in this process against them. The multi-node tests' cluster (`nodes`) is the e2e tier's
-(tests/e2e/conftest.py).
+The shared fixtures: a real nats-server for the session (one per xdist worker) with a fresh account for each
+test (`server`; tests/support/shared_nats.py), or a server of its own for a test marked `own_server` (it kills,
+restarts or pauses its server, or reads its files), an environment pointing ftrain at it, the
+service, and the CLI run in this process against them; one SeaweedFS and one moto server for the session
+(`weed`, `moto`, and `s3`: each in turn), on which each test makes its own bucket. The multi-node tests' cluster
+(`nodes`) is the e2e tier's (tests/e2e/conftest.py).
 """
 
 from collections.abc import AsyncIterator, Iterator
@@ -20,7 +23,9 @@ import pytest
 from ftrain.events.jetstream.server import ServerProcess, throwaway_server
 from ftrain.service import RunService
 from tests.support.cli import Cli
+from tests.support.s3 import S3_KINDS, Endpoint, moto_server, seaweedfs
 from tests.support.servers import login
+from tests.support.shared_nats import SharedServer
 
 TESTS = Path(__file__).resolve().parent
 TIERS = ("unit", "integration", "e2e")
@@ -56,11 +61,50 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(getattr(pytest.mark, tier))
 
 
+@pytest.fixture(scope="session")
+def shared_nats(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedServer]:
+    """The session's nats-server (this xdist worker's)."""
+    shared = SharedServer(tmp_path_factory.mktemp("shared-nats"))
+    try:
+        yield shared
+    finally:
+        shared.close()
+
+
 @pytest.fixture
-def server(tmp_path: Path) -> Iterator[ServerProcess]:
-    """A fresh JetStream server on a free 127.0.0.1 port, store under the test's temp dir."""
+def server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ServerProcess]:
+    """A fresh account on the session's nats-server: to the test, an empty JetStream server of its own. A test
+    marked `own_server` (it kills, restarts or pauses its server, or reads its files) gets a server of its own
+    on a free 127.0.0.1 port, its store under the test's temp dir."""
+    if request.node.get_closest_marker("own_server") is None:
+        shared: SharedServer = request.getfixturevalue("shared_nats")
+        yield shared.account(tmp_path / "server")
+        return
     with throwaway_server(tmp_path / "server") as proc:
         yield proc
+
+
+@pytest.fixture(scope="session")
+def weed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoint]:
+    """The session's SeaweedFS (this xdist worker's): a test makes its own bucket (`Endpoint.new_bucket`); one
+    that kills or restarts its store starts its own (`throwaway_storage_server`)."""
+    with seaweedfs(tmp_path_factory.mktemp("seaweedfs")) as found:
+        yield found
+
+
+@pytest.fixture(scope="session")
+def moto() -> Iterator[Endpoint]:
+    """The session's moto server (this xdist worker's): a test makes its own bucket."""
+    with moto_server() as found:
+        yield found
+
+
+@pytest.fixture(params=list(S3_KINDS))
+def s3(request: pytest.FixtureRequest) -> Endpoint:
+    """Each S3 implementation in turn, for the suites that hold ftrain's S3 backend to both: the session's
+    SeaweedFS (the default users get) and its moto server."""
+    found: Endpoint = request.getfixturevalue(S3_KINDS[request.param])
+    return found
 
 
 @pytest.fixture
@@ -90,3 +134,10 @@ async def app(env: dict[str, str]) -> AsyncIterator[RunService]:
 def cli(capsys: pytest.CaptureFixture[str], env: dict[str, str]) -> Cli:
     """`ftrain ARGS` in this process against the test's server (tests/support/cli.py)."""
     return Cli(capsys, env)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    """The random order's seed, under `-q` too (pytest-randomly prints it only in the header)."""
+    seed = getattr(config.option, "randomly_seed", None)
+    if isinstance(seed, int) and config.pluginmanager.has_plugin("randomly"):
+        terminalreporter.write_line(f"tests in random order: --randomly-seed={seed} replays it")

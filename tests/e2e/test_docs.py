@@ -4,11 +4,11 @@ tests/support/docs.py)."""
 
 import pytest
 
-from tests.support.docs import RUN, Block, Scratch, runs_as_written
+from tests.support.docs import RUN, Block, Scratch, by_page, page_name, page_runs_as_written
 from tests.support.docs import scratch as scratch  # the fixture
 
 
 @pytest.mark.timeout(1800)
-@pytest.mark.parametrize("block", [b for b in RUN if b.e2e], ids=lambda b: b.name)
-def test_the_block_runs_as_written(block: Block, scratch: Scratch) -> None:
-    runs_as_written(block, scratch)
+@pytest.mark.parametrize("page", by_page([b for b in RUN if b.e2e]), ids=page_name)
+def test_the_page_runs_as_written(page: list[Block], scratch: Scratch) -> None:
+    page_runs_as_written(page, scratch)

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ from ftrain.workers.s3.server import kill_storage_server, throwaway_storage_serv
 from ftrain.workers.storage import s3_fence
 from tests.e2e.test_s3_training import job_env, keys, sealed
 from tests.support.processes import ftrain_process
-from tests.support.s3 import Endpoint, restart_seaweedfs, seaweedfs
+from tests.support.s3 import Endpoint, restart_seaweedfs
 from tests.support.training import (
     final_digest,
     resumed_step,
@@ -39,12 +39,6 @@ pytestmark = pytest.mark.timeout(300)
 ITERS = ("--train-iters", "30", "--save-interval", "5")
 ASYNC = (*ITERS, "--async-ckpt")
 KILLED = -signal.SIGKILL
-
-
-@pytest.fixture(scope="module")
-def weed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoint]:
-    with seaweedfs(tmp_path_factory.mktemp("seaweedfs")) as found:
-        yield found
 
 
 @pytest.fixture(scope="module")

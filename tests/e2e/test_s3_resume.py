@@ -6,24 +6,17 @@ itself, against the store: tests/integration/test_s3_resume.py)."""
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.support.processes import free_port
-from tests.support.s3 import Endpoint, seaweedfs
+from tests.support.s3 import Endpoint
 from tests.support.training import torchrun_env
 
 pytestmark = pytest.mark.timeout(300)
 OWNED = {0: [".metadata", "__0_0.distcp"], 1: ["__1_0.distcp"]}
-
-
-@pytest.fixture(scope="module")
-def weed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoint]:
-    with seaweedfs(tmp_path_factory.mktemp("seaweedfs")) as found:
-        yield found
 
 
 def job(weed: Endpoint, work: Path, layout: str) -> tuple[str, list[dict[str, Any]]]:

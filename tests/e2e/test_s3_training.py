@@ -11,7 +11,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,18 +19,12 @@ from ftrain.workers.layout import MARKER
 from ftrain.workers.s3.server import kill_storage_server, throwaway_storage_server
 from tests.support.paths import ROOT
 from tests.support.processes import ftrain_process
-from tests.support.s3 import Endpoint, restart_seaweedfs, seaweedfs
+from tests.support.s3 import Endpoint, restart_seaweedfs
 from tests.support.training import final_digest, resumed_step, torchrun, torchrun_command, torchrun_env
 
 pytestmark = pytest.mark.timeout(300)
 ITERS = ("--train-iters", "30", "--save-interval", "5")
 KILLED = -signal.SIGKILL
-
-
-@pytest.fixture(scope="module")
-def weed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoint]:
-    with seaweedfs(tmp_path_factory.mktemp("seaweedfs")) as found:
-        yield found
 
 
 @pytest.fixture(scope="module")

@@ -27,6 +27,7 @@ async def run_events(app: RunService) -> list[object]:
     return [entry.event for entry in await app.timeline(RUN)]
 
 
+@pytest.mark.own_server
 async def test_kill_corrupt_skip_resume_and_a_broker_outage_all_reach_the_log(
     tmp_path: Path, env: dict[str, str], server: ServerProcess
 ) -> None:

@@ -1,6 +1,6 @@
 """The docs cannot rot: every command and Python block of README.md and docs/ not marked `e2e` runs as
-written, and the site builds strict (the convention: tests/support/docs.py; the `e2e` blocks:
-tests/e2e/test_docs.py)."""
+written, each page's in order, and the site builds strict (the convention: tests/support/docs.py; the `e2e`
+blocks: tests/e2e/test_docs.py)."""
 
 import os
 import subprocess
@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.docs import BIN, RUN, Block, Scratch, runs_as_written
+from tests.support.docs import BIN, RUN, Block, Scratch, by_page, page_name, page_runs_as_written
 from tests.support.docs import scratch as scratch  # the fixture
 from tests.support.paths import ROOT
 
 
-@pytest.mark.parametrize("block", [b for b in RUN if not b.e2e], ids=lambda b: b.name)
-def test_the_block_runs_as_written(block: Block, scratch: Scratch) -> None:
-    runs_as_written(block, scratch)
+@pytest.mark.parametrize("page", by_page([b for b in RUN if not b.e2e]), ids=page_name)
+def test_the_page_runs_as_written(page: list[Block], scratch: Scratch) -> None:
+    page_runs_as_written(page, scratch)
 
 
 def test_the_site_builds_strict_with_every_page_in_the_nav(tmp_path: Path) -> None:

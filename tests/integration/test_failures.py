@@ -326,6 +326,7 @@ async def test_a_forged_event_is_named_by_audit_never_applied_and_blocks_further
 # -- 2. kill -9 of the broker in the middle of a stream of appends ---------------------------------------------
 
 
+@pytest.mark.own_server
 async def test_acknowledged_events_survive_kill_9_of_the_broker_mid_stream(
     app: RunService, env: dict[str, str], server: ServerProcess
 ) -> None:
@@ -393,6 +394,7 @@ async def test_acknowledged_events_survive_kill_9_of_the_broker_mid_stream(
 # -- 3. the broker is down -----------------------------------------------------------------------------------
 
 
+@pytest.mark.own_server
 async def test_cli_with_the_broker_down_exits_1_with_one_line_and_writes_nothing(
     env: dict[str, str], server: ServerProcess
 ) -> None:
@@ -425,6 +427,7 @@ async def service_with_deadline(env: dict[str, str], deadline: float) -> AsyncIt
             await model.close()
 
 
+@pytest.mark.own_server
 async def test_service_whose_broker_dies_raises_log_unavailable_and_writes_nothing(
     env: dict[str, str], server: ServerProcess
 ) -> None:
@@ -447,6 +450,7 @@ async def test_service_whose_broker_dies_raises_log_unavailable_and_writes_nothi
     assert not any(name.startswith(("step-20", ".step-20")) for name in files_under(storage / run))
 
 
+@pytest.mark.own_server
 async def test_log_unavailable_survives_closing_the_service_after_the_broker_died(
     env: dict[str, str], server: ServerProcess
 ) -> None:

@@ -111,6 +111,7 @@ async def test_a_running_run_never_leased_keeps_the_refusal_that_asks_for_ftrain
     assert (await app.state_of(run)).status == "running"
 
 
+@pytest.mark.own_server
 async def test_with_the_log_out_of_reach_nothing_is_decided_from_a_stale_lease(
     env: dict[str, str], server: ServerProcess, tmp_path: Path
 ) -> None:

@@ -134,6 +134,7 @@ async def knocked_on(port: int) -> None:
         await knocked.wait()
 
 
+@pytest.mark.own_server
 async def test_with_the_broker_down_record_keeps_each_intent_and_they_land_in_order_once_it_is_back(
     env: dict[str, str], server: ServerProcess
 ) -> None:

@@ -3,20 +3,13 @@ launch, checkpoints uploaded, a failure, a corrupted newest checkpoint skipped a
 older one, status showing `s3://` URIs, an intact audit. Also: async saves to S3 refused, an unreachable endpoint."""
 
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.support.builders import SIGNER
 from tests.support.cli import RUN, Cli, checkpoint, ckpt_args, launch
-from tests.support.s3 import Endpoint, seaweedfs
-
-
-@pytest.fixture(scope="module")
-def weed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoint]:
-    with seaweedfs(tmp_path_factory.mktemp("seaweedfs")) as found:
-        yield found
+from tests.support.s3 import Endpoint
 
 
 @pytest.fixture

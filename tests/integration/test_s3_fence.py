@@ -2,8 +2,6 @@
 never lowered, a superseded attempt is refused in one line, the fence object is never taken for a step, and a
 store out of reach is never read as "no claim"."""
 
-from collections.abc import Iterator
-
 import pytest
 
 from ftrain.workers.fence import Fenced
@@ -11,15 +9,9 @@ from ftrain.workers.layout import ATTEMPT
 from ftrain.workers.storage import s3_fence
 from ftrain.workers.storage.errors import StorageUnavailable
 from ftrain.workers.storage.s3_store import S3Storage
-from tests.support.s3 import Endpoint, endpoint
+from tests.support.s3 import Endpoint
 
 RUN = "r1"
-
-
-@pytest.fixture(scope="module", params=("seaweedfs", "moto"))
-def s3(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoint]:
-    with endpoint(request.param, tmp_path_factory.mktemp(request.param)) as found:
-        yield found
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -17,18 +16,12 @@ from ftrain.workers.integrity import digest_of
 from ftrain.workers.manifest import FileEntry
 from ftrain.workers.s3.ranged import Ranges, fetch_file, fetch_files
 from ftrain.workers.storage.errors import StorageUnavailable
-from tests.support.s3 import Endpoint, endpoint
+from tests.support.s3 import S3_KINDS, Endpoint, endpoint
 
-KINDS = ("seaweedfs", "moto")
+KINDS = list(S3_KINDS)
 MIB = 1 << 20
 SMALL = Ranges(size=MIB, threads=3, window=4)
 """1 MiB ranges, 3 in flight, 4 held per file: a few MiB make many ranges."""
-
-
-@pytest.fixture(scope="module", params=KINDS)
-def s3(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoint]:
-    with endpoint(request.param, tmp_path_factory.mktemp(request.param)) as found:
-        yield found
 
 
 @pytest.fixture

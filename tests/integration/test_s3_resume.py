@@ -3,7 +3,6 @@ enters the cache, a store out of reach stops (the resume under real torchrun job
 tests/e2e/test_s3_resume.py; a failed load's verdict: tests/unit/test_resume_load_failure.py)."""
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -11,15 +10,9 @@ import pytest
 from ftrain.workers.dcp_reader import Rejected
 from ftrain.workers.storage.errors import StorageUnavailable
 from ftrain.workers.storage.s3_run import FetchForLoad
-from tests.support.s3 import Endpoint, seaweedfs
+from tests.support.s3 import Endpoint
 
 pytestmark = pytest.mark.timeout(300)
-
-
-@pytest.fixture(scope="module")
-def weed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoint]:
-    with seaweedfs(tmp_path_factory.mktemp("seaweedfs")) as found:
-        yield found
 
 
 def test_a_file_fetched_for_the_load_is_verified_before_it_enters_the_cache(

@@ -3,7 +3,6 @@ on both, so nothing depends on one store's quirks. No mocks: every call goes ove
 
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import msgspec
@@ -14,16 +13,9 @@ from ftrain.workers.layout import MARKER, WRITER_CLAIM
 from ftrain.workers.storage.errors import CheckpointExists, StorageError, StorageUnavailable
 from ftrain.workers.storage.s3_partial import Claim
 from ftrain.workers.storage.s3_store import S3Storage
-from tests.support.s3 import Endpoint, endpoint
+from tests.support.s3 import S3_KINDS, Endpoint, endpoint
 
-KINDS = ("seaweedfs", "moto")
-
-
-@pytest.fixture(scope="module", params=KINDS)
-def s3(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoint]:
-    """One server of each kind per module; every test makes its own bucket."""
-    with endpoint(request.param, tmp_path_factory.mktemp(request.param)) as found:
-        yield found
+KINDS = list(S3_KINDS)
 
 
 @pytest.fixture

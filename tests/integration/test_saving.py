@@ -18,7 +18,6 @@ from ftrain.workers.manifest import FileEntry, Manifest
 from ftrain.workers.storage.errors import Fenced
 from ftrain.workers.storage.port import RunStore
 from tests.integration.test_storage_conformance import RUN, Backend, s3_backend
-from tests.support.s3 import Endpoint, endpoint
 
 
 @pytest.fixture(autouse=True)
@@ -28,12 +27,6 @@ def one_rank() -> Iterator[None]:
         yield
     finally:
         dist.destroy_process_group()
-
-
-@pytest.fixture(scope="module")
-def moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoint]:
-    with endpoint("moto", tmp_path_factory.mktemp("moto")) as found:
-        yield found
 
 
 @pytest.fixture(params=["file", "moto"])

@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import urlparse
@@ -25,7 +24,7 @@ from ftrain.workers.storage.location import Location, run_location
 from ftrain.workers.storage.open import open_run
 from ftrain.workers.storage.port import RunStore, StoredCheckpoint
 from ftrain.workers.storage.s3_run import S3RunStore
-from tests.support.s3 import Endpoint, endpoint
+from tests.support.s3 import Endpoint
 
 RUN = "conf-run"
 FILES = {"__0_0.distcp": b"rank zero's shard" * 100, ".metadata": b"metadata bytes", "__1_0.distcp": b"one"}
@@ -267,18 +266,6 @@ class TestFileSystem(StoreCases):
         return Backend((tmp_path / "ckpt").as_uri(), tmp_path / "stage", {})
 
 
-@pytest.fixture(scope="module")
-def seaweedfs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoint]:
-    with endpoint("seaweedfs", tmp_path_factory.mktemp("seaweedfs")) as found:
-        yield found
-
-
-@pytest.fixture(scope="module")
-def moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoint]:
-    with endpoint("moto", tmp_path_factory.mktemp("moto")) as found:
-        yield found
-
-
 def s3_backend(found: Endpoint, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Backend:
     """A fresh bucket; the factory's shared client (the standard AWS chain) pointed at the server too."""
     for name, value in found.env().items():
@@ -288,8 +275,8 @@ def s3_backend(found: Endpoint, tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
 
 class TestSeaweedFS(StoreCases):
     @pytest.fixture
-    def backend(self, seaweedfs: Endpoint, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Backend:
-        return s3_backend(seaweedfs, tmp_path, monkeypatch)
+    def backend(self, weed: Endpoint, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Backend:
+        return s3_backend(weed, tmp_path, monkeypatch)
 
 
 class TestMoto(StoreCases):

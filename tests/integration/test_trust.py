@@ -273,6 +273,7 @@ async def test_a_changed_retention_limit_is_refused_and_reported(
     assert run(env, "list").returncode == 0
 
 
+@pytest.mark.own_server
 async def test_a_store_restored_from_an_older_copy_is_detected(
     app: RunService, env: dict[str, str], server: ServerProcess, tmp_path: Path
 ) -> None:
@@ -335,6 +336,7 @@ def home_anchors(env: dict[str, str], restore: bytes | None = None) -> bytes:
     return path.read_bytes()
 
 
+@pytest.mark.own_server
 async def test_the_anchor_mirror_catches_a_rollback_of_the_store_and_the_home_together(
     app: RunService, env: dict[str, str], server: ServerProcess, tmp_path: Path
 ) -> None:

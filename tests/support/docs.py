@@ -4,8 +4,9 @@ The convention (docs/architecture.md, "The docs are tested"): a `console` block'
 must exit 0 (or the `# exit N` they end with), a `python` block runs as a script, any other language only
 shows something; `<!-- docs-test: e2e -->` before a block runs it in the e2e tier only
 (tests/e2e/test_docs.py, the others in tests/integration/test_docs.py), `repo` runs it in the repository's
-root, `skip REASON` not at all (Python is still compiled: tests/unit/test_docs_blocks.py). A page's blocks run
-in order in one scratch directory with a fresh FTRAIN_HOME; the servers they start are stopped at the end.
+root, `skip REASON` not at all (Python is still compiled: tests/unit/test_docs_blocks.py). A page's blocks of
+one tier are one test: they run in order in one scratch directory with a fresh FTRAIN_HOME, and the servers
+they start are stopped at the end.
 """
 
 import os
@@ -112,12 +113,31 @@ class Scratch:
                     )
 
 
-@pytest.fixture(scope="module")
-def scratch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scratch]:
-    """The scratch directories of one module's blocks (a test module takes it with `scratch as scratch`)."""
-    pages = Scratch(tmp_path_factory.mktemp("docs"))
+@pytest.fixture
+def scratch(tmp_path: Path) -> Iterator[Scratch]:
+    """The scratch directory of one test's page (a test module takes it with `scratch as scratch`)."""
+    pages = Scratch(tmp_path / "docs")
     yield pages
     pages.close()
+
+
+def by_page(selected: list[Block]) -> list[list[Block]]:
+    """`selected` grouped by page, each page's blocks in their order: a page is one test, since its blocks
+    build on each other (and so run in order whatever order the tests run in, and on one xdist worker)."""
+    grouped: dict[Path, list[Block]] = {}
+    for block in selected:
+        grouped.setdefault(block.page, []).append(block)
+    return list(grouped.values())
+
+
+def page_name(page_blocks: list[Block]) -> str:
+    return str(page_blocks[0].page.relative_to(ROOT))
+
+
+def page_runs_as_written(page_blocks: list[Block], scratch: Scratch) -> None:
+    """Run a page's blocks in order in its scratch directory (`runs_as_written`)."""
+    for block in page_blocks:
+        runs_as_written(block, scratch)
 
 
 def runs_as_written(block: Block, scratch: Scratch) -> None:

@@ -17,6 +17,9 @@ from ftrain.events.record import STREAM
 
 log = structlog.get_logger(__name__)
 
+SHARED_PIDS: set[int] = set()
+"""The pids of the session's shared servers (tests/support/shared_nats.py), which no test may kill."""
+
 
 def login(server: ServerProcess) -> dict[str, str]:
     """The settings a user sets to reach `server`: its URL and the nkey seed file it admits."""
@@ -67,6 +70,10 @@ def start_configured_server(directory: Path, config: str, port: int) -> subproce
 
 def kill_server(proc: ServerProcess) -> None:
     """SIGKILL (a crash: no shutdown, no flush) and wait until the process is gone."""
+    if proc.pid in SHARED_PIDS:
+        raise AssertionError(
+            "this test's server is the session's shared one: a test that kills it asks for its own"
+        )
     if not server_alive(proc.pid, None):
         return
     send_signal(proc.pid, signal.SIGKILL)
