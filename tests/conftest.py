@@ -8,10 +8,10 @@ anywhere else; a unit test that asks for a server fails (tests/unit/conftest.py)
 `tests/support/`.
 
 The shared fixtures: a real nats-server for the session (one per xdist worker) with a fresh account for each
-test (`server`; tests/support/shared_nats.py), or a server of its own for a test marked `own_server` (it kills,
-restarts or pauses its server, or reads its files), an environment pointing ftrain at it, the
-service, and the CLI run in this process against them; one SeaweedFS and one moto server for the session
-(`weed`, `moto`, and `s3`: each in turn), on which each test makes its own bucket. The multi-node tests' cluster
+test (`server`; tests/support/shared_nats.py), or a server of its own for a test marked `own_server` (it
+kills, restarts or pauses its server, or reads its files), an environment pointing ftrain at it, the service,
+and the CLI run in this process against them; one SeaweedFS and one moto server for the session (`weed`,
+`moto`, and `s3`: each in turn), on which each test makes its own bucket. The multi-node tests' cluster
 (`nodes`) is the e2e tier's (tests/e2e/conftest.py).
 """
 

@@ -37,9 +37,10 @@ def test_a_job_sigkilled_without_warning_is_taken_over_once_its_lease_expires(
     killed = time.time()
     assert slurm.kill_job_processes(job)
     slurm.wait_job(job, ["FAILED", "CANCELLED", "COMPLETED"], 60)
+    ended = time.time()
     assert gist(events(run, env))[-1] == "checkpointed:10"  # nobody recorded the end
     slurm.scontrol("requeue", str(job))
-    slurm.start_now(job)
+    slurm.start_now(job, ended)
     wait_for(lambda: slurm.job(job)["JobState"] == "RUNNING", "the requeued job to start", 60, slurm, out)
     started = time.time()
     _, seen, lost = finished(slurm, job, out, run, env, reference)

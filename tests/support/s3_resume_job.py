@@ -15,6 +15,7 @@ from ftrain.examples.train import build_model, model_config, params_digest, pars
 from ftrain.logs import configure
 from ftrain.train.checkpointing import CheckpointManager
 from ftrain.train.config import CheckpointConfig
+from ftrain.train.process_exit import run_then_exit
 from ftrain.train.state import TrainState
 from ftrain.workers.storage.location import run_location
 
@@ -66,4 +67,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_then_exit(main)  # a torchrun worker ends like the trainer: see ftrain.train.process_exit

@@ -30,6 +30,8 @@ MARK = "FTRAIN_SLURM_HARNESS"
 DAEMONS = ("slurmctld", "slurmd", "srun", "sbatch", "scontrol", "scancel", "munged", "nsenter")
 HOSTS = Path("/etc/hosts")
 VENV_BIN = str(Path(sys.executable).parent)
+CRED_EXPIRE = 10
+"""Seconds a job credential lives (`AuthInfo=cred_expire`); a killed job's revoked one is held as long."""
 
 
 def unavailable() -> str | None:
@@ -199,7 +201,7 @@ class Slurm:
                 "AuthType=auth/munge",
                 "CredType=cred/munge",
                 # cred_expire also sets how long a requeued job waits before it may start again (default 120 s)
-                f"AuthInfo=socket={w}/munge/sock,cred_expire=10",
+                f"AuthInfo=socket={w}/munge/sock,cred_expire={CRED_EXPIRE}",
                 f"StateSaveLocation={w}/state",
                 f"SlurmdSpoolDir={w}/spool/%n",
                 f"SlurmctldPidFile={w}/slurmctld.pid",
@@ -282,9 +284,11 @@ class Slurm:
         _wait(there, f"job {job} to be {'/'.join(states)} (last: {seen.get('JobState')})", timeout)
         return seen
 
-    def start_now(self, job: int) -> None:
-        """A requeued job waits out its begin time (cred_expire); let it start at once, as a busy scheduler
-        may not."""
+    def start_now(self, job: int, ended: float) -> None:
+        """A requeued job waits out its begin time (cred_expire) and then the scheduler's next pass; start it
+        as soon as slurmd will launch it: once the credential revoked when it ended (at `ended`, epoch
+        seconds) has expired. Before that slurmd refuses it ("Job credential revoked") and the job fails."""
+        time.sleep(max(0.0, ended + CRED_EXPIRE + 1 - time.time()))
         self.scontrol("update", f"JobId={job}", "StartTime=now")
 
     def kill_job_processes(self, job: int) -> list[int]:
