@@ -12,32 +12,17 @@ one.
 """
 
 import json
-import os
 import signal
 import time
 import uuid
 from pathlib import Path
 
-import nkeys
-
 from ftrain.events.jetstream.server import ServerProcess, admits
+from ftrain.events.jetstream.server_files import seed_path, user_key
 from tests.support.processes import free_port
 from tests.support.servers import SHARED_PIDS, start_configured_server
 
 RELOAD_TIMEOUT = 10.0
-
-
-def _new_user(seed_file: Path) -> str:
-    """A fresh user nkey: its seed written to `seed_file` (0600), its public key returned."""
-    seed = nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER)
-    fd = os.open(seed_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as out:
-        out.write(seed + b"\n")
-    pair = nkeys.from_seed(bytearray(seed))
-    try:
-        return str(pair.public_key.decode())
-    finally:
-        pair.wipe()
 
 
 class SharedServer:
@@ -47,10 +32,9 @@ class SharedServer:
         self.directory, self.port = directory, free_port()
         directory.mkdir(parents=True, exist_ok=True)
         self.store = directory / "store"
-        first = directory / "first.nk"
-        self.proc = start_configured_server(directory, self._config("first", _new_user(first)), self.port)
+        self.proc = start_configured_server(directory, self._config("first", user_key(directory)), self.port)
         SHARED_PIDS.add(self.proc.pid)
-        self._wait_admitted(first)
+        self._wait_admitted(seed_path(directory))
         self.started_at = time.time()
 
     def _config(self, account: str, user: str) -> str:
@@ -76,8 +60,8 @@ class SharedServer:
     def account(self, seed_dir: Path) -> ServerProcess:
         """A fresh account, its user's seed in `seed_dir/user.nk`; the previous test's account is gone."""
         seed_dir.mkdir(parents=True, exist_ok=True)
-        seed_file = seed_dir / "user.nk"
-        config = self._config(f"test-{uuid.uuid4().hex[:12]}", _new_user(seed_file))
+        config = self._config(f"test-{uuid.uuid4().hex[:12]}", user_key(seed_dir))  # a new seed, 0600
+        seed_file = seed_path(seed_dir)
         (self.directory / "server.conf").write_text(config)
         self.proc.send_signal(signal.SIGHUP)
         self._wait_admitted(seed_file)
