@@ -1,5 +1,5 @@
 """The docs' `e2e` blocks run as written: the commands and Python blocks of README.md and docs/ marked
-`<!-- docs-test: e2e -->` (training jobs, the demo, the restart experiment; the convention:
+`<!-- docs-test: e2e -->` (training jobs, the demo, the benchmarks; the convention:
 tests/support/docs.py)."""
 
 import pytest

@@ -5,6 +5,7 @@ checked here against the event log, the metrics and the supervisor's output, rea
 import asyncio
 import os
 import re
+import shlex
 import statistics
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from ftrain.events.jetstream.server import stop_server
 from ftrain.events.schema import AnyEvent, Checkpointed, Failed, Resumed, event_type
 from ftrain.experiments.config import PHASES, ExperimentConfig, Kill, read_config, read_kills
 from ftrain.service import RunService
+from tests.support.docs import blocks, commands
 from tests.support.paths import ROOT
 from tests.support.training import FINAL
 
@@ -58,12 +60,23 @@ async def read_log(out: Path, run_ids: list[str]) -> tuple[dict[str, list[AnyEve
     return events, all(verified)
 
 
+def documented_quick_run() -> list[str]:
+    """The quick preset's command as docs/restart-experiment.md shows it (its docs block is run here, not by
+    tests/e2e/test_docs.py: the experiment takes minutes, and this test checks what it writes)."""
+    page = blocks(ROOT / "docs" / "restart-experiment.md")
+    shown = [command for block in page for command, _ in commands(block.body) if "--preset quick" in command]
+    assert len(shown) == 1, shown
+    return shlex.split(shown[0], comments=True)
+
+
 @pytest.fixture(scope="module")
 def experiment(tmp_path_factory: pytest.TempPathFactory) -> Experiment:
     out = tmp_path_factory.mktemp("restart") / "quick"
     env = {k: v for k, v in os.environ.items() if not k.startswith("FTRAIN_")}
+    argv = documented_quick_run()
+    assert argv[:2] == [".venv/bin/python", "scripts/restart_experiment.py"], argv
     run = subprocess.run(
-        [sys.executable, "scripts/restart_experiment.py", "--preset", "quick", "--out", str(out)],
+        [sys.executable, *argv[1:], "--out", str(out)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=400,
     )  # fmt: skip
     assert run.returncode == 0, f"{run.stdout}\n{run.stderr[-4000:]}"

@@ -86,39 +86,32 @@ def commands(body: str) -> Iterator[tuple[str, int]]:
 
 
 class Scratch:
-    """Each page's working directory and FTRAIN_HOME, made on first use; their servers stopped at the end."""
+    """One page's working directory (`work`) and FTRAIN_HOME (`home`); the servers its blocks started are
+    stopped at the end."""
 
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.pages: dict[Path, Path] = {}
+    def __init__(self, where: Path) -> None:
+        self.where = where
+        (where / "work").mkdir(parents=True)
 
-    def of(self, page: Path) -> Path:
-        if page not in self.pages:
-            where = self.root / page.stem
-            (where / "work").mkdir(parents=True)
-            self.pages[page] = where
-        return self.pages[page]
-
-    def env(self, where: Path) -> dict[str, str]:
+    def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("FTRAIN_", "AWS_"))}
-        env.update(FTRAIN_HOME=str(where / "home"), PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}")
+        env.update(FTRAIN_HOME=str(self.where / "home"), PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}")
         return env
 
     def close(self) -> None:
-        for where in self.pages.values():
+        if (self.where / "home").exists():
             for server in ("server", "storage"):
-                if (where / "home").exists():
-                    subprocess.run(
-                        [BIN / "ftrain", server, "stop"], env=self.env(where), capture_output=True, timeout=60
-                    )
+                subprocess.run(
+                    [BIN / "ftrain", server, "stop"], env=self.env(), capture_output=True, timeout=60
+                )
 
 
 @pytest.fixture
 def scratch(tmp_path: Path) -> Iterator[Scratch]:
     """The scratch directory of one test's page (a test module takes it with `scratch as scratch`)."""
-    pages = Scratch(tmp_path / "docs")
-    yield pages
-    pages.close()
+    page = Scratch(tmp_path / "docs")
+    yield page
+    page.close()
 
 
 def by_page(selected: list[Block]) -> list[list[Block]]:
@@ -142,11 +135,10 @@ def page_runs_as_written(page_blocks: list[Block], scratch: Scratch) -> None:
 
 def runs_as_written(block: Block, scratch: Scratch) -> None:
     """Run `block` in its page's scratch directory; each command must end with the status it shows."""
-    where = scratch.of(block.page)
-    cwd = ROOT if block.in_repo else where / "work"
-    env = scratch.env(where)
+    cwd = ROOT if block.in_repo else scratch.where / "work"
+    env = scratch.env()
     if block.lang == "python":
-        script = where / f"block-{block.line}.py"
+        script = scratch.where / f"block-{block.line}.py"
         script.write_text(block.body)
         steps = [([str(BIN / "python"), str(script)], 0, f"python block at {block.name}")]
     else:
