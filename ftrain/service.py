@@ -466,12 +466,20 @@ class RunService:
             assert candidate.ref is not None and candidate.digest is not None
             # a URI elsewhere is refused unread and never moved
             uri = storage.confined(candidate.uri, run_id)
-            with progress.shown(f"verify step {candidate.step}", candidate.ref.recorded.size_bytes):
-                reason = (
-                    storage.verify(uri, candidate.digest, run_id=run_id, step=candidate.step)
-                    if uri
-                    else OUTSIDE_RUN
-                )
+            try:
+                with progress.shown(f"verify step {candidate.step}", candidate.ref.recorded.size_bytes):
+                    reason = (
+                        storage.verify(uri, candidate.digest, run_id=run_id, step=candidate.step)
+                        if uri
+                        else OUTSIDE_RUN
+                    )
+            except StorageUnavailable:
+                fresh = await self._vouched_state(run_id)
+                if fresh.head == state.head:
+                    raise
+                # another resume set this checkpoint aside while it was read: its skip or resume is in the log
+                state, plan = fresh, self._plan(fresh, force)
+                continue
             if reason is None:
                 appended = await self._record(run_id, partial(resume_from, ref=candidate.ref, forced=force))
                 if isinstance(appended, Resumed):

@@ -6,7 +6,7 @@ ftrain.supervise.each_node`, which starts the same torchrun command through the 
 behaves as an srun step with `--kill-on-bad-exit=1` does: the first node whose command fails ends the others,
 and its exit status is the attempt's (the runner names that node on stderr, in the one line `NodeExit` owns);
 a SIGTERM or SIGINT is passed on to every node. The run's own variables (FTRAIN_RUN_ID, FTRAIN_CKPT_DIR,
-FTRAIN_ATTEMPT, none of them secret) travel in the command line through `env`, since `ssh` does not carry an
+FTRAIN_ATTEMPT, FTRAIN_ATTEMPT_NONCE, none of them secret) travel in the command line through `env`, since `ssh` does not carry an
 environment; everything else a node needs (the log's URL and credentials, the storage's) comes from the node's
 own environment, as it would for any job started there. Pure here; the runner is `ftrain.supervise.each_node`.
 """
@@ -25,6 +25,7 @@ CARRIED: Final = (
     settings.RUN_ID,
     settings.CKPT_DIR,
     settings.ATTEMPT,
+    settings.ATTEMPT_NONCE,
     settings.CHECKPOINT_EVERY,
     settings.DATASET_REVISION,
     settings.SAVE_SIGNALS,

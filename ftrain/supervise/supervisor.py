@@ -30,7 +30,7 @@ from ftrain.supervise.elastic import next_hosts
 from ftrain.supervise.failure_report import FailureReport, describe, failure, signal_name, tee_stderr
 from ftrain.supervise.lease_keeper import LeaseKeeper
 from ftrain.supervise.opening import OPEN_TIMEOUT, NotOpened
-from ftrain.supervise.procs import end_attempt, signal_job
+from ftrain.supervise.procs import attempt_marks, end_attempt, signal_job
 from ftrain.supervise.relay import STOP_SIGNALS, stop_signals, warning_signal
 from ftrain.supervise.watchdog import Hang, Watchdog
 from ftrain.train.preemption import PREEMPTED_EXIT
@@ -270,10 +270,12 @@ class Supervisor:
         it and a SIGKILL (normally none)."""
         argv = self.command(self.hosts)
         log.info("attempt_started", run_id=self.run_id, attempt=self.number, argv=argv)
-        env = {**self.env, settings.ATTEMPT: str(self.number)}
+        marks = attempt_marks(self.run_id, self.number)
+        env = {**self.env, **marks}
         watchdog = None
         if self.hang_timeout is not None:
-            watchdog = Watchdog.for_attempt(self.run_id, self.number, self.hang_timeout)
+            name = f"{self.run_id}-{self.number}-{marks[settings.ATTEMPT_NONCE]}"
+            watchdog = Watchdog.for_attempt(name, self.hang_timeout)
             env[settings.PROGRESS_DIR] = str(watchdog.directory)
         child = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, start_new_session=True)
         self._child = child
@@ -287,7 +289,7 @@ class Supervisor:
             returncode = self._wait(child, watchdog)
         finally:
             self._child = None
-        survivors = end_attempt(self.run_id, self.number, END_SECONDS)  # orphaned workers, stopped ones too
+        survivors = end_attempt(marks, END_SECONDS)  # orphaned workers, stopped ones too
         if watchdog is not None:
             watchdog.close()
         tee.join(timeout=5)

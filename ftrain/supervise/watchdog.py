@@ -60,13 +60,14 @@ class Watchdog:
         self._last: dict[int, Progress] = {}
 
     @classmethod
-    def for_attempt(cls, run_id: str, attempt: int, timeout: float) -> "Watchdog":
-        """A watchdog over a fresh private directory of this node's, `<tmp>/ftrain-<uid>/progress/<run>-<attempt>`
-        (its ranks find it in FTRAIN_PROGRESS_DIR). Raises UnsafeDirectory when a directory above it is not
+    def for_attempt(cls, name: str, timeout: float) -> "Watchdog":
+        """A watchdog over a fresh private directory of this node's, `<tmp>/ftrain-<uid>/progress/<name>` (its
+        ranks find it in FTRAIN_PROGRESS_DIR); `name` holds the attempt's nonce, so another supervisor of a run
+        with the same id on this node never shares it. Raises UnsafeDirectory when a directory above it is not
         this user's alone."""
-        directory = Path(tempfile.gettempdir()) / f"ftrain-{os.getuid()}" / "progress" / f"{run_id}-{attempt}"
-        shutil.rmtree(private_dir(directory), ignore_errors=True)  # a relaunch after a crash finds it again
-        return cls(private_dir(directory), timeout)
+        return cls(
+            private_dir(Path(tempfile.gettempdir()) / f"ftrain-{os.getuid()}" / "progress" / name), timeout
+        )
 
     def close(self) -> None:
         """Remove the directory: the attempt ended."""

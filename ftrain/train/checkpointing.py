@@ -31,6 +31,7 @@ from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Final
 
 import msgspec
 import structlog
@@ -61,6 +62,7 @@ from ftrain.train.resume import (
 )
 from ftrain.train.saving import Saver, SavesFailing
 from ftrain.train.state import Resumable, TrainState, resumable
+from ftrain.workers.integrity import digest_of, to_hex
 from ftrain.workers.layout import rank_stage_dir
 from ftrain.workers.manifest import FileEntry, Manifest
 from ftrain.workers.recorder import Recorder
@@ -90,6 +92,8 @@ __all__ = [
 ]
 log = structlog.get_logger(__name__)
 LOG_WAIT_SECONDS = 60.0
+STORE_CHOICE: Final = ("AWS_ENDPOINT_URL", "AWS_CONFIG_FILE", "AWS_PROFILE")
+"""The variables that pick which S3 store a bucket is on: two stores can hold the same bucket name."""
 
 
 class SaveTimes(msgspec.Struct, frozen=True):
@@ -163,8 +167,16 @@ def make_config(
 
 
 def _job_name(place: Location, run_id: str | None, env: Mapping[str, str]) -> str:
-    """What names this job's node-local work space: the batch job (it survives a requeue), else the run."""
-    return env.get("SLURM_JOB_ID") or env.get("PBS_JOBID") or run_id or place.run
+    """What names this job's node-local work space: the batch job (it survives a requeue), else the run on its
+    store (the run id and a digest of where its checkpoints go): a relaunch finds it again, and a run of the
+    same id on another store (a second `ftrain demo`, its own log and bucket) never shares it, nor has its
+    staging removed by the other's start-up cleanup."""
+    if job := env.get("SLURM_JOB_ID") or env.get("PBS_JOBID"):
+        return job
+    store = (
+        [place.uri, *(env.get(name, "") for name in STORE_CHOICE)] if place.backend == "s3" else [place.uri]
+    )
+    return f"{run_id or place.run}-{to_hex(digest_of(chr(0).join(store).encode()))[:12]}"
 
 
 class CheckpointManager:

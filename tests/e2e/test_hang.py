@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.processes import ftrain_process
+from tests.support.processes import ftrain_process, run_marks
 from tests.support.training import final_digest, is_relay, stopped, torchrun, wait_for
 
 ITERS = ("--train-iters", "20", "--save-interval", "5")
@@ -77,7 +77,7 @@ def test_a_slow_checkpoint_is_not_a_hang(env: dict[str, str], tmp_path: Path) ->
 
         def job_processes() -> list[int]:
             """The agent and both ranks: the signal relay above torchrun is no part of the stop."""
-            return [p for p in attempt_processes("slow", 1) if not is_relay(p)]
+            return [p for p in attempt_processes(run_marks("slow", 1)) if not is_relay(p)]
 
         def all_stopped() -> bool:
             pids = job_processes()

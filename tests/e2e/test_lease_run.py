@@ -17,7 +17,7 @@ import pytest
 
 from ftrain.supervise.procs import attempt_processes
 from ftrain.workers.layout import complete_steps
-from tests.support.processes import ftrain_process
+from tests.support.processes import ftrain_process, run_marks
 from tests.support.training import FINAL, final_digest, torchrun, wait_for
 
 ITERS = ("--train-iters", "20", "--save-interval", "5")
@@ -49,7 +49,10 @@ def test_a_dead_supervisors_run_is_taken_over_by_one_of_two_racing_relaunches_wi
     assert second.returncode == 1 and "is running (another supervisor?)" in second.stderr, second.stderr
     assert f"pid {first.pid} (attempt 1)" in second.stderr
 
-    for pid in [first.pid, *attempt_processes(RUN, 1)]:  # the node is lost: supervisor, torchrun, workers
+    for pid in [
+        first.pid,
+        *attempt_processes(run_marks(RUN, 1)),
+    ]:  # the node is lost: supervisor, torchrun, workers
         os.kill(pid, signal.SIGKILL)
     killed = time.monotonic()
     first.communicate()

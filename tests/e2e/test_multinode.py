@@ -25,6 +25,7 @@ from ftrain.workers.layout import MARKER, complete_steps, set_asides
 from ftrain.workers.manifest import decode_marker
 from ftrain.workers.outbox import Outbox, outbox_path
 from tests.support.netns import FTRAIN, stream_leader
+from tests.support.processes import run_marks
 from tests.support.training import alive, final_digest, is_relay, stopped, torchrun, wait_for
 
 pytestmark = pytest.mark.timeout(600)
@@ -78,7 +79,7 @@ def ftrain_run(nodes: Any, project: str, hosts: str, *options: str) -> list[str]
 
 def on(nodes: Any, node: str, run: str, attempt: int) -> list[int]:
     """The processes of `attempt` of `run` on `node` (found by their network namespace and environment)."""
-    return sorted(set(nodes.pids(node)) & set(attempt_processes(run, attempt)))
+    return sorted(set(nodes.pids(node)) & set(attempt_processes(run_marks(run, attempt))))
 
 
 def trained(ckpt: Path) -> list[dict[str, Any]]:
@@ -118,7 +119,7 @@ def end_run(nodes: Any, run: str, *procs: subprocess.Popen[bytes]) -> None:
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     for attempt in (1, 2):
-        assert not end_attempt(run, attempt, 10)  # stopped ones too
+        assert not end_attempt(run_marks(run, attempt), 10)  # stopped ones too
     for node in nodes.nodes:
         nodes.heal(node)
         nodes.heal_nats(node)

@@ -24,7 +24,7 @@ from ftrain.workers.layout import MARKER, WRITER_CLAIM
 from ftrain.workers.s3.server import kill_storage_server, throwaway_storage_server
 from ftrain.workers.storage import s3_fence
 from tests.e2e.test_s3_training import job_env, keys, sealed
-from tests.support.processes import ftrain_process
+from tests.support.processes import ftrain_process, run_marks
 from tests.support.s3 import Endpoint, restart_seaweedfs
 from tests.support.training import (
     final_digest,
@@ -208,7 +208,7 @@ def test_ftrain_run_async_on_s3_a_superseded_attempt_seals_nothing_and_the_relau
     client = weed.client()
     try:
         job.wait_for(lambda: has(client, bucket, f"ckpt/{run}/step-10/{WRITER_CLAIM}"), "step 10's save")
-        old = attempt_processes(run, 1)
+        old = attempt_processes(run_marks(run, 1))
         pause(old)
         s3_fence.claim(weed.storage(bucket), run, 2)  # what the relaunch does first
         resume(old)
@@ -216,7 +216,7 @@ def test_ftrain_run_async_on_s3_a_superseded_attempt_seals_nothing_and_the_relau
     finally:
         if job.proc.poll() is None:
             os.killpg(job.proc.pid, signal.SIGKILL)
-        for pid in attempt_processes(run, 1) + attempt_processes(run, 2):
+        for pid in attempt_processes(run_marks(run, 1)) + attempt_processes(run_marks(run, 2)):
             os.kill(pid, signal.SIGKILL)
     out = result.stdout
     assert result.returncode == 0, f"{out}\n{result.stderr[-3000:]}"

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from ftrain import settings
 from ftrain.projections.lifecycle import FailIntent
 from ftrain.supervise.opening import NotOpened
-from ftrain.supervise.procs import attempt_processes, end_attempt
+from ftrain.supervise.procs import attempt_marks, attempt_processes, end_attempt
 from ftrain.supervise.supervisor import Relaunches, Supervisor
 from tests.support.builders import Intents
 from tests.support.cli import Cli
@@ -139,21 +140,47 @@ def test_a_job_ignoring_sigterm_is_killed_with_its_own_sessions(tmp_path: Path) 
 def test_every_process_of_an_ended_attempt_is_killed_even_stopped_and_in_its_own_session(
     tmp_path: Path,
 ) -> None:
-    mine = {**os.environ, "FTRAIN_RUN_ID": "r", "FTRAIN_ATTEMPT": "7"}
-    orphan = subprocess.Popen(
-        [sys.executable, "-c", "import time; time.sleep(60)"], env=mine, start_new_session=True
-    )
-    other = subprocess.Popen(
-        [sys.executable, "-c", "import time; time.sleep(60)"], env={**mine, "FTRAIN_ATTEMPT": "8"}
-    )
+    """Only this attempt's: the next attempt of the run lives on, and so does an attempt of another run with
+    the same id and number on the host (another supervisor: its nonce differs)."""
+    marks = attempt_marks("r", 7)
+    assert attempt_marks("r", 7)[settings.ATTEMPT_NONCE] != marks[settings.ATTEMPT_NONCE]
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    orphan = subprocess.Popen(sleeper, env={**os.environ, **marks}, start_new_session=True)
+    others = [
+        subprocess.Popen(sleeper, env={**os.environ, **other})
+        for other in ({**marks, "FTRAIN_ATTEMPT": "8"}, attempt_marks("r", 7))
+    ]
     try:
         os.kill(orphan.pid, signal.SIGSTOP)
-        assert orphan.pid in attempt_processes("r", 7) and other.pid not in attempt_processes("r", 7)
-        assert end_attempt("r", 7, timeout=5) == []
-        assert orphan.wait(timeout=5) == -signal.SIGKILL and other.poll() is None
+        assert attempt_processes(marks) == [orphan.pid]
+        assert end_attempt(marks, timeout=5) == []
+        assert orphan.wait(timeout=5) == -signal.SIGKILL and [p.poll() for p in others] == [None, None]
     finally:
-        orphan.kill()
-        other.kill()
+        for proc in [orphan, *others]:
+            proc.kill()
+
+
+def test_ending_an_attempt_spares_another_supervisors_attempt_of_the_same_run(tmp_path: Path) -> None:
+    """Run ids repeat (every `ftrain demo` is dist-demo-1x2-fsdp): a supervisor ending its attempt 1 of r
+    leaves another supervisor's attempt 1 of r running (found by run id and number alone, it was SIGKILLed)."""
+    twin = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"], env={**os.environ, **attempt_marks("r", 1)}
+    )
+    try:
+        outcome = Supervisor(
+            "r",
+            lambda hosts: ["true"],
+            os.environ,
+            tmp_path / "ckpt",
+            Relaunches(),
+            Intents(),
+            attempt=1,
+            opener=lambda hosts: pytest.fail("the attempt succeeded: nothing to relaunch"),
+            hosts=("localhost",),
+        ).run()
+        assert outcome.status == "completed" and twin.poll() is None
+    finally:
+        twin.kill()
 
 
 def test_a_relaunch_whose_attempt_cannot_be_opened_is_not_started(tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
-"""Fresh processes for tests: the real `ftrain` console script, a fresh interpreter's imports, a free port."""
+"""Fresh processes for tests: the real `ftrain` console script, a fresh interpreter's imports, a free port, the
+marks of a test's own attempt."""
 
 import json
 import os
@@ -39,3 +40,9 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def run_marks(run_id: str, attempt: int) -> dict[str, str]:
+    """What a test knows of an attempt it started: the run and the number (the nonce is its supervisor's), to
+    find its processes with `attempt_processes`. Enough while no other test runs the same run id at once."""
+    return {"FTRAIN_RUN_ID": run_id, "FTRAIN_ATTEMPT": str(attempt)}

@@ -34,7 +34,7 @@ def test_an_empty_value_reads_as_unset() -> None:
         value for value in vars(settings).values() if isinstance(value, str) and value.startswith("FTRAIN_")
     ]
     empty = dict.fromkeys(names, "")
-    assert len(empty) == 28
+    assert len(empty) == 29
     read = (
         settings.home(empty),
         settings.storage(empty),

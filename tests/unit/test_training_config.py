@@ -56,9 +56,34 @@ def test_an_s3_location_is_object_storage_and_async_saves_get_a_private_stage_di
         "s3://ftrain/exp",
         "my-run",
     )
-    assert config.stage_dir.name == "my-run" and config.stage_dir.parent.name == f"ftrain-{os.getuid()}"
+    assert (
+        config.stage_dir.name.startswith("my-run-")
+        and config.stage_dir.parent.name == f"ftrain-{os.getuid()}"
+    )
     local = make_config(tmp_path / "run", env={"SLURM_JOB_ID": "4242"})
     assert local.location.path == tmp_path / "run" and local.stage_dir.name == "4242"
+
+
+def test_a_run_of_the_same_id_on_another_store_never_shares_the_stage_dir(tmp_path: Path) -> None:
+    """Run ids repeat (every `ftrain demo` is dist-demo-1x2-fsdp): a rank's start-up cleanup of its staging
+    must never remove another run's. The same run on the same store finds its own again."""
+
+    def stage(location: str | Path, **env: str) -> Path:
+        return make_config(location, async_save=True, env=env).stage_dir
+
+    bucket = "s3://ftrain/exp/my-run"
+    assert stage(bucket, AWS_ENDPOINT_URL="http://a:1") == stage(bucket, AWS_ENDPOINT_URL="http://a:1")
+    assert len({
+        stage(bucket, AWS_ENDPOINT_URL="http://a:1"),
+        stage(bucket, AWS_ENDPOINT_URL="http://b:1"),
+        stage(bucket, AWS_CONFIG_FILE="/home/u/other/config"),
+        stage("s3://ftrain/other/my-run"),
+        stage(tmp_path / "one" / "my-run"),
+        stage(tmp_path / "two" / "my-run"),
+    }) == 6  # fmt: skip
+    assert stage(tmp_path / "one" / "my-run", AWS_ENDPOINT_URL="http://a:1") == stage(
+        tmp_path / "one" / "my-run"
+    )
 
 
 def test_under_ftrain_run_the_supervisors_run_location_cadence_and_revision_win(tmp_path: Path) -> None:
