@@ -34,8 +34,9 @@ test: lint test-unit test-integration
 
 # The unit and integration tiers run on both cores (pytest-xdist; faster than serial on this 2-core machine,
 # docs/benchmarks.md) and in a new random order each run (pytest-randomly prints the seed; `--randomly-seed=N`
-# replays an order: docs/architecture.md). The e2e tier runs serially in file order: its jobs each want both
-# cores.
+# replays an order: docs/architecture.md). The e2e tier runs on both cores too, in file order, by groups: a
+# module's tests on one worker, the Slurm tests on one, the namespace-cluster tests on one (tests/e2e/conftest.py);
+# then the tests marked `alone`, with the machine to themselves.
 test-unit: $(BIN)/ftrain
 	$(call timed,unit,$(BIN)/pytest -q --durations=5 -n 2 tests/unit)
 
@@ -43,7 +44,8 @@ test-integration: $(BIN)/ftrain
 	$(call timed,integration,$(BIN)/pytest -q --durations=15 -n 2 tests/integration)
 
 test-e2e: $(BIN)/ftrain
-	$(call timed,e2e,$(BIN)/pytest -q -p no:randomly --durations=15 tests/e2e)
+	$(call timed,e2e,$(BIN)/pytest -q -p no:randomly --durations=15 -n 2 --dist loadgroup --no-loadscope-reorder \
+		-m 'not alone' tests/e2e; first=$$?; $(BIN)/pytest -q -p no:randomly --durations=5 -m alone tests/e2e && (exit $$first))
 
 bench: $(BIN)/ftrain
 	$(BIN)/python scripts/bench_events.py

@@ -18,7 +18,12 @@ from tests.support.netns import FTRAIN, stream_leader
 from tests.support.netns import cluster as harness
 
 RUN = "dist-JPCP-2x2-fsdp"
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [
+    pytest.mark.timeout(300),
+    # Raft elections and catch-up are the subject. Run beside another test's training on both cores, the second
+    # test once read `unknown run` from node3 for its whole 30 s after node1 was cut (2026-12-03): kept alone.
+    pytest.mark.alone,
+]
 
 
 def ftrain(
