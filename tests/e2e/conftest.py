@@ -11,9 +11,9 @@ The two cluster groups are queued first: they are the longest, and the Slurm tes
 nine tenths of a core), so the other worker's training runs beside them. A test marked `alone` (its subject
 is timing that a second test on the cores distorts) is left out of this run and run after it, by itself.
 
-The group is set as each test is collected: xdist reads the marks in its own `pytest_collection_modifyitems`,
-before a conftest's would add them (pytest-dev/pytest-xdist#1241), and writes the group into the test's node id
-(`…::test_x@slurm`), which it schedules by. A test that lost its group (pytest 9.2 with xdist 3.8,
+The group is set as each test is collected, so it is there whichever `pytest_collection_modifyitems` runs
+first: xdist reads the marks in its own, and writes the group into the test's node id (`…::test_x@slurm`),
+which it schedules by. A test that lost its group (pytest 9.2 with xdist 3.8,
 pytest-dev/pytest-xdist#1386, hence the pin) fails before its fixtures start.
 """
 
