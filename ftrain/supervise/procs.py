@@ -23,11 +23,17 @@ REAP_POLL_SECONDS = 0.05
 
 
 def children(pid: int) -> list[int]:
-    """Direct children of `pid` (Linux /proc; none found elsewhere)."""
+    """Direct children of `pid` (Linux /proc; none found elsewhere, nor once `pid` has exited: its /proc entry
+    can vanish between listing its threads and reading them, and a process that is gone has no children)."""
+    tasks = Path(f"/proc/{pid}/task")
+    try:
+        threads = os.listdir(tasks)
+    except OSError:
+        return []
     found: list[int] = []
-    for path in Path(f"/proc/{pid}/task").glob("*/children"):
+    for thread in threads:
         with contextlib.suppress(OSError, ValueError):
-            found += [int(word) for word in path.read_text().split()]
+            found += [int(word) for word in (tasks / thread / "children").read_text().split()]
     return found
 
 
