@@ -35,6 +35,7 @@ from ftrain.supervise.scheduler_job import (
     current_job,
     ended_by_hand,
     job_run_id,
+    rendezvous_port,
     requeue_command,
     state_command,
 )
@@ -90,7 +91,7 @@ def prepare_launch(args: argparse.Namespace) -> LaunchPlan:
             gpus_per_node=args.nproc_per_node or procs,
             strategy=args.strategy,
             rdzv_host=allocation.rank0_host,
-            rdzv_port=args.rdzv_port,
+            rdzv_port=args.rdzv_port if args.rdzv_port is not None else rendezvous_port(job),
             train_cmd=tuple(args.train_cmd) or DEFAULT_TRAIN_CMD,
             tensor_parallel=args.tp,
             pipeline_parallel=args.pp,

@@ -163,8 +163,8 @@ def _add_launch_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--rdzv-port",
         type=_int_in(1, 65535),
-        default=29500,
-        help="torchrun's rendezvous port (default 29500)",
+        help="torchrun's rendezvous port (default 29500; inside a Slurm or PBS job 20000 + the job id mod 10000, "
+        "so jobs sharing a node never share a rendezvous)",
     )
     p.add_argument(
         "--run-id",

@@ -15,6 +15,9 @@ import msgspec
 
 from ftrain.supervise.hostlist import is_valid_hostname
 
+DEFAULT_RDZV_PORT: Final = 29500
+"""torchrun's own default, the rendezvous port outside a scheduler job (`scheduler_job.rendezvous_port`)."""
+
 __all__ = [
     "DEFAULT_TRAIN_CMD",
     "STRATEGIES",
@@ -50,7 +53,7 @@ class LaunchSpec(msgspec.Struct, frozen=True, kw_only=True):
     gpus_per_node: int
     strategy: str
     rdzv_host: str
-    rdzv_port: int = 29500
+    rdzv_port: int = DEFAULT_RDZV_PORT
     train_cmd: tuple[str, ...]
     tensor_parallel: int = 1
     pipeline_parallel: int = 1

@@ -6,6 +6,12 @@ Rule: inside a Slurm job, with no --run-id, the run is `<project>-slurm-<SLURM_J
 A job id survives a requeue (Slurm: `scontrol requeue`, `--requeue` after a node failure or preemption; PBS:
 `qrerun`), so the requeued job's `ftrain run` finds its run failed and resumes it; a job submitted anew gets a new
 id, hence a new run, unless it passes --run-id. SLURM_RESTART_COUNT says how many times the job was requeued.
+
+Rule: inside a job, with no --rdzv-port, torchrun's rendezvous port is `JOB_PORT_BASE + <the job id's number> mod
+JOB_PORT_SPAN` (20000–29999, below Linux's ephemeral range), not torchrun's 29500. Jobs share nodes (two 4-GPU
+jobs on an 8-GPU node): on one port, the second job's rank-0 agent fails to bind and joins the first job's store
+as a client, so it lives only as long as that job. Two jobs on one node whose ids differ by a multiple of
+JOB_PORT_SPAN still meet; --rdzv-port settles that.
 """
 
 import re
@@ -13,11 +19,15 @@ from collections.abc import Mapping
 from typing import Final
 
 from ftrain.events.schema import INT64_MAX, SchedulerJob
+from ftrain.supervise.launch_spec import DEFAULT_RDZV_PORT
 
 SLURM_JOB_ID: Final = "SLURM_JOB_ID"
 SLURM_RESTART_COUNT: Final = "SLURM_RESTART_COUNT"
 PBS_JOBID: Final = "PBS_JOBID"
 _NOT_IN_RUN_ID: Final = re.compile(r"[^A-Za-z0-9_-]")
+_JOB_NUMBER: Final = re.compile(r"\d+")
+JOB_PORT_BASE: Final = 20000
+JOB_PORT_SPAN: Final = 10000
 
 
 def current_job(env: Mapping[str, str]) -> SchedulerJob | None:
@@ -34,6 +44,12 @@ def job_run_id(project: str, job: SchedulerJob) -> str:
     """The run a job resumes when no --run-id is given (the rule in this module's docstring)."""
     token = job.id.split(".", 1)[0] if job.scheduler == "pbs" else job.id
     return f"{project}-{job.scheduler}-{_NOT_IN_RUN_ID.sub('_', token).strip('_')}"
+
+
+def rendezvous_port(job: SchedulerJob | None) -> int:
+    """The rendezvous port when --rdzv-port is not given (the rule in this module's docstring)."""
+    number = _JOB_NUMBER.match(job.id) if job is not None else None
+    return DEFAULT_RDZV_PORT if number is None else JOB_PORT_BASE + int(number[0]) % JOB_PORT_SPAN
 
 
 def state_command(job: SchedulerJob) -> list[str] | None:

@@ -103,6 +103,14 @@ def test_default_run_ids_allocations_and_strategies(
     assert first[0] == "Launched dist-P-2x8-fsdp — 2×8 GPUs, fsdp, rdzv gpu003:29500"
     again = cli.ok("launch", "P", "--nodes", "2", "--gpus-per-node", "8", "--rdzv-port", "29600")
     assert again[0] == "Launched dist-P-2x8-fsdp-2 — 2×8 GPUs, fsdp, rdzv gpu003:29600"
+    monkeypatch.setenv("SLURM_JOB_ID", "731")  # inside the job: its own port, unless one is given
+    in_job = cli.ok("launch", "P", "--nodes", "2", "--gpus-per-node", "8")
+    assert in_job[0] == "Launched P-slurm-731 — 2×8 GPUs, fsdp, rdzv gpu003:20731"
+    given = cli.ok(
+        "launch", "P", "--nodes", "2", "--gpus-per-node", "8", "--run-id", "r2", "--rdzv-port", "29600"
+    )
+    assert given[0] == "Launched r2 — 2×8 GPUs, fsdp, rdzv gpu003:29600"
+    monkeypatch.delenv("SLURM_JOB_ID")
     monkeypatch.delenv("SLURM_JOB_NODELIST")
     nodefile = tmp_path / "nodefile"
     nodefile.write_text("cn5\ncn5\ncn6\ncn6\n")

@@ -17,6 +17,7 @@ from ftrain.supervise.scheduler_job import (
     current_job,
     ended_by_hand,
     job_run_id,
+    rendezvous_port,
     requeue_command,
     state_command,
 )
@@ -47,6 +48,24 @@ def test_a_jobs_id_names_its_run_and_survives_a_requeue(
 ) -> None:
     assert current_job(env) == job
     assert job_run_id("P", job) == run_id
+
+
+@pytest.mark.parametrize(
+    ("job", "port"),
+    [
+        (None, 29500),  # torchrun's own, outside a job
+        (SchedulerJob("slurm", "4242", 0), 24242),
+        (SchedulerJob("slurm", "4243", 3), 24243),  # a requeue keeps the job's port
+        (SchedulerJob("slurm", "1234567", 0), 24567),
+        (SchedulerJob("slurm", "10000", 0), 20000),
+        (SchedulerJob("pbs", "1234.pbs01.example.org", None), 21234),
+        (SchedulerJob("pbs", "1234[7].pbs01", None), 21234),
+        (SchedulerJob("pbs", "x.pbs01", None), 29500),  # no number to take a port from
+    ],
+)
+def test_jobs_sharing_a_node_get_rendezvous_ports_of_their_own(job: SchedulerJob | None, port: int) -> None:
+    """On one port the second job's agent would join the first job's store and die with it."""
+    assert rendezvous_port(job) == port
 
 
 def test_outside_a_job_there_is_none_and_each_scheduler_has_its_requeue_command() -> None:
