@@ -8,7 +8,9 @@ A job id survives a requeue (Slurm: `scontrol requeue`, `--requeue` after a node
 id, hence a new run, unless it passes --run-id. SLURM_RESTART_COUNT says how many times the job was requeued.
 
 Rule: inside a job, with no --rdzv-port, torchrun's rendezvous port is `JOB_PORT_BASE + <the job id's number> mod
-JOB_PORT_SPAN` (20000–29999, below Linux's ephemeral range), not torchrun's 29500. Jobs share nodes (two 4-GPU
+JOB_PORT_SPAN` (20000–29999, below Linux's ephemeral range), not torchrun's 29500. The number is the digits of the
+id before its first dot: a PBS array's subjobs (`1234[7].server`, `1234[8].server`) share a job number but not
+an index, so `12347` and `12348` (a Slurm array's tasks have job ids of their own). Jobs share nodes (two 4-GPU
 jobs on an 8-GPU node): on one port, the second job's rank-0 agent fails to bind and joins the first job's store
 as a client, so it lives only as long as that job. Two jobs on one node whose ids differ by a multiple of
 JOB_PORT_SPAN still meet; --rdzv-port settles that.
@@ -25,7 +27,7 @@ SLURM_JOB_ID: Final = "SLURM_JOB_ID"
 SLURM_RESTART_COUNT: Final = "SLURM_RESTART_COUNT"
 PBS_JOBID: Final = "PBS_JOBID"
 _NOT_IN_RUN_ID: Final = re.compile(r"[^A-Za-z0-9_-]")
-_JOB_NUMBER: Final = re.compile(r"\d+")
+_DIGITS: Final = re.compile(r"\d+")
 JOB_PORT_BASE: Final = 20000
 JOB_PORT_SPAN: Final = 10000
 
@@ -48,8 +50,8 @@ def job_run_id(project: str, job: SchedulerJob) -> str:
 
 def rendezvous_port(job: SchedulerJob | None) -> int:
     """The rendezvous port when --rdzv-port is not given (the rule in this module's docstring)."""
-    number = _JOB_NUMBER.match(job.id) if job is not None else None
-    return DEFAULT_RDZV_PORT if number is None else JOB_PORT_BASE + int(number[0]) % JOB_PORT_SPAN
+    digits = "".join(_DIGITS.findall(job.id.split(".", 1)[0])) if job is not None else ""
+    return JOB_PORT_BASE + int(digits) % JOB_PORT_SPAN if digits else DEFAULT_RDZV_PORT
 
 
 def state_command(job: SchedulerJob) -> list[str] | None:

@@ -59,7 +59,9 @@ def test_a_jobs_id_names_its_run_and_survives_a_requeue(
         (SchedulerJob("slurm", "1234567", 0), 24567),
         (SchedulerJob("slurm", "10000", 0), 20000),
         (SchedulerJob("pbs", "1234.pbs01.example.org", None), 21234),
-        (SchedulerJob("pbs", "1234[7].pbs01", None), 21234),
+        (SchedulerJob("pbs", "1234[7].pbs01", None), 22347),  # two subjobs of one array: two ports
+        (SchedulerJob("pbs", "1234[8].pbs01", None), 22348),
+        (SchedulerJob("pbs", "1234.pbs2.example.org", None), 21234),  # the server's digits are not the job's
         (SchedulerJob("pbs", "x.pbs01", None), 29500),  # no number to take a port from
     ],
 )
