@@ -3,9 +3,12 @@ reproduced. A stream deleted and re-created, with an unsigned note appended to t
 it, is refused by the stream check of every open, named by `server repair` and `audit verify` (the readers and
 the writer on real files alone: tests/unit/test_anchor_trust.py)."""
 
+import asyncio
 from pathlib import Path
 
+import nats.js.errors
 import pytest
+from nats.js import JetStreamContext
 
 from ftrain import settings
 from ftrain.events.anchor_file import read_lines
@@ -17,6 +20,9 @@ from tests.integration.test_failures import checkpoint, launch
 from tests.integration.test_trust import intruder, run
 from tests.unit.test_anchor_trust import append, forged_line, note
 
+STORE_NOT_CREATED = 10049
+"""JetStream's "error creating store for stream"."""
+
 
 def mirror_of_home(env: dict[str, str], mirror: Path) -> Path:
     """A mirror directory holding a copy of the home's anchor file, as the mirror of every note would."""
@@ -24,6 +30,21 @@ def mirror_of_home(env: dict[str, str], mirror: Path) -> Path:
     mirror.mkdir(mode=0o700)
     (mirror / home_file.name).write_bytes(home_file.read_bytes())
     return mirror / home_file.name
+
+
+async def recreate_stream(js: JetStreamContext, app: RunService) -> None:
+    """Delete the stream and create it anew, empty, as an intruder with the account's credentials would. The
+    server may still be removing the old stream's files (JetStream err 10049, seen once in CI on the shared
+    server): the intruder just tries again."""
+    await js.delete_stream(STREAM)
+    for attempt in range(50):
+        try:
+            await js.add_stream(app.store.config())
+            return
+        except nats.js.errors.ServerError as exc:
+            if exc.err_code != STORE_NOT_CREATED or attempt == 49:
+                raise
+            await asyncio.sleep(0.1)
 
 
 async def forge_recreated_stream(
@@ -35,8 +56,7 @@ async def forge_recreated_stream(
     mirrored = mirror_of_home(env, mirror)
     async with intruder(server) as nc:
         js = nc.jetstream()
-        await js.delete_stream(STREAM)
-        await js.add_stream(app.store.config())
+        await recreate_stream(js, app)
         for _ in range(5):  # the new stream's last sequence passes the home's newest note
             await js.publish("ftrain.run.pad.failed", b"{}")
     facts = await app.store.facts()
@@ -90,8 +110,7 @@ async def test_audit_verify_never_takes_a_forged_repair_note_for_the_operators(
     mirror = mirror_of_home(env, tmp_path / "mirror")
     async with intruder(server) as nc:  # re-created, every event but the last republished
         js = nc.jetstream()
-        await js.delete_stream(STREAM)
-        await js.add_stream(app.store.config())
+        await recreate_stream(js, app)
         for r in records[:-1]:
             await js.publish(f"ftrain.run.{r.run_id}.{r.event_type}", r.payload)
     facts = await app.store.facts()
