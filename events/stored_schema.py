@@ -2,7 +2,9 @@
 
 It is msgspec's schema of the event union, so it never drifts from the structs, tightened to what writers
 store: the envelope stamped at append is required and patterned, and the trailing chain members
-(`events.chain`) are added. Unknown members stay allowed: a newer writer may add fields.
+(`events.chain`) are added. Unknown members stay allowed: a newer writer may add fields. Plain JSON Schema
+2020-12, so any validator reads it: msgspec's `discriminator` (an OpenAPI keyword) is left out, each variant's
+`type` enum already tells them apart. The docs site publishes `schema_text()` as `schema/event.schema.json`.
 """
 
 from typing import Any
@@ -52,7 +54,7 @@ def stored_schema() -> dict[str, Any]:
     """The JSON Schema (2020-12) of a stored payload of any event type."""
     schema: dict[str, Any] = msgspec.json.schema(AnyEvent)
     defs: dict[str, Any] = schema["$defs"]
-    for ref in schema["discriminator"]["mapping"].values():
+    for ref in schema.pop("discriminator")["mapping"].values():
         variant = defs[ref.removeprefix("#/$defs/")]
         properties: dict[str, Any] = variant["properties"]
         for name, extra in _ENVELOPE_FIELDS.items():
@@ -70,6 +72,11 @@ def stored_schema() -> dict[str, Any]:
         "description": "One message payload of stream FTRAIN_EVENTS (subject ftrain.run.<run_id>.<type>).",
         **schema,
     }
+
+
+def schema_text() -> str:
+    """The schema as `ftrain events schema` prints it and the docs site serves it: indented JSON."""
+    return msgspec.json.format(msgspec.json.encode(stored_schema())).decode()
 
 
 def _restart_form(resumed: dict[str, Any]) -> None:

@@ -66,11 +66,11 @@ def _section(name: str, parser: argparse.ArgumentParser, helptext: str | None) -
 def _row(action: argparse.Action, flags: str) -> str:
     """One argument as `--help` names it, its default, and its help text with its choices."""
     shown = action.default not in (None, False, argparse.SUPPRESS) and not action.required
-    default = f"`{_cell(str(action.default))}`" if shown else ""
+    default = f"`{_cell(str(action.default), code=True)}`" if shown else ""
     meaning = _expand(action)
     if action.required and action.option_strings:
         meaning += " (required)"
-    return f"| `{_cell(flags)}` | {default} | {_cell(meaning.strip())} |"
+    return f"| `{_cell(flags, code=True)}` | {default} | {_cell(meaning.strip())} |"
 
 
 def _expand(action: argparse.Action) -> str:
@@ -86,7 +86,9 @@ def _expand(action: argparse.Action) -> str:
         return action.help
 
 
-def _cell(text: str, *, table: bool = True) -> str:
-    """One line of text, safe in a Markdown table cell."""
+def _cell(text: str, *, table: bool = True, code: bool = False) -> str:
+    """One line of text, safe in a Markdown table cell. In a code span (`code`) a `|` stays as it is: the
+    table extension does not split cells inside backticks, and a `\\|` there would be shown with its
+    backslash (`--checkpoint-every DURATION\\|Nsteps`)."""
     text = " ".join(text.split())
-    return text.replace("|", "\\|") if table else text
+    return text.replace("|", "\\|") if table and not code else text

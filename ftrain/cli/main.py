@@ -490,12 +490,10 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         return print_completion(build_parser(), args.shell)
     if args.command == "events" and args.events_command == "schema":
-        import msgspec
-
         from ftrain.cli.output import emit_text
-        from ftrain.events.stored_schema import stored_schema
+        from ftrain.events.stored_schema import schema_text
 
-        emit_text(msgspec.json.format(msgspec.json.encode(stored_schema())).decode())
+        emit_text(schema_text())
         return 0
     if args.command == "keys":
         from ftrain.cli.keys_cmd import keys_command

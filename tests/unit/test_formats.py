@@ -63,6 +63,8 @@ RUN = "vector-run"
 URI = "file:///ckpt/vector-run/step-100"
 COMMAND = ("torchrun", "--nnodes=2", "-m", "train")
 CHECKPOINT_HASH = DIGESTS["checkpoint_hash"]
+ROOT = "sha256:4ccb88aa1551cded0e7ce3f0d16765f7a5292e7398b730dc6ef5fc8941d24425"
+"""The audit note's root: over the records of `events.json` as stream seqs 1-6 (docs/event-log.md)."""
 
 
 def vector_events() -> list[AnyEvent]:
@@ -195,7 +197,7 @@ def vector_anchors() -> list[Anchor]:
     return [
         Anchor(stream="FTRAIN_EVENTS", created=created, config=config, stream_seq=4, run_id=RUN, seq=4,
                head_hash=EVENTS[3]["hash"], time=T.replace(hour=14)),
-        Anchor(stream="FTRAIN_EVENTS", created=created, config=config, stream_seq=6, root="sha256:" + "ab" * 32,
+        Anchor(stream="FTRAIN_EVENTS", created=created, config=config, stream_seq=6, root=ROOT,
                time=T.replace(hour=17), note="audit"),
     ]  # fmt: skip
 
