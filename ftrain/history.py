@@ -68,7 +68,8 @@ async def verify(store: EventStore, run_id: str | None = None) -> AuditReport:
         elif verdict is not None:
             signers[run] = verdict.signer
     findings += anchors.run_findings(walk.states)
-    stream_findings = anchors.stream_findings(facts)
+    stream_findings = [f"stream seq {s.stream_seq}: {s.reason}" for s in walk.strays]
+    stream_findings += anchors.stream_findings(facts)
     report = AuditReport(events, len(runs), findings, signers, stream_findings, anchors.accepted)
     if report.ok and run_id is None and facts is not None:
         heads = {r: s.head for r, s in walk.states.items() if s is not None}
