@@ -275,6 +275,7 @@ async def test_a_forged_event_is_named_by_audit_never_applied_and_blocks_further
         "signers": {bystander: SIGNER},
         "stream_findings": [],
         "accepted": [],
+        "ignored": [],
     }
     clean = await cli(env, "audit", "verify", bystander, "--json")
     assert clean.returncode == 0, clean.stderr
@@ -286,6 +287,7 @@ async def test_a_forged_event_is_named_by_audit_never_applied_and_blocks_further
         "signers": {bystander: SIGNER},
         "stream_findings": [],
         "accepted": [],
+        "ignored": [],
     }
 
     # the read model did not apply the forgery: the victim's state is exactly what it was, shown as broken
