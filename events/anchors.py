@@ -185,6 +185,8 @@ def walk_back(notes: Iterable[tuple[int, SignedAnchor]], trust: TrustList) -> It
 
 
 BROKEN_LINK = "does not follow the note before it (a line was removed or altered)"
+IGNORED = ": ignored"
+"""How a finding about lines that do not count ends: reported, never held against the log."""
 
 
 def findings(walked: Iterable[Kept | Ignored], where: Callable[[int, int], str]) -> list[str]:
@@ -195,7 +197,7 @@ def findings(walked: Iterable[Kept | Ignored], where: Callable[[int, int], str])
 
     def flush() -> None:
         if run:
-            found.append(f"{where(run[-1].position, run[0].position)} {_verb(run)} {run[0].why}: ignored")
+            found.append(f"{where(run[-1].position, run[0].position)} {_verb(run)} {run[0].why}{IGNORED}")
             run.clear()
 
     for step in walked:

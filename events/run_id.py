@@ -12,6 +12,11 @@ class InvalidRunId(ValueError):
     """A run id that would be unsafe as a subject token or a path component."""
 
 
+def is_run_id(text: str) -> bool:
+    """Whether `text` is a valid run id (the rule `validate_run_id` enforces)."""
+    return 0 < len(text) <= RUN_ID_MAX and _RUN_ID.fullmatch(text) is not None
+
+
 def validate_run_id(run_id: str, *, what: str = "run id") -> str:
     """Return `run_id` unchanged, or raise InvalidRunId saying why it is refused."""
     if not run_id:

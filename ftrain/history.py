@@ -17,7 +17,8 @@ from ftrain.projections.log_anchors import AnchorCheck
 class AuditReport(msgspec.Struct, frozen=True):
     """`audit verify`: events checked, runs seen, the first break of each broken run, who vouches for each
     run (its signer's name; None: unsigned, accepted by the trust list), what the anchors say was lost or
-    changed, and the changes an operator accepted (`server repair`)."""
+    changed, the changes an operator accepted (`server repair`), and the anchor lines that do not count
+    (unsigned, a stranger's, a copy: reported, never a finding)."""
 
     events: int
     runs: int
@@ -25,6 +26,7 @@ class AuditReport(msgspec.Struct, frozen=True):
     signers: dict[str, str | None] = msgspec.field(default_factory=dict)
     stream_findings: list[str] = msgspec.field(default_factory=list)
     accepted: list[str] = msgspec.field(default_factory=list)
+    ignored: list[str] = msgspec.field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -68,8 +70,11 @@ async def verify(store: EventStore, run_id: str | None = None) -> AuditReport:
         elif verdict is not None:
             signers[run] = verdict.signer
     findings += anchors.run_findings(walk.states)
-    stream_findings = anchors.stream_findings(facts)
-    report = AuditReport(events, len(runs), findings, signers, stream_findings, anchors.accepted)
+    stream_findings = [f"stream seq {s.stream_seq}: {s.reason}" for s in walk.strays]
+    stream_findings += anchors.stream_findings(facts)
+    report = AuditReport(
+        events, len(runs), findings, signers, stream_findings, anchors.accepted, anchors.ignored
+    )
     if report.ok and run_id is None and facts is not None:
         heads = {r: s.head for r, s in walk.states.items() if s is not None}
         store.anchor_heads(anchors.unanchored(heads), anchors.root_size, anchors.root())

@@ -54,6 +54,7 @@ class ChainWalk:
     """Folds records of many runs in stream order, keeping each run's state and its first break.
 
     After a run's first break every later record of that run is refused too: its chain cannot be trusted.
+    A stray record (filed under no run's subject) is refused and kept in `strays`; it breaks no run.
     Given a trust list, it also follows whose signatures cover each run (`vouching`): one check per run.
     """
 
@@ -66,6 +67,7 @@ class ChainWalk:
         self.states: dict[str, RunState | None] = states if states is not None else {}
         self.broken: set[str] = broken if broken is not None else set()
         self.findings: dict[str, Finding] = {}
+        self.strays: list[Finding] = []
         self.vouching = Vouching(trust) if trust is not None else None
 
     def vouched(self, run_id: str) -> Vouched | Finding | None:
@@ -79,6 +81,10 @@ class ChainWalk:
     def feed(self, record: StoredRecord) -> Folded | Finding:
         """Check and fold one record."""
         run_id = record.run_id
+        if record.stray:
+            reason = f"filed under no run: {record.subject} is not ftrain.run.<run_id>.<event_type>"
+            self.strays.append(Finding(run_id, record.stream_seq, None, record.event_type, reason))
+            return self.strays[-1]
         if run_id in self.broken:
             return Finding(run_id, record.stream_seq, None, record.event_type, "after a chain break")
         outcome = fold_record(self.states.get(run_id), record)

@@ -9,7 +9,7 @@ that the stream is the one anchored (not re-created, reconfigured or shorter). N
 from pathlib import Path
 
 from ftrain.events.anchor_file import read_lines
-from ftrain.events.anchors import Anchor, PrefixRoot, StreamFacts, chain_of, stream_change
+from ftrain.events.anchors import IGNORED, Anchor, PrefixRoot, StreamFacts, chain_of, stream_change
 from ftrain.events.chain import ChainHead
 from ftrain.events.record import StoredRecord
 from ftrain.events.signing import TrustList
@@ -22,8 +22,11 @@ REPAIR = "repair:"
 class AnchorCheck:
     """One audit's comparison of the stream with the notes anchored before it."""
 
-    def __init__(self, notes: list[Anchor], problems: list[str], run_id: str | None) -> None:
+    def __init__(
+        self, notes: list[Anchor], problems: list[str], run_id: str | None, ignored: list[str] | None = None
+    ) -> None:
         self.problems = problems
+        self.ignored = ignored or []
         self.newest = max(notes, key=lambda n: n.time, default=None)
         repairs = [n for n in notes if n.note.startswith(REPAIR)]
         self.accepted = [
@@ -46,14 +49,17 @@ class AnchorCheck:
     @classmethod
     def load(cls, paths: list[Path], trust: TrustList, run_id: str | None) -> "AnchorCheck":
         """Read every anchor file as every open reads it (`events.anchors.walk_back`): only the notes a
-        trusted writer vouches for count; a gap in a file's chain and each line ignored are problems."""
+        trusted writer vouches for count; a gap in a file's chain is a problem, and the lines that do not
+        count (unsigned, a stranger's, a copy) are reported as `ignored`, never held against the log."""
         notes: list[Anchor] = []
         problems: list[str] = []
+        ignored: list[str] = []
         for path in paths:
-            chain, broken = chain_of(read_lines(path), trust)
-            problems += [f"anchor file {path}: {why}" for why in broken]
+            chain, found = chain_of(read_lines(path), trust)
+            for why in found:
+                (ignored if why.endswith(IGNORED) else problems).append(f"anchor file {path}: {why}")
             notes += [note.anchor for note in chain]
-        return cls(notes, problems, run_id)
+        return cls(notes, problems, run_id, ignored)
 
     def feed(self, record: StoredRecord, outcome: Folded | Finding) -> None:
         """Take in one record and what the chain walk made of it."""

@@ -115,11 +115,13 @@ def _public_key(path: Path) -> str:
 
 def reader_permissions(stream: str = STREAM, indent: str = "  ") -> str:
     """The NATS `permissions` of a user that reads the log every way ftrain and nats-py read it, and changes
-    nothing: the events' subjects live, stream info, stored and last messages (direct or not), consumers
-    (ordered, push or pull, durable or not; create, info, next, acks, flow control), the supervisor leases'
-    last messages (what `status` shows) and replies to its own inboxes. Everything else is refused by the
-    allow lists; the deny list names what must never be allowed: appends, taking or breaking a lease, and
-    deleting, purging, updating or creating streams, messages and consumers.
+    nothing: the events' subjects live, stream info, stored and last messages (direct or not), ephemeral
+    consumers (ordered, push or pull; create, info, next, acks, flow control), the supervisor leases' last
+    messages (what `status` shows) and replies to its own inboxes. Everything else is refused by the allow
+    lists; the deny list names what must never be allowed: appends, taking or breaking a lease, deleting,
+    purging, updating or creating streams and messages, deleting consumers, and creating a named or durable
+    one (it would outlive the reader, and the weakest key could fill the server's consumer limit). Only the
+    unnamed create is allowed, on which the server refuses a durable name.
 
     Written for the embedded server and quoted, as is, for a cluster of the user's own (README)."""
     api = "$JS.API"
@@ -131,8 +133,6 @@ def reader_permissions(stream: str = STREAM, indent: str = "  ") -> str:
         f"{api}.DIRECT.GET.{stream}",
         f"{api}.DIRECT.GET.{stream}.>",
         f"{api}.CONSUMER.CREATE.{stream}",
-        f"{api}.CONSUMER.CREATE.{stream}.>",
-        f"{api}.CONSUMER.DURABLE.CREATE.{stream}.*",
         f"{api}.CONSUMER.INFO.{stream}.*",
         f"{api}.CONSUMER.MSG.NEXT.{stream}.*",
         f"$JS.ACK.{stream}.>",
@@ -148,6 +148,8 @@ def reader_permissions(stream: str = STREAM, indent: str = "  ") -> str:
         f"{api}.STREAM.PURGE.>",
         f"{api}.STREAM.MSG.DELETE.>",
         f"{api}.CONSUMER.DELETE.>",
+        f"{api}.CONSUMER.CREATE.*.>",
+        f"{api}.CONSUMER.DURABLE.CREATE.>",
     ]
     subscribe = [f"{SUBJECT_ROOT}.>", "_INBOX.>"]
 

@@ -402,11 +402,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(args_list)
     except BrokenPipeError:  # `ftrain --help | head -1`
         _closed_pipe()
+    except output.OutputUnwritable as exc:  # `ftrain --version >/dev/full`
+        _unwritable("ftrain", exc)
     if train_cmd and args.command not in ("launch", "run"):
         _fail(2, f"ftrain {args.command}: error: unexpected arguments after --")
     args.train_cmd = train_cmd
     output.json_mode(bool(getattr(args, "json", False)))
     try:
+        output.require_stdout()
         _structlog_without_rich()
         from ftrain.logs import configure
 
@@ -414,6 +417,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _dispatch(args)
     except output.OutputClosed:
         _closed_pipe()
+    except output.OutputUnwritable as exc:
+        _unwritable(f"ftrain {args.command}", exc)
     except KeyboardInterrupt:
         _fail(130, f"ftrain {args.command}: interrupted")
     except Exception as exc:
@@ -471,17 +476,29 @@ def _refusal(command: str, exc: Exception) -> tuple[int, str]:
 
 
 def _fail(code: int, line: str) -> NoReturn:
-    sys.stderr.write(visible(line) + "\n")  # one line, whatever a publisher put in a reason it quotes
+    if sys.stderr is not None:  # closed too: there is no one to tell, the exit code says it
+        sys.stderr.write(visible(line) + "\n")  # one line, whatever a publisher put in a reason it quotes
     raise SystemExit(code)
 
 
 def _closed_pipe() -> NoReturn:
-    """The reader of stdout is gone: say nothing (there is no one to tell), and make sure the interpreter's
-    own flush at exit finds somewhere to write."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
-    os.close(devnull)
+    """The reader of stdout is gone: say nothing (there is no one to tell)."""
+    _stdout_to_devnull()
     raise SystemExit(CLOSED_PIPE)
+
+
+def _unwritable(who: str, exc: Exception) -> NoReturn:
+    """Stdout is closed or refuses the write: one line on stderr, exit 1 (as `ls >/dev/full`)."""
+    _stdout_to_devnull()
+    _fail(1, f"{who}: cannot write the output: {exc}")
+
+
+def _stdout_to_devnull() -> None:
+    """Point descriptor 1 at /dev/null, so the interpreter's own flush at exit finds somewhere to write what
+    is still buffered, and says nothing more."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.close(devnull)
 
 
 def _dispatch(args: argparse.Namespace) -> int:

@@ -254,6 +254,8 @@ async def run_audit(app: RunService, args: argparse.Namespace, _: None) -> int:
         return 0 if report.ok else 1
     for line in report.accepted:
         render.emit(f"accepted by `ftrain server repair`: {line}")
+    for line in report.ignored:
+        render.emit(f"ignored: {line}")
     for line in report.stream_findings:
         render.emit(f"STREAM: {line}")
     for item in report.findings:

@@ -6,6 +6,7 @@ the writer on real files alone: tests/unit/test_anchor_trust.py)."""
 import asyncio
 from pathlib import Path
 
+import msgspec
 import nats.js.errors
 import pytest
 from nats.js import JetStreamContext
@@ -13,20 +14,26 @@ from nats.js import JetStreamContext
 from ftrain import settings
 from ftrain.events.anchor_file import read_lines
 from ftrain.events.jetstream.server import ServerProcess
+from ftrain.events.keyring import load_signer
 from ftrain.events.record import STREAM
 from ftrain.events.schema import now
 from ftrain.service import RunService
 from tests.integration.test_failures import checkpoint, launch
 from tests.integration.test_trust import intruder, run
-from tests.unit.test_anchor_trust import append, forged_line, note
+from tests.unit.test_anchor_trust import MALLORY, append, forged_line, note
 
 STORE_NOT_CREATED = 10049
 """JetStream's "error creating store for stream"."""
 
 
+def home_anchors(env: dict[str, str]) -> Path:
+    """The home's anchor file."""
+    return next(Path(env["FTRAIN_HOME"]).glob("anchors*.log"))
+
+
 def mirror_of_home(env: dict[str, str], mirror: Path) -> Path:
     """A mirror directory holding a copy of the home's anchor file, as the mirror of every note would."""
-    home_file = next(Path(env["FTRAIN_HOME"]).glob("anchors*.log"))
+    home_file = home_anchors(env)
     mirror.mkdir(mode=0o700)
     (mirror / home_file.name).write_bytes(home_file.read_bytes())
     return mirror / home_file.name
@@ -123,4 +130,38 @@ async def test_audit_verify_never_takes_a_forged_repair_note_for_the_operators(
     assert "STREAM: stream FTRAIN_EVENTS was re-created" in audit.stdout
     assert "BROKEN run victim: seq 3 (, stream seq 3): its head went back from seq 3" in audit.stdout
     forged_at = len(read_lines(mirror))
-    assert f"STREAM: anchor file {mirror}: line {forged_at} is unsigned: ignored" in audit.stdout
+    assert f"ignored: anchor file {mirror}: line {forged_at} is unsigned: ignored" in audit.stdout
+
+
+async def test_audit_verify_reports_and_ignores_notes_no_trusted_key_signed(
+    app: RunService, env: dict[str, str]
+) -> None:
+    """As documented: an unsigned or a stranger's note appended to the anchor file is reported and ignored
+    by `audit verify`, which passes when the rest holds (issue 32); the same note signed by a trusted key
+    counts, and then the stream it contradicts fails the audit."""
+    await launch(app, "kept")
+    await checkpoint(app, "kept", 10)
+    home = home_anchors(env)
+    facts = await app.store.facts()
+    assert facts is not None
+    claim = note(facts.last_seq, created="2026-06-06 06:06:06", config=facts.config, time=now())
+    unsigned_at = len(read_lines(home)) + 1
+    append(home, forged_line(home, claim))
+    append(home, forged_line(home, claim, MALLORY))
+    audit = run(env, "audit", "verify")
+    assert audit.returncode == 0, audit.stdout
+    assert audit.stdout.splitlines()[:2] == [
+        f"ignored: anchor file {home}: line {unsigned_at} is unsigned: ignored",
+        f"ignored: anchor file {home}: line {unsigned_at + 1} is signed by untrusted key "
+        f"ed25519:{MALLORY.public_key[:16]}…: ignored",
+    ]
+    assert audit.stdout.splitlines()[-1].startswith("Verified 2 event(s) in 1 run(s): every chain intact")
+    trusted = load_signer(Path(env["FTRAIN_HOME"]), "unused")  # this user's key: trusted
+    append(
+        home, forged_line(home, msgspec.structs.replace(claim, time=now()), trusted)
+    )  # newer than the audit's
+    audit = run(env, "audit", "verify")
+    assert audit.returncode == 1
+    assert (
+        "STREAM: stream FTRAIN_EVENTS was re-created (anchored: created 2026-06-06 06:06:06" in audit.stdout
+    )

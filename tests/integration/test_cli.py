@@ -84,6 +84,7 @@ def test_json_outputs_for_consumers(cli: Cli) -> None:
         "signers": {RUN: SIGNER},
         "stream_findings": [],
         "accepted": [],
+        "ignored": [],
     }
     replay = json.loads(cli.ok("replay", "--json")[0])
     assert [e["event"]["type"] for e in replay] == ["launched", "checkpointed"]

@@ -271,3 +271,23 @@ def test_log_only_commands_load_neither_the_supervisor_nor_rich(cli: Cli, env: d
                              "('nats', 'asyncio', 'structlog', 'rich', 'ftrain.service') if m in sys.modules))"],
                             capture_output=True, text=True, check=True)  # fmt: skip
     assert parsed.stdout == "[]\n"
+
+
+@pytest.mark.parametrize("redirect", [">&-", ">/dev/full"])
+@pytest.mark.parametrize(
+    "argv",
+    [["status", RUN], ["status", RUN, "--json"], ["list"], ["events", "tail", "--json"], ["events", "schema"],
+     ["--version"], ["completion", "bash"], ["audit", "verify", RUN], ["keys", "show"]],
+)  # fmt: skip
+def test_output_that_cannot_be_written_is_one_line_and_exit_1(
+    cli: Cli, env: dict[str, str], argv: list[str], redirect: str
+) -> None:
+    """Stdout closed or a full device: no reader went away (that is exit 141, quietly), the output was lost,
+    so the command says so in one line and fails (issue 32) — never a traceback."""
+    launch(cli)
+    done = subprocess.run(["bash", "-c", f'exec "$@" {redirect}', "-", FTRAIN, *argv], stderr=subprocess.PIPE,
+                          text=True, env={**os.environ, **env}, check=False, timeout=60)  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    [line] = done.stderr.splitlines()
+    command = "ftrain" if argv == ["--version"] else f"ftrain {argv[0]}"
+    assert re.fullmatch(rf"{command}: cannot write the output: .+", line), line

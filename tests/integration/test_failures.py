@@ -275,6 +275,7 @@ async def test_a_forged_event_is_named_by_audit_never_applied_and_blocks_further
         "signers": {bystander: SIGNER},
         "stream_findings": [],
         "accepted": [],
+        "ignored": [],
     }
     clean = await cli(env, "audit", "verify", bystander, "--json")
     assert clean.returncode == 0, clean.stderr
@@ -286,6 +287,7 @@ async def test_a_forged_event_is_named_by_audit_never_applied_and_blocks_further
         "signers": {bystander: SIGNER},
         "stream_findings": [],
         "accepted": [],
+        "ignored": [],
     }
 
     # the read model did not apply the forgery: the victim's state is exactly what it was, shown as broken
@@ -757,12 +759,24 @@ async def test_an_event_filed_under_a_subject_ftrain_never_writes_is_reported(
     payload = encode_event(msgspec.structs.replace(history[0][1], seq=2, prev_hash=history[0][2]))
     forged, _ = seal(payload, history[0][2])
     await raw_publish(server, "ftrain.run.good.extra.failed", forged)
+    await raw_publish(server, "ftrain.run.good", forged)  # the bare subject: no event type (issue 32)
     audit = await cli(env, "audit", "verify")
     assert audit.returncode == 1
-    assert (
-        "BROKEN run good.extra: seq 2 (failed, stream seq 2): stored under run 'good.extra'" in audit.stdout
-    )
-    assert (await cli(env, "audit", "verify", "good")).returncode == 0  # the real run is intact
+    assert audit.stdout.splitlines() == [
+        f"STREAM: stream seq {seq}: filed under no run: {subject} is not ftrain.run.<run_id>.<event_type>"
+        for seq, subject in ((2, "ftrain.run.good.extra.failed"), (3, "ftrain.run.good"))
+    ] + ["Verified 3 event(s) in 1 run(s): 2 finding(s)"]
+    # a stray belongs to no run and breaks none: every command says the real run is intact, names no other
+    assert (await cli(env, "audit", "verify", "good")).returncode == 0
+    status = await cli(env, "status", "good")
+    assert (status.returncode, status.stdout.splitlines()[0]) == (0, "run         good (project P)")
+    [row] = json.loads((await cli(env, "list", "--json")).stdout)
+    assert (row["run_id"], row["state"]) == ("good", "running")
+    tail = [json.loads(line) for line in (await cli(env, "events", "tail", "--json")).stdout.splitlines()]
+    assert [t["chain"].split(":")[0] for t in tail] == ["ok", "filed under no run", "filed under no run"]
+    for named in ("good.extra", "good."):  # the one run id rule: no command takes a dotted id
+        refused = await cli(env, "status", named)
+        assert refused.returncode == 2 and "is invalid" in refused.stderr
 
 
 async def test_two_checkpoints_of_one_step_race_one_lands_and_the_loser_is_not_told_to_delete_it(

@@ -22,6 +22,8 @@ from tests.support.processes import ftrain_process
 from tests.support.servers import last_seq_at
 
 RUN = "dist-P-1x2-fsdp"
+EPHEMERAL_WITH_DURABLE_NAME = 10020
+"""JetStream's "consumer expected to be ephemeral but a durable name was set in request"."""
 REFUSAL_TIMEOUT_S = 0.5
 """How long a refused request waits: the server answers a denied publish with an -ERR, never a reply."""
 
@@ -111,17 +113,23 @@ async def _plain_client_checks(url: str, writer_seed: str, reader_seed: str) -> 
         await wjs.publish("ftrain.run.x.launched", b"first")
         await wjs.add_consumer(STREAM, ConsumerConfig(durable_name="dashboard"))
 
-        # reads: stream info, a stored and a last message (direct and not), an ordered consumer, a pull durable
+        # reads: stream info, a stored and a last message (direct and not), an ordered consumer, an ephemeral
+        # pull consumer (made unnamed, as the server makes only ephemerals there, then bound by its name)
         assert (await rjs.stream_info(STREAM)).state.messages == 1
         assert (await rjs.get_msg(STREAM, 1, direct=True)).data == b"first"
         assert (await rjs.get_last_msg(STREAM, "ftrain.run.x.*")).data == b"first"
         ordered = await rjs.subscribe("ftrain.run.>", ordered_consumer=True)
         assert (await ordered.next_msg(timeout=5)).data == b"first"
         await ordered.unsubscribe()
-        pull = await rjs.pull_subscribe("ftrain.run.>", durable="auditor", stream=STREAM)
+        made = await rjs.add_consumer(STREAM, ConsumerConfig(filter_subject="ftrain.run.>"))
+        pull = await rjs.pull_subscribe_bind(made.name, stream=STREAM)
         [msg] = await pull.fetch(1, timeout=5)
         await msg.ack_sync(timeout=5)
         assert (await rjs.consumer_info(STREAM, "dashboard")).name == "dashboard"
+        # never a consumer that outlives the reader (issue 32: the weakest key filled the server's 1000)
+        durable = {"stream_name": STREAM, "config": {"durable_name": "mine", "ack_policy": "explicit"}}
+        answer = await reader.request(f"$JS.API.CONSUMER.CREATE.{STREAM}", json.dumps(durable).encode())
+        assert json.loads(answer.data)["error"]["err_code"] == EPHEMERAL_WITH_DURABLE_NAME
         live = await reader.subscribe("ftrain.run.>")
         await reader.flush()  # the server has the subscription before the owner publishes
         await wjs.publish("ftrain.run.x.failed", b"second")
@@ -136,6 +144,9 @@ async def _plain_client_checks(url: str, writer_seed: str, reader_seed: str) -> 
             rjs.delete_msg(STREAM, 1),
             rjs.delete_consumer(STREAM, "dashboard"),
             rjs.delete_stream(STREAM),
+            rjs.add_consumer(STREAM, ConsumerConfig(durable_name="auditor")),
+            rjs.add_consumer(STREAM, ConsumerConfig(name="auditor", durable_name="auditor")),
+            rjs.pull_subscribe("ftrain.run.>", durable="auditor", stream=STREAM),
         ]
         for change in changes:
             with pytest.raises(nats.errors.TimeoutError):
@@ -146,7 +157,8 @@ async def _plain_client_checks(url: str, writer_seed: str, reader_seed: str) -> 
 
         info = await wjs.stream_info(STREAM)
         assert (info.state.messages, info.config.max_msgs) == (2, -1)
-        assert (await wjs.consumer_info(STREAM, "dashboard")).name == "dashboard"
+        durables = [c.name for c in await wjs.consumers_info(STREAM) if c.config.durable_name]
+        assert durables == ["dashboard"]  # the owner's alone
         assert (await wjs.publish("ftrain.run.x.resumed", b"third")).seq == 3
     finally:
         await reader.close()
@@ -169,6 +181,9 @@ def test_the_server_refuses_the_reader_every_change_and_allows_every_read(
         "$js.api.stream.msg.delete.ftrain_events",
         "$js.api.consumer.delete.ftrain_events.dashboard",
         "$js.api.stream.delete.ftrain_events",
+        "$js.api.consumer.durable.create.ftrain_events.auditor",
+        "$js.api.consumer.create.ftrain_events.auditor",
+        "$js.api.consumer.create.ftrain_events.auditor.ftrain.run.>",
         "ftrain.run.y.completed",
     ], violations  # nats-py lower-cases the server's -ERR lines
 

@@ -56,3 +56,23 @@ def test_an_old_launch_without_devices_reads_as_a_gpu_job() -> None:
     )
     event = decode_event(old)
     assert isinstance(event, Launched) and event.devices != "cpu"
+
+
+def test_every_run_id_argument_takes_the_one_rule() -> None:
+    """One rule for run ids (events/run_id.py), no dots (issue 32: `status a.b` was refused for a "run"
+    that `list` and `audit` named, now a stray under no run's subject): every argument that names a run or
+    a project parses with it, so every command refuses `a.b` alike, `launch --run-id` included."""
+    from ftrain.cli.main import _project, _run_id
+
+    checked = []
+    for path, parser, _ in subcommands(build_parser()):
+        for action in parser._actions:
+            if action.dest in ("run_id", "run", "project") and not isinstance(
+                action, argparse._SubParsersAction
+            ):
+                assert action.type in (_run_id, _project), (path, action.dest)
+                checked.append((*path, action.dest))
+    assert {("status", "run_id"), ("audit", "verify", "run_id"), ("launch", "run_id"), ("run", "run_id"),
+            ("events", "tail", "run_id"), ("cost", "run"), ("launch", "project")} <= set(checked)  # fmt: skip
+    with pytest.raises(argparse.ArgumentTypeError, match=r"'a\.b' is invalid"):
+        _run_id("a.b")
