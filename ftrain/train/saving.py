@@ -8,10 +8,16 @@ no newer attempt holds the run's fence, seals the step, records it, and hands re
 the training loop: unlinking a 1 GB checkpoint took 0.85 s here). Every collective runs on the checkpoint group,
 never the training group.
 
-A failure fails the save closed (the step discarded, nothing recorded, one warning line) and training goes on;
-after `max_failed_saves` failures in a row every rank raises SavesFailing. A newer attempt fences this one: the
-step is discarded and every rank raises Fenced; a rank 0 that learns it only after recording (it was stopped
-in between) raises alone, without waiting on peers that may be dead or stopped.
+A failure of any kind on the way (begin, write, deliver, seal, record) fails the save closed (the step
+discarded, nothing recorded, one warning line naming the exception's type) and training goes on; after
+`max_failed_saves` failures in a row every rank raises SavesFailing. Not only I/O errors: torch reports a full
+disk as a RuntimeError from its writer, and no exception type tells a full disk from a bug. A bug fails every
+save the same way, so it still stops the job, `max_failed_saves` saves later, naming its type; meanwhile the
+run's checkpoints are untouched, and training loses nothing it would not lose by stopping at once.
+
+A newer attempt fences this one: the step is discarded and every rank raises Fenced; a rank 0 that learns it
+only after recording (it was stopped in between) raises alone, without waiting on peers that may be dead or
+stopped.
 """
 
 import sys
@@ -29,13 +35,11 @@ from ftrain.train.config import CheckpointConfig
 from ftrain.train.faults import fault_point
 from ftrain.workers.dcp_writer import HashingWriter
 from ftrain.workers.manifest import FileEntry, Manifest
-from ftrain.workers.storage.errors import Fenced, StorageError, StorageUnavailable
+from ftrain.workers.storage.errors import Fenced
 from ftrain.workers.storage.port import RunStore
 
 log = structlog.get_logger(__name__)
-SAVE_ERRORS = (StorageError, StorageUnavailable, OSError)
-"""What makes a save fail (closed), not the job: a location refused, the storage out of reach or full, a step
-taken, a local file that changed."""
+REASON_CHARS = 400
 
 ManifestOf = Callable[[int, int, list[FileEntry]], Manifest]
 """(step, epoch, every rank's files) → the step's manifest."""
@@ -104,7 +108,7 @@ class Saver:
         """Rank 0: the begun step's URI, or why the save cannot start."""
         try:
             return Outcome(uri=self.store.begin(step, attempt))
-        except SAVE_ERRORS as exc:
+        except Exception as exc:
             return Outcome(failure=_reason(exc))
 
     def _write(self, step: int, uri: str, app: Any, staged: bool) -> tuple[list[FileEntry], str | None]:
@@ -117,15 +121,12 @@ class Saver:
             try:
                 dcp_save({"app": app}, storage_writer=writer, process_group=self.group)
             except CheckpointException as exc:
-                failures = [failure for failure, _ in exc.failures.values()]
-                if not all(isinstance(f, SAVE_ERRORS) for f in failures):
-                    raise
-                return [], _reason(failures[0])
+                return [], _reason(next(failure for failure, _ in exc.failures.values()))
             entries = writer.entries()
             fault_point("write", step)
             try:
                 self.store.deliver(uri, target, entries)
-            except SAVE_ERRORS as exc:
+            except Exception as exc:
                 return entries, _reason(exc)
         fault_point("fanout", step)
         return entries, None
@@ -142,19 +143,22 @@ class Saver:
                 written = self.store.seal(uri, manifest, attempt)
             except Fenced as exc:
                 failure, fenced = str(exc), True
-            except SAVE_ERRORS as exc:
+            except Exception as exc:
                 failure = _reason(exc)
         if failure is not None:
             self.store.discard(uri)
             return Outcome(failure=failure, fenced=fenced)
         fault_point("sealed", step)
-        self._record(step, epoch, written.uri, written.checkpoint_hash, manifest)
+        try:
+            self._record(step, epoch, written.uri, written.checkpoint_hash, manifest)
+        except Exception as exc:  # the outbox refused it (its disk full): the step stays, unrecorded
+            return Outcome(failure=f"not recorded: {_reason(exc)}")
         log.info("checkpoint_finalized", step=step, uri=written.uri, bytes=manifest.size_bytes)
         try:  # a process stopped between sealing and recording wakes up here: a newer attempt may own the run
             self.store.check(attempt)
         except Fenced as exc:  # the step stays where it is: the newer attempt set it aside, or will
             return Outcome(failure=str(exc), fenced=True, sealed=True)
-        except SAVE_ERRORS as exc:  # out of reach: the next save's seal checks again
+        except Exception as exc:  # out of reach: the next save's seal checks again
             log.warning("fence_unchecked", step=step, error=_reason(exc))
         self._pruner.submit(self._prune, attempt)
         return Outcome()
@@ -166,8 +170,8 @@ class Saver:
             self.store.prune(self.config.keep, attempt)
         except Fenced as exc:
             log.warning("prune_skipped", location=self.store.location.uri, reason=str(exc))
-        except SAVE_ERRORS as exc:
-            log.warning("prune_failed", location=self.store.location.uri, error=str(exc))
+        except Exception as exc:
+            log.warning("prune_failed", location=self.store.location.uri, error=_reason(exc))
 
     def _count(self, step: int, failure: str | None) -> None:
         """Every rank: reset the count of failed saves, or count this one (and stop past the limit)."""
@@ -196,7 +200,11 @@ def _raise_fenced(step: int, outcome: Outcome) -> NoReturn:
 
 
 def _reason(exc: BaseException) -> str:
-    return str(exc) or type(exc).__name__
+    """One line, at most REASON_CHARS: the exception's type (a bug is told from a full disk by it) and its
+    message (torch's spans lines and carries a C++ trace)."""
+    text = " ".join(str(exc).split())
+    line = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    return line if len(line) <= REASON_CHARS else line[: REASON_CHARS - 1] + "…"
 
 
 def _broadcast(value: Outcome | None, group: dist.ProcessGroup) -> Outcome:

@@ -3,6 +3,8 @@ real one-process gloo group: DCP writes real shards, the store seals them. A sav
 and training goes on, `max_failed_saves` in a row stop the job, a newer attempt fences this one, and the prune
 behind the loop keeps the newest two."""
 
+import os
+import subprocess
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -16,6 +18,8 @@ from ftrain.train.config import CheckpointConfig
 from ftrain.train.saving import Saver, SavesFailing
 from ftrain.workers.manifest import FileEntry, Manifest
 from ftrain.workers.storage.errors import Fenced
+from ftrain.workers.storage.file_run import FileRunStore
+from ftrain.workers.storage.location import run_location
 from ftrain.workers.storage.port import RunStore
 from tests.integration.test_storage_conformance import RUN, Backend, s3_backend
 
@@ -94,6 +98,52 @@ def test_saves_that_cannot_land_fail_closed_and_past_the_limit_stop_the_job(
     saves.save(3, 0, {"w": torch.ones(4)}, 0, staged=False)
     saves.close()
     assert [d.step for d in store.complete()] == [3] and [s for s, _ in recorded] == [3]
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A real 256 KiB file system (tmpfs; mounting needs root, as CI runs), unmounted afterwards."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(disk)], check=True)
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
+
+
+def test_a_full_disk_fails_the_save_closed_and_past_the_limit_stops_the_job(
+    small_disk: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A save that fills the disk: torch's writer says so with a RuntimeError (its zip writer's "unexpected
+    pos"), a delivery from node-local staging with OSError ENOSPC. Either fails the save closed: one warning
+    line naming the type, the partial step removed, nothing recorded, and training goes on until
+    `max_failed_saves` failures in a row stop it."""
+    store = FileRunStore(run_location(small_disk / RUN), tmp_path / "stage")
+    recorded = list[tuple[int, str]]()
+    saves = saver(store, recorded, max_failed_saves=2)
+    big = {"w": torch.ones(200_000)}  # 800 KB
+    saves.save(1, 0, {"w": torch.ones(4)}, 0, staged=False)
+    saves.save(2, 0, big, 0, staged=False)
+    assert (
+        "checkpoint at step 2 not saved (1 of 2 failures in a row allowed before stopping): RuntimeError"
+        in (capfd.readouterr().err)
+    )
+    saves.save(3, 0, {"w": torch.ones(4)}, 0, staged=False)  # space enough again: the count starts over
+    saves.save(4, 0, big, 0, staged=True)
+    assert "checkpoint at step 4 not saved (1 of 2 failures in a row allowed before stopping): OSError" in (
+        capfd.readouterr().err
+    )
+    with pytest.raises(
+        SavesFailing, match=r"^2 checkpoint saves in a row failed \(limit 2\), the last at step 5"
+    ):
+        saves.save(5, 0, big, 0, staged=False)
+    saves.close()
+    assert [step for step, _ in recorded] == [1, 3]
+    assert sorted(os.listdir(small_disk / RUN)) == ["step-1", "step-3"], "a partial step left behind"
+    assert store.clean() == []
 
 
 def test_a_newer_attempt_fences_the_save_and_nothing_is_sealed(backend: Backend) -> None:
