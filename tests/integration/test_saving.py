@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import HashStore
 
+from ftrain.projections.lifecycle import OnDisk
 from ftrain.train.config import CheckpointConfig
 from ftrain.train.saving import Saver, SavesFailing
 from ftrain.workers.manifest import FileEntry, Manifest
@@ -22,6 +23,7 @@ from ftrain.workers.storage.file_run import FileRunStore
 from ftrain.workers.storage.location import run_location
 from ftrain.workers.storage.port import RunStore
 from tests.integration.test_storage_conformance import RUN, Backend, s3_backend
+from tests.integration.test_storage_conformance import save as seal_elsewhere
 
 
 @pytest.fixture(autouse=True)
@@ -54,17 +56,32 @@ def manifest_of(step: int, epoch: int, entries: list[FileEntry]) -> Manifest:
 
 
 def saver(
-    store: RunStore, recorded: list[tuple[int, str]], *, keep: int = 3, max_failed_saves: int = 3
+    store: RunStore,
+    recorded: list[tuple[int, str]],
+    *,
+    keep: int = 3,
+    max_failed_saves: int = 3,
+    run_id: str | None = None,
+    retired: list[tuple[int, ...]] | None = None,
 ) -> Saver:
-    """What the manager makes: a saver on `store`, recording (step, URI) for each sealed step."""
+    """What the manager makes: a saver on `store`, recording (step, URI) for each sealed step and, into
+    `retired`, the steps each record names as retired; with `run_id`, a run the log knows."""
     settings = CheckpointConfig(
-        location=store.location, stage_dir=Path("/nonexistent"), keep=keep, max_failed_saves=max_failed_saves
+        location=store.location,
+        stage_dir=Path("/nonexistent"),
+        keep=keep,
+        max_failed_saves=max_failed_saves,
+        run_id=run_id,
     )
     store.prepare(0, staged=True)
     group = dist.new_group(backend="gloo")
-    return Saver(
-        settings, group, manifest_of, lambda step, _e, uri, _h, _m: recorded.append((step, uri)), store
-    )
+
+    def record(step: int, _e: int, uri: str, _h: str, _m: Manifest, gone: tuple[int, ...]) -> None:
+        recorded.append((step, uri))
+        if retired is not None:
+            retired.append(gone)
+
+    return Saver(settings, group, manifest_of, record, store)
 
 
 @pytest.mark.parametrize("staged", [False, True])
@@ -156,3 +173,43 @@ def test_a_newer_attempt_fences_the_save_and_nothing_is_sealed(backend: Backend)
     saves.close()
     assert [d.step for d in store.complete()] == [6] and [s for s, _ in recorded] == [6]
     assert store.clean() == [], "the fenced save's partial step was discarded"
+
+
+def test_retention_counts_and_deletes_only_what_the_log_accepted(backend: Backend) -> None:
+    """Steps 5, 10 and 15 are the log's; 20 was sealed by an older attempt after the log moved on (it refused
+    it). A listing would count 20 and, at step 25 with keep=3, delete 10 and 5, leaving the log one
+    checkpoint; by the log's steps 20 is neither counted nor deleted (the next resume sets it aside), the
+    newest three the log accepted always stay, and each record names what it retires."""
+    store, recorded, retired = backend.store(), list[tuple[int, str]](), list[tuple[int, ...]]()
+    for step in (5, 10, 15, 20):
+        seal_elsewhere(store, step)
+    saves = saver(store, recorded, run_id=RUN, retired=retired)
+    saves.vouched([15, 10, 5], [])  # what the log vouched for at start-up
+    kept = []
+    for step in (25, 30, 35):
+        saves.save(step, 0, {"w": torch.full((4,), float(step))}, 0, staged=False)
+        kept.append([d.step for d in _settled(saves, store)])
+    saves.close()
+    assert kept == [[25, 20, 15, 10], [30, 25, 20, 15], [35, 30, 25, 20]]
+    assert retired == [(5,), (10,), (15,)]
+
+
+def test_a_retired_step_still_on_disk_is_deleted_by_the_next_prune_and_not_named_again(
+    backend: Backend,
+) -> None:
+    """The log named step 5 retired but the job was stopped before deleting it: the next save deletes it."""
+    store, recorded, retired = backend.store(), list[tuple[int, str]](), list[tuple[int, ...]]()
+    for step in (5, 10, 15):
+        seal_elsewhere(store, step)
+    saves = saver(store, recorded, run_id=RUN, retired=retired)
+    saves.vouched([15, 10], [5])
+    saves.save(20, 0, {"w": torch.ones(4)}, 0, staged=False)
+    saves.close()
+    assert retired == [()]
+    assert [d.step for d in store.complete()] == [20, 15, 10]
+
+
+def _settled(saves: Saver, store: RunStore) -> list[OnDisk]:
+    """The run's sealed steps once the prune in flight is done."""
+    saves._pruner.submit(lambda: None).result(timeout=60)
+    return store.complete()
