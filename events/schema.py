@@ -128,6 +128,10 @@ class Checkpointed(Event, frozen=True, kw_only=True, tag="checkpointed"):
     """Steps the previous attempt had trained past the checkpoint this attempt resumed from (re-done here)."""
     lost_seconds: Amount | UnsetType = UNSET
     """The training-loop time the previous attempt spent on those steps, as its metrics timed them."""
+    retired: tuple[Count, ...] | UnsetType = UNSET
+    """The steps of earlier checkpoints retention deletes now that this one is sealed (deleted only after this
+    event was recorded): those the log then shows `pruned`. Unset (absent) when it retires none, or written by
+    a trainer from before retention named them."""
 
 
 class Failed(Event, frozen=True, kw_only=True, tag="failed"):

@@ -191,6 +191,10 @@ class Projector:
                 )
                 if ref is not None:
                     batch.checkpoints[(record.run_id, seq)] = ref
+            if isinstance(event, Checkpointed) and event.retired:  # those it retired are now `pruned`
+                for gone in outcome.state.checkpoints:
+                    if gone.status == "pruned" and gone.step in event.retired:
+                        batch.checkpoints[(record.run_id, gone.seq)] = gone
         batch.broken = walk.findings
         self._signers.update(signers)
         return batch

@@ -53,8 +53,9 @@ CREATE TABLE IF NOT EXISTS signers (
     PRIMARY KEY (run_id, idx));
 CREATE INDEX IF NOT EXISTS signers_unchecked ON signers (run_id, idx) WHERE valid IS NULL;
 """
-SCHEMA_VERSION = 1
-"""`PRAGMA user_version` of a model this code wrote. 0: before versioning (no `signers`); 1: `signers`."""
+SCHEMA_VERSION = 2
+"""`PRAGMA user_version` of a model this code wrote. 0: before versioning (no `signers`); 1: `signers`; 2:
+checkpoints a `checkpointed` retired are `pruned` (a model folded before shows them `valid`: replayed)."""
 TABLES = ("runs", "checkpoints", "audit", "broken_runs", "signers")
 OPEN_ATTEMPTS = 10
 log = structlog.get_logger(__name__)

@@ -18,6 +18,7 @@ set-aside name written by one is the name the others look for.
 import os
 import re
 import stat
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Final, Literal, cast, get_args
 
@@ -37,6 +38,15 @@ def check_keep(keep: int) -> int:
     if keep < MIN_KEEP:
         raise ValueError(f"keep={keep}: at least {MIN_KEEP} checkpoints must be kept")
     return keep
+
+
+def retire(sealed: Sequence[int], keep: int, accepted: Collection[int] | None) -> list[int]:
+    """Retention's one rule (`workers.retention`): the steps of `sealed` (a run's sealed steps, newest
+    first) to delete, those beyond the newest `keep` (at least MIN_KEEP) of the steps in `accepted`, the
+    steps the log vouches for; a sealed step the log never accepted is neither counted nor deleted. None: no
+    log, every sealed step counts. ValueError for a `keep` below MIN_KEEP."""
+    check_keep(keep)
+    return [step for step in sealed if accepted is None or step in accepted][keep:]
 
 
 ATTEMPT: Final = ".attempt"

@@ -152,11 +152,14 @@ async def run_resume(app: RunService, args: argparse.Namespace, _: None) -> int:
 
     outcome = await app.resume(args.run_id, force=args.force, on_skip=announce)
     if outcome.resumed is None:
-        total = len(outcome.state.checkpoints) if outcome.state else 0
-        if total == 0:
+        recorded = outcome.state.checkpoints if outcome.state else ()
+        if not recorded:
             raise Refused(f"run {args.run_id} has no checkpoint to resume from")
+        pruned = sum(c.status == "pruned" for c in recorded)
+        also = f", {pruned} more pruned by retention" if pruned else ""
         raise Refused(
-            f"run {args.run_id}: no valid checkpoint ({total} recorded, all invalid); not restarting"
+            f"run {args.run_id}: no valid checkpoint ({len(recorded) - pruned} recorded, all invalid{also}); "
+            "not restarting"
         )
     if args.json:
         render.emit_json(documents.resumed(outcome.resumed, outcome.skipped))

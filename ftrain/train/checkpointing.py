@@ -37,6 +37,7 @@ import msgspec
 import structlog
 import torch
 import torch.distributed as dist
+from msgspec import UNSET
 from torch import nn
 from torch._C._distributed_c10d import HashStore
 
@@ -296,7 +297,10 @@ class CheckpointManager:
         safe_stage_dir(self.config.stage_dir)  # every rank's progress record is there
         self.store.prepare(self.rank, staged=self.config.async_save)
         dist.barrier(group=self.group)
-        self.resumed, self.attempt = resume(self.config, self.state, self.recorder, self.group, self.store)
+        self.resumed, self.attempt, plan = resume(
+            self.config, self.state, self.recorder, self.group, self.store
+        )
+        self._saver.vouched(plan.accepted(self.resumed.step if self.resumed else None), plan.retired)
         if self.config.async_save and self.resumed is not None:  # so the first save stalls no longer than
             # the next; on a fresh start the optimizer has no state yet, and asking for its state dict would
             # make some (torch steps it once with lr 0: Adam's step count would be off by one)
@@ -460,8 +464,16 @@ class CheckpointManager:
             extra={"format": "torch.distributed.checkpoint", "torch": str(torch.__version__)},
         )
 
-    def _record(self, step: int, epoch: int, uri: str, checkpoint_hash: str, manifest: Manifest) -> None:
-        """Rank 0: `checkpointed`, through the durable outbox."""
+    def _record(
+        self,
+        step: int,
+        epoch: int,
+        uri: str,
+        checkpoint_hash: str,
+        manifest: Manifest,
+        retired: tuple[int, ...],
+    ) -> None:
+        """Rank 0: `checkpointed`, naming the steps retention retires, through the durable outbox."""
         if self.recorder is not None:
             self.recorder.record(
                 CheckpointIntent(
@@ -476,6 +488,7 @@ class CheckpointManager:
                             checkpoint_hash=checkpoint_hash,
                             size_bytes=manifest.size_bytes,
                             attempt=self.attempt,
+                            retired=retired or UNSET,
                         ),
                     )
                 )

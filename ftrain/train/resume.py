@@ -98,9 +98,10 @@ def resume(
     recorder: Recorder | None,
     group: dist.ProcessGroup,
     store: RunStore,
-) -> tuple[ResumePoint | None, int]:
+) -> tuple[ResumePoint | None, int, ResumePlan]:
     """Load the newest valid checkpoint into `state` on every rank; returns where training continues (None:
-    from the start) and the attempt this job records in (0: no log to say)."""
+    from the start), the attempt this job records in (0: no log to say) and the plan (what retention may
+    count: `ResumePlan.accepted`)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     decision = _broadcast(_safe_plan(config, recorder, store) if rank == 0 else None, group)
     if decision.refused:
@@ -119,7 +120,7 @@ def resume(
             with store.readable(header.uri, manifest, mine, start=decision.start, rank=rank) as local:
                 reason = load_verified(local, manifest, state, group)
         if reason is None:
-            return _resumed(candidate, state, recorder, attempt), attempt
+            return _resumed(candidate, state, recorder, attempt), attempt, plan
         if rank == 0:
             _skip(store, candidate, header.uri, reason, recorder)
     if plan.had_checkpoints:
@@ -129,7 +130,7 @@ def resume(
         )
     if plan.restart and recorder is not None:
         recorder.record(ResumeIntent(checkpoint_hash=None, step=0, attempt=attempt))
-    return None, attempt
+    return None, attempt, plan
 
 
 def _header(store: RunStore, candidate: Candidate, run_id: str) -> Header:

@@ -168,7 +168,7 @@ def _intent_event(state: RunState, intent: Intent, at: datetime) -> AnyEvent | N
         return msgspec.structs.replace(intent.checkpointed, run_id=state.run_id)
     if isinstance(intent, SkipIntent):
         ref = _by_hash(state, intent.checkpoint_hash) or _unknown(intent.checkpoint_hash, intent.step, at)
-        return None if ref.status == "corrupt" else corrupt_skipped_event(state, ref, intent.reason)
+        return None if ref.status != "valid" else corrupt_skipped_event(state, ref, intent.reason)
     if isinstance(intent, ResumeIntent):
         if _opened_by_supervisor(state, intent):
             return None

@@ -161,7 +161,7 @@ def apply(state: RunState | None, event: AnyEvent, head: ChainHead) -> RunState:
         changes["fenced"] = True
     if isinstance(event, Checkpointed):
         ref = CheckpointRef(recorded=event)
-        changes.update(step=event.step, epoch=event.epoch, checkpoints=(*state.checkpoints, ref))
+        changes.update(step=event.step, epoch=event.epoch, checkpoints=(*retire(state, event), ref))
     elif isinstance(event, CorruptSkipped):
         changes["checkpoints"] = tuple(
             msgspec.structs.replace(c, status="corrupt", reason=event.reason)
@@ -201,3 +201,15 @@ def apply(state: RunState | None, event: AnyEvent, head: ChainHead) -> RunState:
             cost_source=event.cost_source,
         )
     return msgspec.structs.replace(state, **changes)
+
+
+def retire(state: RunState, event: Checkpointed) -> tuple[CheckpointRef, ...]:
+    """The run's checkpoints once `event` recorded its retention: each `valid` one of a step it retired is
+    `pruned` (gone from storage, never a resume candidate); a `corrupt` one stays what the resume found."""
+    if not event.retired:
+        return state.checkpoints
+    gone = set(event.retired)
+    return tuple(
+        msgspec.structs.replace(c, status="pruned") if c.status == "valid" and c.step in gone else c
+        for c in state.checkpoints
+    )

@@ -31,13 +31,21 @@ class Candidate(msgspec.Struct, frozen=True):
 
 class ResumePlan(msgspec.Struct, frozen=True):
     """What to do, in order: set aside `unrecorded` and `superseded`, try `candidates` newest first; when
-    none verifies and `had_checkpoints`, stop (never start over); `restart` records a start from step 0."""
+    none verifies and `had_checkpoints`, stop (never start over); `restart` records a start from step 0.
+    `retired`: the steps the log says retention deleted (one still on disk: its deletion was interrupted)."""
 
     candidates: tuple[Candidate, ...] = ()
     unrecorded: tuple[OnDisk, ...] = ()
     superseded: tuple[OnDisk, ...] = ()
     had_checkpoints: bool = False
     restart: bool = False
+    retired: tuple[int, ...] = ()
+
+    def accepted(self, resumed: int | None) -> list[int]:
+        """The steps retention counts once the plan resumed from step `resumed` (None: from nothing): the
+        candidates from that one back (a newer one was refused and set aside). Only what the plan vouches
+        for: a step sealed on disk that the log never recorded is no candidate, and never counted."""
+        return [c.step for c in self.candidates if resumed is not None and c.step <= resumed]
 
 
 def plan_resume(
@@ -69,11 +77,15 @@ def plan_resume(
     check_may_resume(state, forced=forced or failed_in_place)
     known = {c.uri for c in state.checkpoints}
     newest = max((c.step for c in state.checkpoints), default=-1)
+    valid = state.valid_checkpoints()
     return ResumePlan(
-        candidates=tuple(Candidate(c.step, c.uri, c.checkpoint_hash, c) for c in state.valid_checkpoints()),
+        candidates=tuple(Candidate(c.step, c.uri, c.checkpoint_hash, c) for c in valid),
         unrecorded=tuple(d for d in on_disk if d.step > newest and d.uri not in known),
         had_checkpoints=bool(state.checkpoints),
         restart=failed and not state.checkpoints,
+        retired=tuple(
+            sorted({c.step for c in state.checkpoints if c.status == "pruned"} - {c.step for c in valid})
+        ),
     )
 
 

@@ -15,10 +15,11 @@ CostUnit = Literal["GPU-hours", "CPU-hours", "node-hours"]
 
 class CheckpointRef(msgspec.Struct, frozen=True, kw_only=True):
     """A checkpoint the log knows of: the `checkpointed` event that recorded it (the one struct that names a
-    checkpoint's step, epoch, shards, URI, digest and size), and whether a resume has since refused it."""
+    checkpoint's step, epoch, shards, URI, digest and size), and whether a resume has since refused it
+    (`corrupt`) or a later `checkpointed` retired it (`pruned`: retention deleted it)."""
 
     recorded: Checkpointed
-    status: Literal["valid", "corrupt"] = "valid"
+    status: Literal["valid", "corrupt", "pruned"] = "valid"
     reason: str | None = None
 
     @property
@@ -92,7 +93,7 @@ class RunState(msgspec.Struct, frozen=True, kw_only=True):
         return (len(self.hosts) or self.launch.nodes) * self.launch.gpus_per_node
 
     def valid_checkpoints(self) -> list[CheckpointRef]:
-        """Checkpoints not known to be corrupt, newest first."""
+        """Checkpoints neither known to be corrupt nor pruned, newest first."""
         return [c for c in reversed(self.checkpoints) if c.status == "valid"]
 
     def checkpoint(self, seq: int) -> CheckpointRef | None:

@@ -3,12 +3,15 @@
 import json
 import os
 import re
+import shutil
 from pathlib import Path
 
 import msgspec
 import pytest
 
-from tests.support.builders import SIGNER
+from ftrain.events.schema import Failed
+from tests.integration.test_goodput_cli import store
+from tests.support.builders import SIGNER, launched, written_checkpoint
 from tests.support.cli import RUN, TIME, Cli, checkpoint, ckpt_args, launch
 
 HUGE = "9" * 23
@@ -441,3 +444,41 @@ def test_replay_rebuild(cli: Cli) -> None:
     checkpoint(cli, 1, 0)
     assert cli.ok("replay", "--rebuild") == ["Rebuilt the read model from stream seq 1: 2 event(s) applied"]
     assert cli.ok("status", RUN)[2] == "step        1 (epoch 0)"
+
+
+def test_a_checkpoint_retention_retired_shows_pruned_and_a_resume_never_tries_it(cli: Cli) -> None:
+    """A trainer's `checkpointed` at step 300 names step 100 retired, and retention deleted its directory:
+    `status --json` shows it `pruned` (not `valid`), and a resume that refuses the newer two stops there,
+    never recording `corrupt_skipped … directory missing` for a step retention deleted."""
+    storage = cli.storage()
+    written = [written_checkpoint(storage, RUN, step) for step in (100, 200, 300)]
+    written[2] = msgspec.structs.replace(written[2], retired=(100,))
+    started = msgspec.structs.replace(launched(RUN), storage=storage.as_uri())
+    store(cli.env, [started, *written, Failed(run_id=RUN, reason="preempted")])
+    shutil.rmtree(storage / RUN / "step-100")
+
+    status = json.loads(cli.ok("status", RUN, "--json")[0])
+    assert [(c["step"], c["status"]) for c in status["checkpoints"]] == [
+        (100, "pruned"),
+        (200, "valid"),
+        (300, "valid"),
+    ]
+    assert status["last_valid_checkpoint"]["step"] == 300
+    for step in (200, 300):
+        corrupt_flip(storage / RUN / f"step-{step}")
+    code, out, err = cli("resume", RUN)
+    assert (code, out.splitlines()) == (
+        1,
+        [
+            "checkpoint step 300 file state.json hash mismatch → skipped",
+            "checkpoint step 200 file state.json hash mismatch → skipped",
+        ],
+    )
+    assert err == (
+        f"ftrain resume: run {RUN}: no valid checkpoint (2 recorded, all invalid, 1 more pruned by retention); "
+        "not restarting\n"
+    )
+    kinds = [line.split()[5] for line in cli.ok("replay", RUN)]
+    assert kinds.count("corrupt_skipped") == 2
+    status = json.loads(cli.ok("status", RUN, "--json")[0])
+    assert [c["status"] for c in status["checkpoints"]] == ["pruned", "corrupt", "corrupt"]

@@ -40,7 +40,7 @@ def test_the_fence_is_no_step_to_list_clean_prune_or_set_aside(s3: Endpoint, sto
         storage.write(run_id=RUN, step=step, epoch=0, shards=1, sources=[("state.json", b"{}")])
     assert [d.step for d in storage.complete(RUN)] == [30, 20, 10]
     assert storage.clean(RUN) == []
-    assert storage.prune(RUN, 2) == [10]
+    assert storage.prune(RUN, [10]) == [10]
     for step in (30, 20):
         storage.quarantine(storage.step_uri(RUN, step), "corrupt", "1")
     assert storage.complete(RUN) == []

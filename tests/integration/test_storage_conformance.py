@@ -155,14 +155,10 @@ class StoreCases:
             with pytest.raises(StorageUnavailable):
                 call()
 
-    def test_prune_keeps_the_newest_and_never_fewer_than_two(self, store: RunStore) -> None:
+    def test_prune_deletes_the_retired_steps_and_nothing_else(self, store: RunStore) -> None:
         for step in (10, 20, 30, 40):
             save(store, step)
-        with pytest.raises(ValueError, match="at least 2"):
-            store.prune(1, 0)
-        assert [d.step for d in store.complete()] == [40, 30, 20, 10], "a refused prune deletes nothing"
-
-        assert store.prune(2, 0) == [20, 10]
+        assert store.prune([20, 10, 5], 0) == [20, 10], "a step not there is not deleted"
         assert [d.step for d in store.complete()] == [40, 30]
 
     def test_the_fence_stops_an_older_attempt_from_sealing_or_pruning(self, store: RunStore) -> None:
@@ -178,7 +174,7 @@ class StoreCases:
         with pytest.raises(Fenced):
             save(store, 40, attempt=1)
         with pytest.raises(Fenced):
-            store.prune(2, 1)
+            store.prune([10], 1)
         assert [d.step for d in store.complete()] == [30, 20, 10] and store.owner() == 2
 
     def test_an_older_attempts_step_of_the_same_name_is_set_aside_not_trusted(self, store: RunStore) -> None:

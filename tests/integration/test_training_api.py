@@ -3,6 +3,7 @@ loader, and a user's `events`, `workers` and `projections` modules beside the sc
 configuration: tests/unit/test_training_config.py; the examples under torchrun and `ftrain run`:
 tests/e2e/test_training_api.py)."""
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -15,6 +16,7 @@ from torch import nn
 
 from ftrain.train.checkpointing import CheckpointManager
 from ftrain.workers.manifest import decode_manifest
+from tests.support.cli import RUN, Cli, launch
 
 # -- one process, in this one ----------------------------------------------------------------------------
 
@@ -107,3 +109,28 @@ def test_a_users_events_workers_and_projections_modules_beside_the_script_break_
         [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, check=False
     )
     assert (result.returncode, result.stdout, result.stderr) == (0, "ok CheckpointManager\n", "")
+
+
+@pytest.mark.usefixtures("no_group")
+def test_a_trainer_on_a_logged_run_names_what_retention_retires_and_status_shows_it_pruned(cli: Cli) -> None:
+    """The trainer with a run id, against the log: each `checkpointed` names the steps retention deletes
+    with it, the projection shows those `pruned`, and the newest two (keep=2) stay, on disk and `valid`; a
+    resumed job counts the steps the log vouched for at its start."""
+    launch(cli)
+    for start, steps in ((0, (1, 2, 3, 4)), (4, (5,))):  # then a resume: the log's steps 4 and 3 count
+        ckpt = CheckpointManager(cli.storage() / RUN, model=nn.Linear(4, 1), run_id=RUN, keep=2, every=1)
+        try:
+            assert ckpt.load() == start
+            for step in steps:
+                ckpt.save(step)
+        finally:
+            ckpt.close()
+    assert sorted(p.name for p in (cli.storage() / RUN).glob("step-*")) == ["step-4", "step-5"]
+    status = json.loads(cli.ok("status", RUN, "--json")[0])
+    assert [(c["step"], c["status"]) for c in status["checkpoints"]] == [
+        (1, "pruned"),
+        (2, "pruned"),
+        (3, "pruned"),
+        (4, "valid"),
+        (5, "valid"),
+    ]

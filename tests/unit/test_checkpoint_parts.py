@@ -56,6 +56,7 @@ from ftrain.workers.layout import (
     assembly_writer,
     complete_steps,
     process_writer,
+    retire,
     run_dir,
     set_asides,
 )
@@ -296,10 +297,20 @@ def test_prune_keeps_the_newest_complete_checkpoints_and_never_touches_anything_
     make_checkpoint_dir(run / "step-1", marker=False)
     untouched = {p for p in tree(run) if not p.startswith(("step-10", "step-20"))}
 
-    assert prune(run, 2) == [20, 10]
+    assert prune(run, retire(complete_steps(run), 2, None)) == [20, 10]
     assert tree(run) == untouched
     assert complete_steps(run) == [40, 30]
-    assert prune(run, 2) == []
+    assert prune(run, retire(complete_steps(run), 2, None)) == []
+
+
+def test_retention_counts_and_retires_only_the_steps_the_log_accepted() -> None:
+    """Sealed 40 (unrecorded: an older attempt's, refused by the log), 30, 20, 10, 5: with keep=2 the log's
+    newest two (30, 20) stay, the older ones go, and 40 is neither counted nor retired; without a log every
+    sealed step counts, as the listing says."""
+    sealed = [40, 30, 20, 10, 5]
+    assert retire(sealed, 2, {30, 20, 10, 5}) == [10, 5]
+    assert retire(sealed, 2, set()) == [], "nothing the log accepted: nothing to retire"
+    assert retire(sealed, 2, None) == [20, 10, 5]
 
 
 @pytest.mark.parametrize("keep", [1, 0, -1])
@@ -309,7 +320,7 @@ def test_prune_refuses_to_keep_fewer_than_two(tmp_path: Path, keep: int) -> None
         make_checkpoint_dir(run / f"step-{step}")
     before = tree(run)
     with pytest.raises(ValueError, match="at least 2"):
-        prune(run, keep)
+        retire(complete_steps(run), keep, None)
     assert tree(run) == before
 
 
@@ -336,7 +347,7 @@ def test_prune_removes_the_marker_first_so_a_half_deleted_checkpoint_never_looks
 
     monkeypatch.setattr(os, "unlink", failing_unlink)
     monkeypatch.setattr(shutil, "rmtree", spying_rmtree)
-    assert prune(run, 2) == [1]
+    assert prune(run, [1]) == [1]
     monkeypatch.undo()
 
     assert marker_at_rmtree == [False]
@@ -368,9 +379,9 @@ def test_a_sync_save_prunes_behind_the_training_loop_and_close_waits_for_it(
     gate = threading.Event()
     pruned: list[list[int]] = []
 
-    def held_prune(run: Path, keep: int) -> list[int]:
+    def held_prune(run: Path, steps: list[int]) -> list[int]:
         assert gate.wait(30), "the test never released the prunes"
-        pruned.append(prune(run, keep))
+        pruned.append(prune(run, steps))
         return pruned[-1]
 
     monkeypatch.setattr(retention, "prune", held_prune)
@@ -390,7 +401,7 @@ def test_a_sync_save_prunes_behind_the_training_loop_and_close_waits_for_it(
     assert complete_steps(ckpt) == [4, 3, 2, 1] and pruned == []
     gate.set()
     manager.close()
-    assert pruned == [[2, 1], [], [], []]  # in order: the first prune, released, finds all four complete
+    assert pruned == [[], [2, 1], [], []]  # in order: the first decided at step 1, the second finds all four
     assert complete_steps(ckpt) == [4, 3]
 
 

@@ -18,7 +18,7 @@ from ftrain.workers.checkpoint_dir import (
     verify_checkpoint,
     write_checkpoint,
 )
-from ftrain.workers.layout import MARKER, assembly_dir, complete_steps, process_writer
+from ftrain.workers.layout import MARKER, assembly_dir, complete_steps, process_writer, retire
 from ftrain.workers.retention import prune
 from ftrain.workers.storage.file_run import FileRunStore
 from ftrain.workers.storage.location import run_location
@@ -97,7 +97,7 @@ def test_prune_set_aside_and_cleanup_never_follow_a_planted_link(tmp_path: Path)
 
     assert complete_steps(run) == [40, 30, 20, 10], "a link is no checkpoint of the run"
     assert [d.step for d in on_disk(run)] == [40, 30, 20, 10]
-    assert prune(run, 2) == [20, 10]
+    assert prune(run, retire(complete_steps(run), 2, None)) == [20, 10]
     assert remove_dead_assemblies(run) == [dead]
     FileRunStore(run_location(run), tmp_path / "stage").clean()  # the trainer's start-up
     moved = set_aside(run / "step-5", "corrupt", "1")  # only the link moves

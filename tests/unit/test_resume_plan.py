@@ -1,5 +1,6 @@
 """The resume plan and the relaunch decider, pure: what the CLI and the trainer both execute."""
 
+import msgspec
 import pytest
 
 from ftrain.events.schema import Checkpointed, Completed, CorruptSkipped, Failed
@@ -105,3 +106,20 @@ def test_checkpointed_event_is_the_one_descriptor_a_ref_reads() -> None:
     (ref,) = state.checkpoints
     assert isinstance(ref.recorded, Checkpointed)
     assert (ref.seq, ref.step, ref.uri, ref.checkpoint_hash) == (2, 500, "u500", "h500")
+
+
+def test_a_pruned_checkpoint_is_no_candidate_and_its_leftover_directory_is_named_retired() -> None:
+    retiring = msgspec.structs.replace(ckpt(300), retired=(100,))
+    state = fold(launched(), ckpt(100), ckpt(200), retiring, Failed(run_id="r", reason="preempted"))
+    plan = plan_resume(state, [disk(300), disk(200), disk(100)])
+    assert [c.step for c in plan.candidates] == [300, 200], "never tried, never recorded corrupt_skipped"
+    assert (plan.retired, plan.unrecorded, plan.had_checkpoints) == ((100,), (), True)
+
+
+def test_retention_counts_only_what_the_plan_vouches_for_from_the_checkpoint_resumed_back() -> None:
+    state = fold(launched(), ckpt(100), ckpt(200), ckpt(300), Failed(run_id="r", reason="preempted"))
+    plan = plan_resume(state, [disk(400), disk(300), disk(200), disk(100)])
+    assert [d.step for d in plan.unrecorded] == [400]
+    assert plan.accepted(300) == [300, 200, 100]
+    assert plan.accepted(200) == [200, 100], "300 was refused at resume and set aside"
+    assert plan.accepted(None) == []

@@ -224,3 +224,24 @@ def test_a_trainer_continuing_its_attempt_keeps_its_nodes() -> None:
     assert apply(state, fallback, ChainHead(7, "h7", 7)).nodes == ("b",)
     with pytest.raises(IllegalTransition, match="an attempt keeps its nodes"):
         apply(state, msgspec.structs.replace(fallback, hosts=("a",)), ChainHead(7, "h7", 7))
+
+
+def test_the_steps_a_checkpointed_retires_are_pruned_never_valid_and_a_corrupt_one_stays_corrupt() -> None:
+    retiring = msgspec.structs.replace(ckpt(400), retired=(100, 200, 999))
+    skipped = CorruptSkipped(run_id="r", checkpoint_seq=3, step=200, uri="u200", reason="hash mismatch")
+    state = fold(launched(), ckpt(100), ckpt(200), Failed(run_id="r", reason="oom"), skipped,
+                 resumed_from(2, 100), ckpt(300), retiring)  # fmt: skip
+    assert [(c.step, c.status) for c in state.checkpoints] == [
+        (100, "pruned"),
+        (200, "corrupt"),
+        (300, "valid"),
+        (400, "valid"),
+    ], "a step it never recorded (999) is ignored"
+    assert [c.step for c in state.valid_checkpoints()] == [400, 300]
+
+
+def test_a_log_from_before_retention_named_its_steps_still_reads_every_checkpoint_valid() -> None:
+    old = msgspec.json.decode(msgspec.json.encode(ckpt(200)), type=Checkpointed)  # no `retired` member
+    assert b"retired" not in msgspec.json.encode(old)
+    state = fold(launched(), ckpt(100), old)
+    assert [c.status for c in state.checkpoints] == ["valid", "valid"]

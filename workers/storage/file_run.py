@@ -9,7 +9,7 @@ rank's owned files in place: the step directory is what DCP reads.
 
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -147,9 +147,9 @@ class FileRunStore:
     def discard(self, uri: str) -> None:
         remove_leftovers(fs.uri_path(uri))
 
-    def prune(self, keep: int, attempt: int) -> list[int]:
+    def prune(self, steps: Collection[int], attempt: int) -> list[int]:
         self.check(attempt)
-        return retention.prune(self.run, keep)
+        return retention.prune(self.run, steps)
 
 
 def remove_leftovers(path: Path) -> bool:

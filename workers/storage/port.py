@@ -13,7 +13,7 @@ files moved in, sealed by rank 0), the attempt fence, retention, and each rank's
 readable locally, verified, for a resume.
 """
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -195,7 +195,7 @@ class RunStore(Protocol):
         """Remove what a failed save left at `uri` (best effort: `clean` finishes the rest)."""
         ...
 
-    def prune(self, keep: int, attempt: int) -> list[int]:
-        """Delete the sealed steps beyond the newest `keep` (at least 2); the deleted steps. Fenced when a
-        newer attempt holds the run: it prunes for itself."""
+    def prune(self, steps: Collection[int], attempt: int) -> list[int]:
+        """Delete the sealed steps of `steps` (retention's decision: `workers.layout.retire`); those found
+        and deleted. Fenced when a newer attempt holds the run: it prunes for itself."""
         ...

@@ -15,7 +15,7 @@ fetched whole into the rank's scratch directory and verified there before it is 
 
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
@@ -154,9 +154,9 @@ class S3RunStore:
     def discard(self, uri: str) -> None:
         self.storage.discard(uri)
 
-    def prune(self, keep: int, attempt: int) -> list[int]:
+    def prune(self, steps: Collection[int], attempt: int) -> list[int]:
         self.check(attempt)
-        return self.storage.prune(self.run, keep)
+        return self.storage.prune(self.run, steps)
 
 
 class FetchForLoad:

@@ -21,7 +21,7 @@ else — an unreachable endpoint, a timeout, 5xx, AccessDenied, bad credentials,
 `StorageUnavailable`, naming the server's reason.
 """
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
@@ -39,7 +39,6 @@ from ftrain.workers.layout import (
     RESERVED,
     WRITER_CLAIM,
     SetAsideKind,
-    check_keep,
     parse_step,
     run_key,
     set_aside_name,
@@ -301,13 +300,11 @@ class S3Storage:
         not. No byte is parsed here. Raises StorageUnavailable."""
         return fetch_files(self.client, self.bucket, self._step_key(uri), files, into)
 
-    def prune(self, run_id: str, keep: int) -> list[int]:
-        """Retention: delete the run's sealed steps beyond the newest `keep` (marker first, then the rest in
-        batches); returns the deleted steps. Set-aside prefixes are evidence and never touched; `keep` is at
-        least MIN_KEEP, so the step just sealed and the one before it stay."""
-        check_keep(keep)
+    def prune(self, run_id: str, steps: Collection[int]) -> list[int]:
+        """Retention: delete the run's sealed steps of `steps` (`workers.layout.retire` decides which);
+        returns the deleted steps. Set-aside prefixes are evidence and never touched."""
         removed = []
-        for old in self.complete(run_id)[keep:]:
+        for old in (found for found in self.complete(run_id) if found.step in steps):
             self.objects.delete(self.objects.keys(self._step_key(old.uri)))
             removed.append(old.step)
             log.info("checkpoint_pruned", step=old.step, uri=old.uri)
