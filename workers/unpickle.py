@@ -189,7 +189,10 @@ def _overrun(file: IO[bytes]) -> ValueError | None:
 
 def allow_pickled(*objects: type | Any) -> None:
     """Let checkpoints name these classes or functions (a training script's own state types). Call before
-    `CheckpointManager.load`; each must be safe to call with whatever arguments a hostile pickle gives it."""
+    the first save (which checks its state against this same list) and before `CheckpointManager.load`, in
+    every process; each must be safe to call, and its `__setstate__` to run, with whatever arguments a hostile
+    pickle gives it: a plain data class of numbers and strings is, a class whose constructor opens files or
+    works in proportion to a number it is handed is not."""
     for obj in objects:
         _ALLOWED.add((obj.__module__, obj.__qualname__))
 
