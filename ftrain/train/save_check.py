@@ -43,9 +43,10 @@ def refusal(state: dict[str, Any]) -> str | None:
             torch_load(buffer, what)
         except ForbiddenPickle as exc:
             return (
-                f"{exc}, so no resume could load it: keep plain values in state_dict() (tensors, numbers, "
-                f"strings, containers, NumPy values, datetimes), or allow the type before the first save "
-                f"with ftrain.train.checkpointing.allow_pickled({exc.name}) if loading it runs no code"
+                f"{exc}, so no resume could load it: keep plain values in state_dict() (tensors, "
+                "numbers, strings, containers, NumPy numbers and arrays, datetimes), or allow the type "
+                f"before the first save with ftrain.train.checkpointing.allow_pickled({exc.name}) if "
+                "loading it runs no code"
             )
         except RefusedPickle as exc:
             return f"{exc}, so no resume could load it"

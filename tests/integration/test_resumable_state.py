@@ -157,8 +157,8 @@ def test_a_type_a_resume_would_refuse_is_refused_at_the_save_and_nothing_is_writ
     assert _refused(tmp_path / "ckpt", {"best": {"record": Unknown(0.5)}}, async_save) == (
         f"checkpoint at step 10 not saved: state item tracker['best']['record'] (a {name}) names {name}, "
         "which is not allowed, so no resume could load it: keep plain values in state_dict() (tensors, "
-        "numbers, strings, containers, NumPy values, datetimes), or allow the type before the first save "
-        f"with ftrain.train.checkpointing.allow_pickled({name}) if loading it runs no code"
+        "numbers, strings, containers, NumPy numbers and arrays, datetimes), or allow the type before the "
+        f"first save with ftrain.train.checkpointing.allow_pickled({name}) if loading it runs no code"
     )
 
 

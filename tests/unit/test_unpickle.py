@@ -84,9 +84,9 @@ def test_a_state_item_a_resume_would_refuse_is_named_by_its_path_and_type() -> N
     assert refusal({"model": {"w": torch.zeros(2)}, "best": {"loss": np.float64(0.5)}}) is None
     assert refusal({"best": {"loss": np.float64(0.5), "seen": [Unlisted(1)]}}) == (
         f"state item best['seen'] (a list) names {name}, which is not allowed, so no resume could load it: "
-        "keep plain values in state_dict() (tensors, numbers, strings, containers, NumPy values, datetimes), "
-        f"or allow the type before the first save with ftrain.train.checkpointing.allow_pickled({name}) if "
-        "loading it runs no code"
+        "keep plain values in state_dict() (tensors, numbers, strings, containers, NumPy numbers and arrays, "
+        "datetimes), or allow the type before the first save with "
+        f"ftrain.train.checkpointing.allow_pickled({name}) if loading it runs no code"
     )
     assert refusal({"stats": {"split": np.str_("train")}}) == (
         "state item stats['split'] (a numpy.str_) does not unpickle: ValueError: a numpy scalar loads as a "
