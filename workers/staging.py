@@ -39,7 +39,9 @@ class StagingBuffers:
             return self._copy(state, self.reserve(state))
 
     def _copy(self, state: dict[str, Any], cache: dict[str, Any]) -> dict[str, Any]:
-        staged: dict[str, Any] = _copy_state_dict(state, cache, non_blocking=self.pin)
+        # type_check off: a value other than a tensor, number, string or container (a NumPy scalar, a
+        # datetime: what the unpickler allows) is deep-copied, as the buffers were made, not refused
+        staged: dict[str, Any] = _copy_state_dict(state, cache, non_blocking=self.pin, type_check=False)
         if self.pin:
             torch.cuda.synchronize()
         return staged

@@ -4,17 +4,23 @@ A pickle runs whatever its globals name, so a checkpoint that verified against i
 code if the manifest's writer was hostile. DCP's `.metadata`, DCP's non-tensor items (`torch.save` bytes)
 and RNG states of older checkpoints load only through here; a global outside the allowlist is refused with
 its name. The allowlist is what real checkpoints reference (DCP's metadata classes, tensor rebuilding,
-dtypes, containers, numpy arrays); a training script adds its own types with `allow_pickled`.
+dtypes, containers, numpy arrays) and the values training loops keep in a state dict (NumPy scalars,
+`datetime`'s types, `Fraction`, `Decimal`, `deque`); a training script adds its own types with
+`allow_pickled`. A save checks its state against the same allowlist (`train.save_check`), so what would be
+refused here is refused before it is written.
 
 Whatever else goes wrong while loading (a malformed stream, an allowed global called with arguments it
 refuses: an unknown codec, a tensor outside its storage) is a `CorruptPickle` naming the exception, so the
 checkpoint is judged corrupt rather than crashing the resume. Not a MemoryError, unless the stream itself
 asks for more bytes than it holds: a shortage while loading a sound checkpoint is no verdict on it. The
-globals that could turn a few bytes into gigabytes (`bytearray(n)`, numpy arrays of a given shape) accept
-only the forms pickle writes.
+globals that could turn a few bytes into gigabytes, or minutes of work, accept only the forms pickle writes
+(never `bytearray(n)`, a numpy array of a given shape, a numpy scalar of a dtype larger than its bytes, a
+`Fraction` from the string `'1e999999999'`, a billion-digit power of ten); every other allowed global builds
+its value from the pickle's own bytes, in time proportional to them, and runs nothing.
 """
 
 import _compat_pickle
+import fractions
 import io
 import pickle
 import pickletools
@@ -44,6 +50,10 @@ _ALLOWED: set[tuple[str, str]] = {
     ("torch.serialization", "_get_layout"),
     ("torch._utils", "_rebuild_tensor_v2"),
     ("collections", "OrderedDict"),
+    ("collections", "deque"),
+    *(("datetime", name) for name in ("datetime", "date", "time", "timedelta", "timezone")),
+    ("fractions", "Fraction"),
+    ("decimal", "Decimal"),
     ("pathlib", "PosixPath"),
     ("_codecs", "encode"),  # how protocol 2 (torch.save's) writes bytes
     *(("builtins", name) for name in ("set", "frozenset", "bytearray", "complex", "slice")),
@@ -51,9 +61,16 @@ _ALLOWED: set[tuple[str, str]] = {
     ("numpy", "dtype"),
     ("numpy._core.multiarray", "_reconstruct"),
     ("numpy.core.multiarray", "_reconstruct"),  # numpy 1 pickles
+    ("numpy._core.multiarray", "scalar"),  # a numpy scalar: numpy.float64(0.5), numpy.int64(3)
+    ("numpy.core.multiarray", "scalar"),
 }
 _NUMPY_RECONSTRUCT: Final[Callable[..., Any]] = numpy.empty(0).__reduce__()[0]  # type: ignore[assignment]
 """The function numpy pickles an array with (`numpy._core.multiarray._reconstruct`; `numpy.core` in 1.x)."""
+_NUMPY_SCALAR: Final[Callable[..., Any]] = numpy.float64(0).__reduce__()[0]  # type: ignore[assignment]
+"""The function numpy pickles a scalar with (`numpy._core.multiarray.scalar`)."""
+SCALAR_KINDS: Final = "biufcmM"
+"""The numpy scalars a checkpoint may hold: bool, integers, floats, complex, datetime64 and timedelta64 (not
+strings, whose bytes need not be valid text, nor structured or object values)."""
 _DTYPES = frozenset(name for name in dir(torch) if isinstance(getattr(torch, name), torch.dtype))
 MAX_REASON: Final = 200
 """The longest exception text a refusal quotes (it becomes a verdict in the log)."""
@@ -64,7 +81,12 @@ class RefusedPickle(pickle.UnpicklingError):
 
 
 class ForbiddenPickle(RefusedPickle):
-    """A pickle in a checkpoint names a global outside the allowlist: the checkpoint is refused, unrun."""
+    """A pickle in a checkpoint names a global outside the allowlist: the checkpoint is refused, unrun.
+    `name` is the global, `module.qualname`."""
+
+    def __init__(self, message: str, name: str = "") -> None:
+        super().__init__(message)  # the message alone: DCP pickles a rank's exception to the others
+        self.name = name
 
 
 class CorruptPickle(RefusedPickle):
@@ -95,11 +117,40 @@ def _reconstruct(subtype: Any, shape: Any, dtype: Any) -> numpy.ndarray[Any, Any
     return _NUMPY_RECONSTRUCT(numpy.ndarray, (0,), dtype)  # type: ignore[no-any-return]
 
 
+def _scalar(*args: Any) -> Any:
+    """numpy's `scalar` as numpy pickles a number: a plain numeric dtype and exactly its bytes (no bytes would
+    allocate the dtype's size, whatever it is; an object dtype returns whatever it is handed)."""
+    dtype, data = args if len(args) == 2 else (None, None)
+    if not (
+        isinstance(dtype, numpy.dtype)
+        and dtype.kind in SCALAR_KINDS
+        and dtype.fields is None
+        and isinstance(data, bytes)
+        and len(data) == dtype.itemsize
+    ):
+        raise ValueError(
+            "a numpy scalar loads as a number (bool, integer, float, complex, datetime64, timedelta64) "
+            "from exactly its dtype's bytes"
+        )
+    return _NUMPY_SCALAR(*args)
+
+
+def _fraction(*args: Any) -> fractions.Fraction:
+    """`Fraction` as it pickles itself, from its numerator and denominator: never from a string, where
+    `'1e999999999'` would take minutes and gigabytes to build its power of ten."""
+    if len(args) != 2 or not all(isinstance(a, int) for a in args):
+        raise ValueError("a Fraction is pickled as Fraction(numerator, denominator)")
+    return fractions.Fraction(*args)
+
+
 _BOUNDED: Final[dict[tuple[str, str], Any]] = {
     ("builtins", "bytearray"): _bytearray,
     ("numpy", "ndarray"): _NDARRAY,
     ("numpy._core.multiarray", "_reconstruct"): _reconstruct,
     ("numpy.core.multiarray", "_reconstruct"): _reconstruct,
+    ("numpy._core.multiarray", "scalar"): _scalar,
+    ("numpy.core.multiarray", "scalar"): _scalar,
+    ("fractions", "Fraction"): _fraction,
 }
 """Allowed globals a pickle gets in a bounded form."""
 
@@ -138,7 +189,10 @@ def _overrun(file: IO[bytes]) -> ValueError | None:
 
 def allow_pickled(*objects: type | Any) -> None:
     """Let checkpoints name these classes or functions (a training script's own state types). Call before
-    `CheckpointManager.load`; each must be safe to call with whatever arguments a hostile pickle gives it."""
+    the first save (which checks its state against this same list) and before `CheckpointManager.load`, in
+    every process; each must be safe to call, and its `__setstate__` to run, with whatever arguments a hostile
+    pickle gives it: a plain data class of numbers and strings is, a class whose constructor opens files or
+    works in proportion to a number it is handed is not."""
     for obj in objects:
         _ALLOWED.add((obj.__module__, obj.__qualname__))
 
@@ -162,7 +216,8 @@ class RestrictedUnpickler(pickle.Unpickler):
         module, name = _compat_pickle.NAME_MAPPING.get((module, name), (module, name))
         module = _compat_pickle.IMPORT_MAPPING.get(module, module)
         if not allowed(module, name):
-            raise ForbiddenPickle(f"{self.what} names {module}.{name}, which is not allowed")
+            refused = f"{module}.{name}"
+            raise ForbiddenPickle(f"{self.what} names {refused}, which is not allowed", refused)
         return _BOUNDED.get((module, name)) or super().find_class(module, name)
 
     def load(self) -> Any:

@@ -37,6 +37,7 @@ from ftrain.train.checkpointing import (
     ResumeStopped,
     SavesFailing,
     SaveTimes,
+    UnresumableState,
     UnsafeDirectory,
 )
 from ftrain.train.lifeline import die_with_launcher
@@ -205,6 +206,9 @@ def train(args: argparse.Namespace) -> int:
     try:
         return _loop(args, manager, scheduler, loader, model, optimizer, device)
     except (NoValidCheckpoint, ResumeFailed, ResumeStopped, UnsafeDirectory, SavesFailing) as exc:
+        _say(rank, f"train: {exc}")
+        return 1
+    except UnresumableState as exc:  # refused at a save, before anything was written
         _say(rank, f"train: {exc}")
         return 1
     except ResumeRefused as exc:

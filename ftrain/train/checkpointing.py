@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import msgspec
 import structlog
@@ -61,6 +61,7 @@ from ftrain.train.resume import (
     ResumeStopped,
     resume,
 )
+from ftrain.train.save_check import UnresumableState, check_resumable
 from ftrain.train.saving import Saver, SavesFailing
 from ftrain.train.state import Resumable, TrainState, resumable
 from ftrain.workers.integrity import digest_of, to_hex
@@ -87,6 +88,7 @@ __all__ = [
     "SaveTimes",
     "SavesFailing",
     "TrainState",
+    "UnresumableState",
     "UnsafeDirectory",
     "allow_pickled",
     "make_config",
@@ -351,7 +353,9 @@ class CheckpointManager:
 
     def save(self, step: int, epoch: int = 0) -> SaveTimes:
         """Checkpoint the state at `step`: synchronously, or staged and handed to the background pipeline.
-        After a warning signal, the save is finished and the process exits with PREEMPTED_EXIT."""
+        After a warning signal, the save is finished and the process exits with PREEMPTED_EXIT. Raises
+        UnresumableState on every rank, before anything is written, when the state holds an item a resume
+        could not load (a type outside the unpickler's allowlist: `allow_pickled`)."""
         self._beacon.saving(step)
         self.state.step, self.state.epoch = step, epoch
         self._last_save = time.monotonic()
@@ -360,14 +364,14 @@ class CheckpointManager:
         self.clock.began(step)
         if not self.config.async_save:
             start = time.perf_counter()
-            self._saver.save(step, epoch, self.state, self.attempt, staged=False)
+            self._saver.save(step, epoch, self._resumable(step), self.attempt, staged=False)
             times = SaveTimes(save_seconds=time.perf_counter() - start)
             self.clock.ended(step, times.save_seconds)
             self._stalled += times.save_seconds
         else:
             drain = self.drain()
             start = time.perf_counter()
-            staged = self._buffers.stage(self.state.state_dict())
+            staged = self._buffers.stage(self._resumable(step))
             stage = time.perf_counter() - start
             fault_point("stage", step)
             self.clock.ended(step, stage + drain)
@@ -379,6 +383,13 @@ class CheckpointManager:
         if self._stopping:
             self._exit_preempted(step)
         return times
+
+    def _resumable(self, step: int) -> dict[str, Any]:
+        """The state to save, once every rank found that a resume could load all of it: else every rank
+        raises UnresumableState, before anything of the step is written."""
+        state = self.state.state_dict()
+        check_resumable(state, step, self.group)
+        return state
 
     def _trained(self) -> float:
         """The training loop's time so far, the saves' stalls left out: what lost steps cost to redo."""

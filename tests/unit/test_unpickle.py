@@ -1,6 +1,11 @@
 """Checkpoint pickles load only through the allowlist: a hostile global is refused by name and never runs;
-what real checkpoints hold (DCP metadata, tensors, RNG states old and new) still loads."""
+what real checkpoints hold (DCP metadata, tensors, RNG states old and new, the values training loops keep)
+still loads; and a save names the state item a resume would refuse, before anything is written."""
 
+import collections
+import datetime
+import decimal
+import fractions
 import io
 import os
 import pickle
@@ -12,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 
+from ftrain.train.save_check import refusal
 from ftrain.train.state import rng_state, set_rng_state
 from ftrain.workers.checkpoint_dir import write_checkpoint
 from ftrain.workers.dcp_reader import load_metadata
@@ -33,6 +39,60 @@ class Custom:
 
     def __init__(self, value: int) -> None:
         self.value = value
+
+
+class Unlisted:
+    """A training script's own state type it never allows."""
+
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+
+KEPT = [
+    *(np.dtype(code).type(1) for code in np.typecodes["AllInteger"] + np.typecodes["AllFloat"] + "?"),
+    np.datetime64("2026-12-04T16:30:00.5"),
+    np.timedelta64(-7, "D"),
+    np.arange(6, dtype=np.float16).reshape(2, 3),
+    datetime.datetime(
+        2026, 12, 4, 16, 30, 1, 5, tzinfo=datetime.timezone(datetime.timedelta(hours=-5), "EST")
+    ),
+    datetime.date(1, 1, 1),
+    datetime.time(23, 59, 59, 999999, tzinfo=datetime.UTC),
+    datetime.timedelta(days=-999999999),
+    datetime.UTC,
+    fractions.Fraction(-(10**40), 3),
+    decimal.Decimal("-0.000"),
+    decimal.Decimal("1E+999999999"),  # its exponent, not a billion digits
+    decimal.Decimal("NaN"),
+    collections.deque([0.5, "x", None], maxlen=3),
+]
+"""The values training loops keep in a state dict (a best loss, when the run started, recent losses)."""
+
+
+@pytest.mark.parametrize("value", KEPT, ids=lambda value: type(value).__name__)
+def test_the_values_training_loops_keep_load_as_dcp_stores_them(value: Any) -> None:
+    """DCP writes a non-tensor item as `torch.save` bytes; older RNG states were `pickle.dumps`'s."""
+    buffer = io.BytesIO()
+    torch.save({"v": value}, buffer)
+    buffer.seek(0)
+    assert repr(torch_load(buffer, "item")["v"]) == repr(value)
+    assert repr(restricted_loads(pickle.dumps(value, protocol=4), "item")) == repr(value)
+
+
+def test_a_state_item_a_resume_would_refuse_is_named_by_its_path_and_type() -> None:
+    name = f"{__name__}.Unlisted"
+    assert refusal({"model": {"w": torch.zeros(2)}, "best": {"loss": np.float64(0.5)}}) is None
+    assert refusal({"best": {"loss": np.float64(0.5), "seen": [Unlisted(1)]}}) == (
+        f"state item best['seen'] (a list) names {name}, which is not allowed, so no resume could load it: "
+        "keep plain values in state_dict() (tensors, numbers, strings, containers, NumPy numbers and arrays, "
+        "datetimes), or allow the type before the first save with "
+        f"ftrain.train.checkpointing.allow_pickled({name}) if loading it runs no code"
+    )
+    assert refusal({"stats": {"split": np.str_("train")}}) == (
+        "state item stats['split'] (a numpy.str_) does not unpickle: ValueError: a numpy scalar loads as a "
+        "number (bool, integer, float, complex, datetime64, timedelta64) from exactly its dtype's bytes, so "
+        "no resume could load it"
+    )
 
 
 def test_a_pickle_naming_a_global_outside_the_allowlist_is_refused_by_name_and_never_runs(

@@ -2,6 +2,10 @@
 pickles, are loaded or refused with the unpickler's own error (`RefusedPickle`: a "corrupt" verdict), never
 anything else; and the globals that would turn a few bytes into gigabytes accept only what pickle writes."""
 
+import collections
+import datetime
+import decimal
+import fractions
 import io
 import pickle
 import random
@@ -139,6 +143,23 @@ def _seeds() -> list[bytes]:
             "sl": slice(1, 2),
             "a": np.arange(4, dtype=np.float32),
         },
+        {  # what training loops keep: tests/unit/test_unpickle.py
+            "f": np.float64(0.5),
+            "i": np.int16(-3),
+            "b": np.bool_(True),
+            "c": np.complex64(1 - 2j),
+            "M": np.datetime64("2026-12-04T16:30"),
+            "m": np.timedelta64(3, "s"),
+            "dt": datetime.datetime(
+                2026, 12, 4, 16, 30, tzinfo=datetime.timezone(datetime.timedelta(hours=1))
+            ),
+            "d": datetime.date(2026, 12, 4),
+            "t": datetime.time(16, 30, tzinfo=datetime.UTC),
+            "td": datetime.timedelta(days=1, microseconds=3),
+            "q": fractions.Fraction(22, 7),
+            "dec": decimal.Decimal("-1.50E+7"),
+            "dq": collections.deque([1.5, 2.5], maxlen=8),
+        },
     ]
     return [pickle.dumps(obj, protocol=proto) for obj in objects for proto in range(2, 6)]
 
@@ -232,6 +253,14 @@ def test_the_seeds_themselves_load() -> None:
 CODEC = _global("_codecs", "encode", stack=False)
 
 
+def _dtype(spec: str) -> bytes:
+    """`numpy.dtype(spec, False, True)`, as a numpy pickle makes one."""
+    return _global("numpy", "dtype", False) + _text(spec) + b"\x89\x88\x87R"
+
+
+SCALAR = _global("numpy._core.multiarray", "scalar", False)
+
+
 @pytest.mark.parametrize(
     ("data", "why"),
     [
@@ -256,6 +285,24 @@ CODEC = _global("_codecs", "encode", stack=False)
             "_reconstruct(ndarray, (0,), dtype)",
         ),
         (b"\x80\x02" + _global("numpy", "ndarray", False) + b"J\x00\x00\x00\x40\x85\x85R.", "TypeError"),
+        (b"\x80\x02" + SCALAR + _dtype("V2000000000") + b"\x85R.", "from exactly its dtype's bytes"),  # 2 GB
+        (b"\x80\x02" + SCALAR + _dtype("f8") + b"C\x07" + bytes(7) + b"\x86R.", "from exactly its dtype's"),
+        (b"\x80\x02" + SCALAR + _dtype("O") + b"N\x86R.", "from exactly its dtype's bytes"),
+        (b"\x80\x02" + SCALAR + _dtype("U1") + b"C\x04\xff\xff\xff\xff\x86R.", "from exactly its dtype's"),
+        (  # parsed, a power of ten with a billion digits: minutes and gigabytes
+            b"\x80\x02" + _global("fractions", "Fraction", False) + _text("1e999999999") + b"\x85R.",
+            "Fraction(numerator, denominator)",
+        ),
+        (b"\x80\x02" + _global("fractions", "Fraction", False) + b"K\x01K\x00\x86R.", "ZeroDivisionError"),
+        (
+            b"\x80\x02" + _global("datetime", "timedelta", False) + b"\x8a\x05\x00\xe4\x0bT\x02\x85R.",
+            "Overflow",
+        ),
+        (
+            b"\x80\x02" + _global("decimal", "Decimal", False) + _text("1e9999999999999999999") + b"\x85R.",
+            "Invalid",
+        ),
+        (b"\x80\x02" + _global("collections", "deque", False) + b")J\xff\xff\xff\xff\x86R.", "maxlen"),
     ],
 )
 def test_what_allowed_globals_raise_or_would_allocate_is_a_refusal_naming_it(data: bytes, why: str) -> None:
