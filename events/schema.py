@@ -31,6 +31,9 @@ MAX_AMOUNT = 1e12  # GPU-hours, seconds: far beyond any real run, finite
 MAX_EVENT_BYTES = 512 * 1024  # half the server's 1 MiB payload limit: the seal and headers must fit too
 
 Count = Annotated[int, msgspec.Meta(ge=0, le=INT64_MAX)]
+RETIRED_MAX: typing.Final = 64
+"""The most steps one `checkpointed` retires (a run upgraded with many old checkpoints retires them over
+several saves)."""
 Nodes = Annotated[int, msgspec.Meta(ge=1, le=MAX_NODES)]
 GpusPerNode = Annotated[int, msgspec.Meta(ge=1, le=MAX_GPUS_PER_NODE)]
 Shards = Annotated[int, msgspec.Meta(ge=1, le=MAX_SHARDS)]
@@ -128,10 +131,10 @@ class Checkpointed(Event, frozen=True, kw_only=True, tag="checkpointed"):
     """Steps the previous attempt had trained past the checkpoint this attempt resumed from (re-done here)."""
     lost_seconds: Amount | UnsetType = UNSET
     """The training-loop time the previous attempt spent on those steps, as its metrics timed them."""
-    retired: tuple[Count, ...] | UnsetType = UNSET
+    retired: Annotated[tuple[Count, ...], msgspec.Meta(max_length=RETIRED_MAX)] | UnsetType = UNSET
     """The steps of earlier checkpoints retention deletes now that this one is sealed (deleted only after this
     event was recorded): those the log then shows `pruned`. Unset (absent) when it retires none, or written by
-    a trainer from before retention named them."""
+    a trainer from before retention named them. At most RETIRED_MAX: the oldest first, the rest next time."""
 
 
 class Failed(Event, frozen=True, kw_only=True, tag="failed"):

@@ -33,6 +33,7 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
+from ftrain.events.schema import RETIRED_MAX
 from ftrain.train.config import CheckpointConfig
 from ftrain.train.faults import fault_point
 from ftrain.workers.dcp_writer import HashingWriter
@@ -195,7 +196,8 @@ class Saver:
         if self._accepted is None:
             return ()
         self._accepted.add(step)
-        retired = tuple(retire(sorted(self._accepted, reverse=True), self.config.keep, self._accepted))
+        beyond = retire(sorted(self._accepted, reverse=True), self.config.keep, self._accepted)
+        retired = tuple(beyond[-RETIRED_MAX:])  # the oldest first: one event names a bounded number
         self._accepted.difference_update(retired)
         self._retired.update(retired)
         return retired

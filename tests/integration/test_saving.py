@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import HashStore
 
+from ftrain.events.schema import RETIRED_MAX
 from ftrain.projections.lifecycle import OnDisk
 from ftrain.train.config import CheckpointConfig
 from ftrain.train.saving import Saver, SavesFailing
@@ -207,6 +208,22 @@ def test_a_retired_step_still_on_disk_is_deleted_by_the_next_prune_and_not_named
     saves.close()
     assert retired == [()]
     assert [d.step for d in store.complete()] == [20, 15, 10]
+
+
+def test_one_record_retires_at_most_retired_max_steps_the_oldest_first(backend: Backend) -> None:
+    """A run whose log vouches for more old checkpoints than one event may name (an upgrade from before
+    retention recorded them): each record names at most RETIRED_MAX, the oldest first, and the rest go with
+    the next saves; the log never gets an unbounded list."""
+    store, recorded, retired = backend.store(), list[tuple[int, str]](), list[tuple[int, ...]]()
+    old = list(range(1, RETIRED_MAX + 6))
+    saves = saver(store, recorded, run_id=RUN, retired=retired)
+    saves.vouched(sorted(old, reverse=True), [])
+    for step in (1000, 1001):
+        saves.save(step, 0, {"w": torch.ones(4)}, 0, staged=False)
+    saves.close()
+    # keep=3: after 1000, 67 of the 69 old steps are beyond the newest three (1000, 69, 68)
+    assert sorted(retired[0]) == old[:RETIRED_MAX], "the oldest first, RETIRED_MAX of them"
+    assert sorted(retired[1]) == old[RETIRED_MAX:-1], "the rest with the next save (69 is now beyond keep)"
 
 
 def _settled(saves: Saver, store: RunStore) -> list[OnDisk]:
