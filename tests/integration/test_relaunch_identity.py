@@ -1,14 +1,17 @@
 """Who may resume a run, against the real log with no torchrun (each start here is refused before any process
 starts; the requeues that do start one: tests/e2e/test_supervisor.py): a new Slurm job whose id was used before
 is no requeue of the old one, a relaunch trains on the data it was launched with, and one user's job never
-relaunches or takes over another's run (the rules, pure: tests/unit/test_slurm_rules.py, test_deciders.py)."""
+relaunches or takes over another's run; with the log out of reach no requeue is asked for (the rules, pure:
+tests/unit/test_slurm_rules.py, test_deciders.py)."""
 
 import os
 from pathlib import Path
 
 import pytest
 
+from ftrain.events.schema import SchedulerJob
 from tests.support.cli import Cli
+from tests.support.processes import free_port
 from tests.support.slurm_job import slurm_job, stand_in_scontrol
 from tests.support.stand_in_trainer import ONE_GPU, starts
 from tests.support.stand_in_trainer import cli as cli  # the fixtures
@@ -80,3 +83,20 @@ def test_another_users_run_is_neither_taken_over_nor_relaunched(
     assert cli("run", "P", *ONE_GPU, "--run-id", "shared", *command) == (1, "", owner)
     assert cli.last_seq() == before
     assert starts(state) == []
+
+
+def test_no_requeue_when_the_log_cannot_say_whether_the_job_start_made_progress(
+    env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Unknown progress is no progress: the scheduler is not asked (a requeue that may fail the same way)."""
+    from ftrain.cli.launch import requeue_if_progressed
+
+    calls = stand_in_scontrol(tmp_path, monkeypatch)
+    monkeypatch.setenv("FTRAIN_NATS_URL", f"nats://127.0.0.1:{free_port()}")
+    assert requeue_if_progressed(SchedulerJob("slurm", "4242", 0), "P-slurm-4242") is False
+    err = capsys.readouterr().err
+    assert (
+        err.startswith("ftrain run: not requeueing slurm job 4242: progress unknown (")
+        and err.count("\n") == 1
+    )
+    assert not calls.exists()
