@@ -1,5 +1,5 @@
 """Who may resume a run, against the real log with no torchrun (each start here is refused before any process
-starts; the requeues that do start one: tests/e2e/test_supervisor.py): a new Slurm job whose id was used before
+starts; the requeues that do start one: tests/e2e/test_requeue_bound.py): a new Slurm job whose id was used before
 is no requeue of the old one, a relaunch trains on the data it was launched with, and one user's job never
 relaunches or takes over another's run; with the log out of reach no requeue is asked for (the rules, pure:
 tests/unit/test_slurm_rules.py, test_deciders.py)."""
