@@ -75,12 +75,18 @@ class CheckpointPolicy(msgspec.Struct, frozen=True):
 
 
 class SchedulerJob(msgspec.Struct, frozen=True):
-    """The batch job a supervisor ran in: `slurm` or `pbs`, its id (which survives a requeue), and how many
-    times the scheduler had requeued it (Slurm's SLURM_RESTART_COUNT; None: the scheduler does not say)."""
+    """The batch job a supervisor ran in: `slurm` or `pbs`, its id (which survives a requeue), how many
+    times the scheduler had requeued it (Slurm's SLURM_RESTART_COUNT; None: the scheduler does not say), the
+    cluster it ran on (Slurm's SLURM_CLUSTER_NAME; None: not given, or PBS, whose id names its server), and
+    when this start of it began (`scontrol show job`'s StartTime, as shown; None: unknown). Together they
+    tell a requeue (same id and cluster, more restarts) or the same job start (same restarts and start time)
+    from a new job with a recycled id."""
 
     scheduler: Annotated[str, msgspec.Meta(max_length=16)]
     id: Annotated[str, msgspec.Meta(max_length=256)]
     restarts: Count | None = None
+    cluster: Annotated[str, msgspec.Meta(max_length=256)] | None = None
+    started: Annotated[str, msgspec.Meta(max_length=32)] | None = None
 
 
 class Launched(Event, frozen=True, kw_only=True, tag="launched"):

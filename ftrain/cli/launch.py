@@ -20,10 +20,11 @@ from ftrain import settings
 from ftrain.cadence import parse_checkpoint_every
 from ftrain.cli import documents, render
 from ftrain.errors import Refused, UsageError
+from ftrain.events.jetstream.store import LogUnavailable
 from ftrain.events.lease_record import Holder
 from ftrain.events.run_id import RUN_ID_MAX, InvalidRunId, validate_run_id
 from ftrain.events.schema import Completed, InvalidEvent, Launched, SchedulerJob, encode_event
-from ftrain.projections.lifecycle import IllegalTransition, check_relaunch
+from ftrain.projections.lifecycle import IllegalTransition, check_owner, check_relaunch
 from ftrain.service import RunService, checkpoint_storage
 from ftrain.supervise.attempts import attempt_commands, child_env
 from ftrain.supervise.hostlist import HostlistError, resolve_allocation
@@ -32,11 +33,16 @@ from ftrain.supervise.lease_keeper import LeaseKeeper, this_supervisor
 from ftrain.supervise.node_exec import TemplateError, parse_template
 from ftrain.supervise.opening import NotOpened, append_relaunch, open_attempt
 from ftrain.supervise.scheduler_job import (
+    NotAJob,
     current_job,
     ended_by_hand,
     job_run_id,
+    made_progress,
+    may_resume,
+    recorded_jobs,
     rendezvous_port,
     requeue_command,
+    start_time,
     state_command,
 )
 from ftrain.supervise.supervisor import Relaunches, Supervisor
@@ -46,6 +52,8 @@ from ftrain.workers.storage.open import is_object_storage
 
 T = TypeVar("T")
 REQUEUE_TIMEOUT = 60.0
+SHOW_TIMEOUT = 10.0
+"""Seconds `scontrol show job` may take at a job's start before its start time counts as unknown."""
 
 
 # -- launch ------------------------------------------------------------------------------------------------
@@ -63,6 +71,8 @@ class LaunchPlan(NamedTuple):
     """The Slurm or PBS job this runs in (its id names the run when --run-id is not given)."""
     procs_per_node: int = 1
     """What the launch records as `gpus_per_node`: GPUs, or a CPU job's processes per node."""
+    derived: bool = False
+    """The run id is the job's (no --run-id): a start that finds the run resumes it only as its requeue."""
 
 
 def prepare_launch(args: argparse.Namespace) -> LaunchPlan:
@@ -74,8 +84,12 @@ def prepare_launch(args: argparse.Namespace) -> LaunchPlan:
     except (HostlistError, ValueError) as exc:
         raise UsageError(str(exc)) from exc
     procs, devices = processes_per_node(args)
-    job = current_job(env)
-    derived = job_run_id(args.project, job) if job is not None and not args.run_id else None
+    try:
+        job = current_job(env)
+        derived = job_run_id(args.project, job) if job is not None and not args.run_id else None
+    except NotAJob as exc:
+        raise UsageError(str(exc)) from exc
+    job = started(job)
     explicit = args.run_id or derived  # a requeued job's run is the job's: resumed, never a new -N
     base_id = explicit or f"dist-{args.project}-{args.nodes}x{procs}-{args.strategy}"
     try:
@@ -128,7 +142,20 @@ def prepare_launch(args: argparse.Namespace) -> LaunchPlan:
         encode_event(make(base_id))  # a command too long for the log is bad input, refused before a write
     except InvalidEvent as exc:
         raise UsageError(str(exc)) from exc
-    return LaunchPlan(base_id, bool(explicit), make, spec, allocation.hosts, job, procs)
+    return LaunchPlan(base_id, bool(explicit), make, spec, allocation.hosts, job, procs, derived is not None)
+
+
+def started(job: SchedulerJob | None) -> SchedulerJob | None:
+    """`job` with the start time `scontrol show job` gives (Slurm: what tells a second `ftrain run` within one
+    job start from a new job with a recycled id); as it is when the scheduler cannot say in time."""
+    ask = state_command(job) if job is not None else None
+    if job is None or ask is None:
+        return job
+    try:
+        shown = subprocess.run(ask, capture_output=True, text=True, timeout=SHOW_TIMEOUT, check=False).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return job
+    return msgspec.structs.replace(job, started=start_time(shown))
 
 
 def processes_per_node(args: argparse.Namespace) -> tuple[int, Literal["cpu"] | UnsetType]:
@@ -236,23 +263,30 @@ async def start_run(
 ) -> tuple[Launched, int, int]:
     """Append `launched` for a new run (attempt 1); an existing --run-id is relaunched, as launched, after a
     failure only, by opening its next attempt (of two racing relaunches, one opens it; the other is refused).
-    Either way `holder` takes the run's supervisor lease first; a relaunch finding the lease of a dead
-    supervisor records its run `failed` (lost) and goes on (`RunService.claim`). Returns the launch, the
-    attempt to start and the lease's revision."""
+    Another user's run, or the run a job's id derives met by no requeue of that job, is refused before
+    anything is written (`relaunch_refusal`). Either way `holder` takes the run's supervisor lease first; a
+    relaunch finding the lease of a dead supervisor records its run `failed` (lost) and goes on
+    (`RunService.claim`). Returns the launch, the attempt to start and the lease's revision."""
     if plan.launch.explicit:
         await app.projector.catch_up()
         if await app.model.taken(plan.launch.base_id):
+            if refusal := await relaunch_refusal(app, plan.launch, holder.user):
+                raise Refused(refusal)
             claim = await app.claim(plan.launch.base_id, holder)
             if claim.lost is not None:
                 render.emit(f"Took {claim.lost.run_id} over: {claim.lost.message} (recorded as failed: lost)")
             state = await app.state_of(plan.launch.base_id)
+            wanted = plan.launch.make(state.run_id)
             try:
                 check_relaunch(
                     state,
+                    user=holder.user,
                     project=args.project,
                     nodes=args.nodes,
                     gpus_per_node=plan.launch.procs_per_node,
                     strategy=args.strategy,
+                    dataset_revision=wanted.dataset_revision,
+                    checkpoint_policy=wanted.checkpoint_policy,
                 )
                 opened = await append_relaunch(app.store, state.run_id, plan.launch.hosts, plan.launch.job)
             except (IllegalTransition, NotOpened) as exc:
@@ -265,6 +299,21 @@ async def start_run(
             return state.launch, opened.attempt, claim.revision
     launched = await append_launched(app, plan.launch)
     return launched, 1, await app.take_lease(launched.run_id, msgspec.structs.replace(holder, attempt=1))
+
+
+async def relaunch_refusal(app: RunService, launch: LaunchPlan, user: str) -> str | None:
+    """Why the existing run `launch` names may not be relaunched or taken over at all, checked before its lease
+    is claimed (a claim records a dead supervisor's run failed): it is another user's, or its id is the job's
+    and this job start is no requeue of the job that started it (`may_resume`). None: go on."""
+    state = await app.state_of(launch.base_id)
+    try:
+        check_owner(state, user)
+    except IllegalTransition as exc:
+        return str(exc)
+    if not launch.derived or launch.job is None:
+        return None
+    events = [entry.event for entry in await app.timeline(state.run_id) if entry.event is not None]
+    return may_resume(recorded_jobs(events), launch.job, state.run_id)
 
 
 def supervise(args: argparse.Namespace, ready: Callable[[], None]) -> int:
@@ -320,7 +369,7 @@ def supervise(args: argparse.Namespace, ready: Callable[[], None]) -> int:
     if outcome.status != "completed":
         sys.stderr.write(f"ftrain run: {outcome.message}\n")
         if args.requeue_on_failure and plan.launch.job is not None:
-            requeue(plan.launch.job)
+            requeue_if_progressed(plan.launch.job, run_id)
     elif not outcome.recorded:
         render.emit(f"Completed {run_id} — kept in the local outbox until the event log is reachable")
     else:
@@ -330,6 +379,26 @@ def supervise(args: argparse.Namespace, ready: Callable[[], None]) -> int:
     if args.json:
         render.emit_json(documents.run_outcome(run_id, outcome, supervisor.number, completion))
     return outcome.exit_code
+
+
+def requeue_if_progressed(job: SchedulerJob, run_id: str) -> bool:
+    """`requeue` the failed job start `job` of `run_id` only when it recorded a checkpoint of the run: one that
+    saved nothing would fail the same way on every requeue (nor when the log cannot say). One line says why
+    not; False when not requeued."""
+    try:
+        events = asyncio.run(_with_app(lambda app: app.timeline(run_id)))
+    except (Refused, LogUnavailable, OSError) as exc:
+        sys.stderr.write(
+            f"ftrain run: not requeueing {job.scheduler} job {job.id}: progress unknown ({exc})\n"
+        )
+        return False
+    if not made_progress([e.event for e in events if e.event is not None], job):
+        sys.stderr.write(
+            f"ftrain run: not requeueing {job.scheduler} job {job.id}: this job start recorded no checkpoint "
+            f"of {run_id}, so a requeue would fail the same way; fix the cause, then resubmit\n"
+        )
+        return False
+    return requeue(job)
 
 
 def requeue(job: SchedulerJob) -> bool:

@@ -1,11 +1,26 @@
-"""The scheduler job `ftrain run` runs in, and what follows from it: the run a requeued job resumes, and the
-command that asks the scheduler for another go. Pure (reads a given environment, runs nothing).
+"""The scheduler job `ftrain run` runs in, and what follows from it: the run a requeued job resumes, whether a
+job start is a requeue at all, whether to ask for another go, and the command that asks. Pure (reads a given
+environment or events, runs nothing).
 
 Rule: inside a Slurm job, with no --run-id, the run is `<project>-slurm-<SLURM_JOB_ID>`; inside a PBS job,
-`<project>-pbs-<PBS_JOBID up to its first dot>` (`1234.server` → `1234`; an array index's brackets become `_`).
-A job id survives a requeue (Slurm: `scontrol requeue`, `--requeue` after a node failure or preemption; PBS:
-`qrerun`), so the requeued job's `ftrain run` finds its run failed and resumes it; a job submitted anew gets a new
-id, hence a new run, unless it passes --run-id. SLURM_RESTART_COUNT says how many times the job was requeued.
+`<project>-pbs-<PBS_JOBID up to its first dot>` (`1234.server` → `1234`; an array subjob `1234[7].server` →
+`1234_7`). Any other form of id (Slurm's are digits; PBS's `SEQ[INDEX].server`) names no run: bad input, pass
+--run-id. A job id survives a requeue (Slurm: `scontrol requeue`, `--requeue` after a node failure or
+preemption; PBS: `qrerun`), so the requeued job's `ftrain run` finds its run failed and resumes it; a job
+submitted anew gets a new id, hence a new run, unless it passes --run-id.
+
+Rule: a job start that meets the run its id derives resumes it only when the log says it is that job: the run
+recorded this job (same scheduler and id, same SLURM_CLUSTER_NAME where both say one), and either
+SLURM_RESTART_COUNT is higher than every count the run recorded for it (a requeue: each raises it by one), or
+it is that count and `scontrol show job` gives the start time recorded with it (a second `ftrain run` within
+one job start). Else it is refused with one line (exit 1): a new job with a recycled id (a wrapped counter, a
+reset slurmctld: restart count 0 again, another start time), a job of another server whose PBS id has the same
+number. To go on, pass --run-id: a new id starts a run of its own; the run's id resumes it on purpose. PBS puts
+no run count in a job's environment, so a PBS job start that the run recorded resumes it, as before.
+
+Rule: with --requeue-on-failure, a failed job start asks for a requeue only when it made progress: the run
+recorded a checkpoint after this job start opened its attempt (launched or resumed, with this job's id and
+restart count). A job start that saved nothing would fail the same way on every requeue.
 
 Rule: inside a job, with no --rdzv-port, torchrun's rendezvous port is `JOB_PORT_BASE + <the job id's number> mod
 JOB_PORT_SPAN` (20000–29999, below Linux's ephemeral range), not torchrun's 29500. The number is the digits of the
@@ -17,41 +32,116 @@ JOB_PORT_SPAN still meet; --rdzv-port settles that.
 """
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Final
 
-from ftrain.events.schema import INT64_MAX, SchedulerJob
+from ftrain.events.schema import AnyEvent, Checkpointed, Launched, Resumed, SchedulerJob
 from ftrain.supervise.launch_spec import DEFAULT_RDZV_PORT
 
 SLURM_JOB_ID: Final = "SLURM_JOB_ID"
 SLURM_RESTART_COUNT: Final = "SLURM_RESTART_COUNT"
+SLURM_CLUSTER_NAME: Final = "SLURM_CLUSTER_NAME"
 PBS_JOBID: Final = "PBS_JOBID"
-_NOT_IN_RUN_ID: Final = re.compile(r"[^A-Za-z0-9_-]")
-_DIGITS: Final = re.compile(r"\d+")
+_COUNT: Final = re.compile(r"[0-9]{1,18}")
+"""A restart count: ASCII digits (`str.isdigit` takes `²`, which `int` refuses), fewer than int64's."""
+_PBS_ID: Final = re.compile(r"([0-9]+)(?:\[([0-9]+)\])?(?:\..+)?")
+_DIGITS: Final = re.compile(r"[0-9]+")
+"""ASCII digits, not the regex digit class: it takes any script's digits, some of which `int` refuses."""
 JOB_PORT_BASE: Final = 20000
 JOB_PORT_SPAN: Final = 10000
 
 
+class NotAJob(ValueError):
+    """A scheduler variable that names no job ftrain can act on: bad input, said in one line."""
+
+
 def current_job(env: Mapping[str, str]) -> SchedulerJob | None:
-    """The Slurm or PBS job of `env` (Slurm first), with Slurm's requeue count; None outside both."""
+    """The Slurm or PBS job of `env` (Slurm first), with Slurm's requeue count and cluster; None outside both.
+    NotAJob for a restart count that is not one."""
     if job_id := env.get(SLURM_JOB_ID, "").strip():
-        count = env.get(SLURM_RESTART_COUNT, "").strip()
-        return SchedulerJob("slurm", job_id, min(int(count), INT64_MAX) if count.isdigit() else 0)
+        count = env.get(SLURM_RESTART_COUNT, "").strip() or "0"
+        if not _COUNT.fullmatch(count):
+            raise NotAJob(f"{SLURM_RESTART_COUNT}={_shown(count)} is not a count of restarts")
+        cluster = env.get(SLURM_CLUSTER_NAME, "").strip() or None
+        return SchedulerJob("slurm", job_id, int(count), cluster)
     if job_id := env.get(PBS_JOBID, "").strip():
         return SchedulerJob("pbs", job_id, None)
     return None
 
 
 def job_run_id(project: str, job: SchedulerJob) -> str:
-    """The run a job resumes when no --run-id is given (the rule in this module's docstring)."""
-    token = job.id.split(".", 1)[0] if job.scheduler == "pbs" else job.id
-    return f"{project}-{job.scheduler}-{_NOT_IN_RUN_ID.sub('_', token).strip('_')}"
+    """The run a job resumes when no --run-id is given (the rule in this module's docstring); NotAJob for an id
+    of no form the rule maps, so that two different ids never name one run by their punctuation."""
+    if job.scheduler == "slurm" and _DIGITS.fullmatch(job.id):
+        return f"{project}-slurm-{job.id}"
+    if job.scheduler == "pbs" and (parts := _PBS_ID.fullmatch(job.id)):
+        return f"{project}-pbs-{parts[1]}" + (f"_{parts[2]}" if parts[2] is not None else "")
+    variable = SLURM_JOB_ID if job.scheduler == "slurm" else PBS_JOBID
+    raise NotAJob(f"{variable}={_shown(job.id)} is not a job id a run can be named after: pass --run-id")
+
+
+def _shown(value: str) -> str:
+    """A scheduler variable's value for a one-line message: quoted, and cut short when long."""
+    return repr(value if len(value) <= 40 else value[:40] + "…")
+
+
+def may_resume(recorded: Sequence[SchedulerJob], job: SchedulerJob, run_id: str) -> str | None:
+    """Whether a start of `job` may resume `run_id`, the run its id derives, whose launched/resumed events
+    recorded the jobs `recorded`: None when it is that job's requeue (the rule in this module's docstring),
+    else the one line that refuses it and says what to do next."""
+    same = [r for r in recorded if _same_job(r, job)]
+    after = f"pass --run-id NEW to start a run of its own, or --run-id {run_id} to resume that run on purpose"
+    if not same:
+        return f"run {run_id} was not started by this {job.scheduler} job {job.id}{_on(job)}: {after}"
+    if job.restarts is None:
+        return None
+    seen = max(r.restarts or 0 for r in same)
+    this_start = job.started is not None and any((r.restarts, r.started) == (seen, job.started) for r in same)
+    if job.restarts > seen or this_start:
+        return None
+    return (
+        f"run {run_id} was started by an earlier {job.scheduler} job {job.id}{_on(job)} (restart count {seen}); "
+        f"this one (restart count {job.restarts}) is no requeue of it but a new job with a recycled id or a "
+        f"second start within the job: {after}"
+    )
+
+
+def _same_job(recorded: SchedulerJob, job: SchedulerJob) -> bool:
+    """One job, perhaps at another restart: scheduler and id, and the cluster where both name one (an older
+    ftrain recorded none)."""
+    clusters = {recorded.cluster, job.cluster} - {None}
+    return (recorded.scheduler, recorded.id) == (job.scheduler, job.id) and len(clusters) <= 1
+
+
+def start_time(shown: str) -> str | None:
+    """The StartTime `scontrol show job --oneliner` shows (`2026-12-04T16:20:50`); None when it shows none."""
+    found = re.search(r"\bStartTime=([0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2})(?:\s|$)", shown)
+    return found[1] if found else None
+
+
+def _on(job: SchedulerJob) -> str:
+    return f" on cluster {job.cluster}" if job.cluster else ""
+
+
+def recorded_jobs(events: Sequence[AnyEvent]) -> list[SchedulerJob]:
+    """The jobs a run's `launched` and `resumed` events recorded, in order."""
+    return [e.job for e in events if isinstance(e, Launched | Resumed) and isinstance(e.job, SchedulerJob)]
+
+
+def made_progress(events: Sequence[AnyEvent], job: SchedulerJob) -> bool:
+    """Whether the job start `job` (its id and restart count) recorded a checkpoint in the run of `events`: a
+    `checkpointed` after the first `launched`/`resumed` it appended. No such event: it opened nothing, no."""
+    opened = next(
+        (i for i, e in enumerate(events) if isinstance(e, Launched | Resumed) and e.job == job), None
+    )
+    return opened is not None and any(isinstance(e, Checkpointed) for e in events[opened + 1 :])
 
 
 def rendezvous_port(job: SchedulerJob | None) -> int:
     """The rendezvous port when --rdzv-port is not given (the rule in this module's docstring)."""
     digits = "".join(_DIGITS.findall(job.id.split(".", 1)[0])) if job is not None else ""
-    return JOB_PORT_BASE + int(digits) % JOB_PORT_SPAN if digits else DEFAULT_RDZV_PORT
+    # the last 8 digits carry the remainder (JOB_PORT_SPAN divides 10**8), and int() takes no more than 4300
+    return JOB_PORT_BASE + int(digits[-8:]) % JOB_PORT_SPAN if digits else DEFAULT_RDZV_PORT
 
 
 def state_command(job: SchedulerJob) -> list[str] | None:

@@ -9,6 +9,7 @@ deciders that turn a writer's request into the event the judge checks. No I/O; u
 """
 
 from ftrain.projections.lifecycle.deciders import (
+    check_owner,
     check_relaunch,
     completed_event,
     corrupt_skipped_event,
@@ -56,6 +57,7 @@ __all__ = [
     "check",
     "check_may_resume",
     "check_open",
+    "check_owner",
     "check_relaunch",
     "completed_event",
     "corrupt_skipped_event",

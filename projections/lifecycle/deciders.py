@@ -10,7 +10,15 @@ from datetime import datetime
 import msgspec
 from msgspec import UNSET
 
-from ftrain.events.schema import AnyEvent, Checkpointed, Completed, CorruptSkipped, Failed, Resumed
+from ftrain.events.schema import (
+    AnyEvent,
+    Checkpointed,
+    CheckpointPolicy,
+    Completed,
+    CorruptSkipped,
+    Failed,
+    Resumed,
+)
 from ftrain.projections.lifecycle.intents import (
     CheckpointIntent,
     FailIntent,
@@ -22,8 +30,21 @@ from ftrain.projections.lifecycle.judge import IllegalTransition, check_open
 from ftrain.projections.lifecycle.state import CheckpointRef, RunState
 
 
-def check_relaunch(state: RunState, *, project: str, nodes: int, gpus_per_node: int, strategy: str) -> None:
-    """Only a failed run is relaunched (a running one may still have its supervisor), and only as itself."""
+def check_relaunch(
+    state: RunState,
+    *,
+    user: str,
+    project: str,
+    nodes: int,
+    gpus_per_node: int,
+    strategy: str,
+    dataset_revision: str | None,
+    checkpoint_policy: CheckpointPolicy | None,
+) -> None:
+    """Only a failed run is relaunched (a running one may still have its supervisor), only by the user who
+    launched it, and only as itself: the same world, and the same data and checkpoint cadence, which shape
+    what it trains (its supervisor runs the launch's, so a different one would be dropped without a word)."""
+    check_owner(state, user)
     _check_failed(state)
     launch = state.launch
     if (launch.project, launch.nodes, launch.gpus_per_node, launch.strategy) != (
@@ -36,6 +57,32 @@ def check_relaunch(state: RunState, *, project: str, nodes: int, gpus_per_node: 
             f"run {state.run_id} was launched as {launch.project} {launch.nodes}×{launch.gpus_per_node} "
             f"{launch.strategy}; relaunch it with the same project, --nodes, --gpus-per-node and --strategy"
         )
+    if launch.dataset_revision != dataset_revision:
+        raise IllegalTransition(
+            f"run {state.run_id} was launched with --dataset-revision {_given(launch.dataset_revision)}, not "
+            f"{_given(dataset_revision)}: relaunch it with the same, or pass a new --run-id for a new run"
+        )
+    was, now = (p.text if p is not None else None for p in (launch.checkpoint_policy, checkpoint_policy))
+    if was != now:
+        raise IllegalTransition(
+            f"run {state.run_id} was launched with --checkpoint-every {_given(was)}, not {_given(now)}: "
+            "relaunch it with the same, or pass a new --run-id for a new run"
+        )
+
+
+def check_owner(state: RunState, user: str) -> None:
+    """A run is relaunched or taken over only by the user whose `launched` opened it: on a log users share,
+    another user's job that names the same run id (its own --run-id, or a recycled job id) is refused."""
+    actor = state.launch.actor
+    if actor is not None and actor.user != user:
+        raise IllegalTransition(
+            f"run {state.run_id} was launched by {actor.user}@{actor.host}, not by {user}: "
+            "pass a --run-id of your own"
+        )
+
+
+def _given(value: str | None) -> str:
+    return repr(value) if value is not None else "(none)"
 
 
 def _check_failed(state: RunState) -> None:

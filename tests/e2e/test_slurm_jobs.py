@@ -120,8 +120,11 @@ def test_a_time_limit_with_an_early_warning_saves_requeues_and_resumes_with_noth
     assert gist(seen)[: seen.index(failed) + 2][-2:] == ["failed:preempted", f"resumed:{saved}"]
     assert gist(seen)[-1] == "completed"
     opened = seen[seen.index(failed) + 1]
-    assert opened["job"] == {"scheduler": "slurm", "id": str(job), "restarts": 1}
-    assert seen[0]["job"] == {"scheduler": "slurm", "id": str(job), "restarts": 0}
+    first = seen[0]["job"]
+    assert (first["scheduler"], first["id"], first["restarts"]) == ("slurm", str(job), 0)
+    assert None not in (first["cluster"], first["started"])  # SLURM_CLUSTER_NAME, scontrol's StartTime
+    assert opened["job"] == {**first, "restarts": 1, "started": opened["job"]["started"]}  # the job, requeued
+    assert opened["job"]["started"] > first["started"]  # as scontrol shows it: ISO 8601, local time
     restart = next(m for m in trained(ckpt) if "train/restart_seconds" in m)
     assert restart["train/lost_steps"] == 0, restart
     reached = max(m["train/iter"] for m in trained(ckpt) if moment_of(m) < moment(failed))

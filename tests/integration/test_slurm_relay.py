@@ -95,6 +95,29 @@ def test_requeue_on_failure_outside_a_job_is_bad_input(
     assert ftrain_process(["list", "--json"], env).stdout.count("run_id") == 0
 
 
+@pytest.mark.parametrize(
+    ("job", "extra", "line"),
+    [
+        ({"SLURM_JOB_ID": "7", "SLURM_RESTART_COUNT": "²"}, (),
+         "SLURM_RESTART_COUNT='²' is not a count of restarts"),  # isdigit() said yes, int() said no
+        ({"SLURM_JOB_ID": "7", "SLURM_RESTART_COUNT": "9" * 5000}, (),
+         f"SLURM_RESTART_COUNT='{'9' * 40}…' is not a count of restarts"),  # beyond int()'s 4300 digits
+        ({"SLURM_JOB_ID": "7" * 5000}, ("--run-id", "x"), "out of bounds: Expected `str` of length <= 256 - at `$.job.id`"),
+        ({"SLURM_JOB_ID": "___"}, (), "SLURM_JOB_ID='___' is not a job id a run can be named after: pass --run-id"),
+        ({"PBS_JOBID": "12-34.s"}, (), "PBS_JOBID='12-34.s' is not a job id a run can be named after"),
+    ],
+)  # fmt: skip
+def test_a_scheduler_variable_that_names_no_job_is_bad_input(
+    env: dict[str, str], job: dict[str, str], extra: tuple[str, ...], line: str
+) -> None:
+    """Once a traceback, or (`___`) the run `P-slurm-` that every id of punctuation alone shared."""
+    done = ftrain_process(["launch", "P", "--nodes", "1", "--gpus-per-node", "1", *extra, "--", "x.py"],
+                          {**env, **job})  # fmt: skip
+    assert (done.returncode, done.stdout, done.stderr.count("\n")) == (2, "", 1), done.stderr
+    assert done.stderr.startswith("ftrain launch: error: ") and line in done.stderr, done.stderr
+    assert ftrain_process(["list", "--json"], env).stdout.count("run_id") == 0
+
+
 def test_inside_a_pbs_job_the_run_is_the_jobs_and_the_launch_records_it(env: dict[str, str]) -> None:
     job = {"PBS_JOBID": "1234.pbs01.example.org"}
     first = ftrain_process(
@@ -102,7 +125,9 @@ def test_inside_a_pbs_job_the_run_is_the_jobs_and_the_launch_records_it(env: dic
     )
     assert first.returncode == 0, first.stderr
     status = json.loads(ftrain_process(["status", "P-pbs-1234", "--json"], env).stdout)
-    assert status["launch"]["job"] == {"scheduler": "pbs", "id": "1234.pbs01.example.org", "restarts": None}
+    assert status["launch"]["job"] == {
+        "scheduler": "pbs", "id": "1234.pbs01.example.org", "restarts": None, "cluster": None, "started": None
+    }  # fmt: skip
     again = ftrain_process(
         ["launch", "P", "--nodes", "1", "--gpus-per-node", "1", "--", "x.py"], {**env, **job}
     )

@@ -6,7 +6,16 @@ from datetime import UTC, datetime, timedelta
 import msgspec
 import pytest
 
-from ftrain.events.schema import AnyEvent, Checkpointed, Completed, CorruptSkipped, Failed, Resumed
+from ftrain.events.schema import (
+    Actor,
+    AnyEvent,
+    Checkpointed,
+    CheckpointPolicy,
+    Completed,
+    CorruptSkipped,
+    Failed,
+    Resumed,
+)
 from ftrain.projections.lifecycle import (
     CheckpointIntent,
     CompleteIntent,
@@ -15,6 +24,7 @@ from ftrain.projections.lifecycle import (
     ResumeIntent,
     RunState,
     SkipIntent,
+    check_owner,
     check_relaunch,
     completed_event,
     corrupt_skipped_event,
@@ -147,17 +157,59 @@ def test_a_relaunch_opens_the_next_attempt_unforced_from_the_newest_valid_checkp
     assert relaunch(state, ("a",)) == msgspec.structs.replace(relaunch(state), hosts=("a",))  # on its nodes
 
 
+SAME = {"user": "alice", "project": "p", "nodes": 1, "gpus_per_node": 2, "strategy": "fsdp",
+        "dataset_revision": None, "checkpoint_policy": None}  # fmt: skip
+
+
 def test_only_a_failed_run_is_relaunched_and_only_as_it_was_launched() -> None:
     failed = fold(launched(), FAILED)
-    same = {"project": "p", "nodes": 1, "gpus_per_node": 2, "strategy": "fsdp"}
-    check_relaunch(failed, **same)  # type: ignore[arg-type]
+    check_relaunch(failed, **SAME)  # type: ignore[arg-type]
     running = "run r is running (another supervisor?); if it is dead, record that first: ftrain fail r"
     with pytest.raises(IllegalTransition, match=f"^{re.escape(running)}$"):
-        check_relaunch(fold(launched()), **same)  # type: ignore[arg-type]
+        check_relaunch(fold(launched()), **SAME)  # type: ignore[arg-type]
     other = "run r was launched as p 1×2 fsdp; relaunch it with the same project, --nodes, --gpus-per-node and --strategy"
     for field, value in (("project", "q"), ("nodes", 2), ("gpus_per_node", 4), ("strategy", "ddp")):
         with pytest.raises(IllegalTransition, match=f"^{re.escape(other)}$"):
-            check_relaunch(failed, **{**same, field: value})  # type: ignore[arg-type]
+            check_relaunch(failed, **{**SAME, field: value})  # type: ignore[arg-type]
+
+
+EVERY_100 = CheckpointPolicy("100steps", steps=100)
+
+
+@pytest.mark.parametrize(
+    ("launch", "given", "message"),
+    [
+        ({"dataset_revision": "v1"}, {"dataset_revision": "v2"},
+         "run r was launched with --dataset-revision 'v1', not 'v2': relaunch it with the same, or pass a new "
+         "--run-id for a new run"),
+        ({"dataset_revision": "v1"}, {}, "run r was launched with --dataset-revision 'v1', not (none): "),
+        ({}, {"dataset_revision": "v1"}, "run r was launched with --dataset-revision (none), not 'v1': "),
+        ({"checkpoint_policy": EVERY_100}, {"checkpoint_policy": CheckpointPolicy("10m", seconds=600.0)},
+         "run r was launched with --checkpoint-every '100steps', not '10m': relaunch it with the same"),
+        ({"checkpoint_policy": EVERY_100}, {}, "run r was launched with --checkpoint-every '100steps', not (none)"),
+    ],
+)  # fmt: skip
+def test_a_relaunch_with_other_data_or_cadence_is_refused_naming_both(
+    launch: dict[str, object], given: dict[str, object], message: str
+) -> None:
+    """Its supervisor hands the trainer the launch's revision and cadence: a new one would be dropped unsaid."""
+    failed = fold(msgspec.structs.replace(launched(), **launch), FAILED)
+    with pytest.raises(IllegalTransition, match=f"^{re.escape(message)}"):
+        check_relaunch(failed, **{**SAME, **given})  # type: ignore[arg-type]
+    check_relaunch(failed, **{**SAME, **launch})  # type: ignore[arg-type]
+
+
+def test_another_users_run_is_neither_relaunched_nor_taken_over() -> None:
+    """On a log users share, a job of bob's naming alice's run (a recycled job id, or the same --run-id)."""
+    alice = msgspec.structs.replace(launched(), actor=Actor(user="alice", host="n1", pid=7))
+    message = "run r was launched by alice@n1, not by bob: pass a --run-id of your own"
+    for state in (fold(alice), fold(alice, FAILED)):  # running (a takeover) or failed (a relaunch)
+        with pytest.raises(IllegalTransition, match=f"^{re.escape(message)}$"):
+            check_owner(state, "bob")
+        check_owner(state, "alice")
+    with pytest.raises(IllegalTransition, match=f"^{re.escape(message)}$"):
+        check_relaunch(fold(alice, FAILED), **{**SAME, "user": "bob"})  # type: ignore[arg-type]
+    check_relaunch(fold(alice, FAILED), **SAME)  # type: ignore[arg-type]
 
 
 def test_a_completion_is_recorded_by_the_attempt_named_or_else_the_current_one() -> None:

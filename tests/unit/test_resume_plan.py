@@ -93,7 +93,8 @@ def test_without_a_log_the_directories_are_the_candidates_with_their_own_markers
 
 
 def test_only_a_failed_run_is_relaunched_and_only_as_itself() -> None:
-    same = {"project": "p", "nodes": 2, "gpus_per_node": 4, "strategy": "fsdp"}
+    same = {"user": "u", "project": "p", "nodes": 2, "gpus_per_node": 4, "strategy": "fsdp",
+            "dataset_revision": None, "checkpoint_policy": None}  # fmt: skip
     check_relaunch(fold(launched(), Failed(run_id="r", reason="oom")), **same)  # type: ignore[arg-type]
     with pytest.raises(IllegalTransition, match=r"^run r is running \(another supervisor\?\)"):
         check_relaunch(fold(launched()), **same)  # type: ignore[arg-type]
