@@ -9,7 +9,9 @@ aside what the plan sets aside, checks a candidate's marker and manifest and sen
 then makes the files it owns readable locally, verified (in place on a file system, downloaded into the node's
 cache on S3), the verdicts are combined and DCP loads (`resume_load`), so all ranks fall back together. An
 invalid checkpoint is recorded as `corrupt_skipped` and set aside; when checkpoints exist and none is valid,
-every rank raises NoValidCheckpoint (never a silent fresh start).
+every rank raises NoValidCheckpoint (never a silent fresh start). Without a log, the steps an earlier start
+set aside as corrupt are the evidence that the run had checkpoints: it stays refused until a start with
+`resume=False`.
 """
 
 import os
@@ -124,13 +126,34 @@ def resume(
         if rank == 0:
             _skip(store, candidate, header.uri, reason, recorder)
     if plan.had_checkpoints:
-        raise NoValidCheckpoint(
-            f"no valid checkpoint among {len(plan.candidates)} candidate(s) in {config.location.uri}; "
-            "refusing to start over"
-        )
+        raise _no_valid(config, plan)
     if plan.restart and recorder is not None:
         recorder.record(ResumeIntent(checkpoint_hash=None, step=0, attempt=attempt))
     return None, attempt, plan
+
+
+def _no_valid(config: CheckpointConfig, plan: ResumePlan) -> NoValidCheckpoint:
+    """The refusal to start over, saying what to look at and how to start over on purpose."""
+    where = config.location.uri
+    found = (
+        f"{len(plan.candidates)} checkpoint(s) found corrupt now"
+        if plan.candidates
+        else "every checkpoint was found corrupt by an earlier start"
+    )
+    if config.run_id:
+        then = (
+            f"`ftrain status {config.run_id}` lists what the log recorded; to train from step 0 on purpose, "
+            "launch a new run id"
+        )
+    else:
+        then = (
+            "to train from step 0 on purpose, start once with resume=False (the reference trainer's "
+            "--no-resume)"
+        )
+    return NoValidCheckpoint(
+        f"no valid checkpoint in {where}: {found}, set aside there as step-N.corrupt-<time> (kept as "
+        f"evidence: inspect them there); refusing to start over. {then}"
+    )
 
 
 def _header(store: RunStore, candidate: Candidate, run_id: str) -> Header:
@@ -190,9 +213,9 @@ def _safe_plan(config: CheckpointConfig, recorder: Recorder | None, store: RunSt
 
 
 def _plan(config: CheckpointConfig, recorder: Recorder | None, store: RunStore) -> StartDecision:
-    """Rank 0: the lifecycle's plan, from the log when it answers, else from the run's sealed steps alone; the
-    run is claimed for the attempt, its stale partial work removed, and what the plan sets aside moved (kept,
-    never deleted)."""
+    """Rank 0: the lifecycle's plan, from the log when it answers, else from the run's sealed steps (and the
+    ones set aside as corrupt) alone; the run is claimed for the attempt, its stale partial work removed, and
+    what the plan sets aside moved (kept, never deleted)."""
     state = _run_state(config, recorder)
     if state is not None and not _same(
         launched := under_root(state.launch.storage, state.run_id), config.location
@@ -203,7 +226,12 @@ def _plan(config: CheckpointConfig, recorder: Recorder | None, store: RunStore) 
         )
     restarts = in_place_restarts(state, config)
     plan = plan_resume(
-        state, store.complete(), forced=True, fresh=not config.resume, failed_in_place=bool(restarts)
+        state,
+        store.complete(),
+        forced=True,
+        fresh=not config.resume,
+        failed_in_place=bool(restarts),
+        quarantined=store.quarantined() if state is None else (),
     )
     opened = settings.attempt()
     if state is None and config.run_id and config.resume and opened != 1:

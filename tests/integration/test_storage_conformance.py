@@ -251,6 +251,14 @@ class StoreCases:
         save(store, 10, attempt=1)
         assert [d.step for d in store.complete()] == [10]
 
+    def test_quarantined_lists_the_steps_set_aside_as_corrupt_only(self, store: RunStore) -> None:
+        assert store.quarantined() == []
+        corrupt = store.quarantine(save(store, 10).uri, "corrupt", "7")
+        store.quarantine(save(store, 20).uri, "superseded", "8")
+        store.quarantine(save(store, 30).uri, "unrecorded", "9")
+        save(store, 40)
+        assert store.quarantined() == [corrupt]
+
     def test_the_factory_opens_this_backend_from_a_location(self, store: RunStore, backend: Backend) -> None:
         opened = open_run(backend.location(), backend.stage)
         assert type(opened) is type(store) and opened.location == store.location

@@ -26,6 +26,7 @@ from ftrain.workers.layout import (
     assembly_dir,
     assembly_writer,
     rank_stage_dir,
+    set_asides,
     step_dir,
 )
 from ftrain.workers.manifest import FileEntry, Manifest
@@ -70,6 +71,9 @@ class FileRunStore:
 
     def complete(self) -> list[OnDisk]:
         return self.storage.complete(self._location.run)
+
+    def quarantined(self) -> list[str]:
+        return [fs.path_uri(aside.path) for aside in set_asides(self.run) if aside.kind == "corrupt"]
 
     def owner(self) -> int:
         return fence.owner(self.run)

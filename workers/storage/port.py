@@ -135,6 +135,10 @@ class RunStore(Protocol):
         """The run's sealed steps, newest first, each with the hash its marker claims (unverified)."""
         ...
 
+    def quarantined(self) -> list[str]:
+        """The URIs of the run's steps set aside as corrupt (kept as evidence)."""
+        ...
+
     def owner(self) -> int:
         """The attempt that last claimed the run (0: none has)."""
         ...

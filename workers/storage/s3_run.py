@@ -25,7 +25,7 @@ import structlog
 from ftrain.projections.lifecycle import OnDisk
 from ftrain.workers.dcp_reader import Rejected
 from ftrain.workers.integrity import Hashed
-from ftrain.workers.layout import SetAsideKind, rank_stage_dir, run_key, step_dir
+from ftrain.workers.layout import SetAsideKind, parse_set_aside, rank_stage_dir, run_key, step_dir
 from ftrain.workers.manifest import FileEntry, Manifest
 from ftrain.workers.s3.client import shared_client
 from ftrain.workers.stage_dir import claim_dir, safe_stage_dir
@@ -66,6 +66,14 @@ class S3RunStore:
 
     def complete(self) -> list[OnDisk]:
         return self.storage.complete(self.run)
+
+    def quarantined(self) -> list[str]:
+        key = run_key(self.storage.prefix, self.run)
+        return [
+            self.storage.objects.uri(key + name)
+            for name in self.storage.objects.children(key)
+            if (aside := parse_set_aside(name)) is not None and aside[1] == "corrupt"
+        ]
 
     def owner(self) -> int:
         return s3_fence.owner(self.storage, self.run)
