@@ -1,15 +1,22 @@
-"""What `load()` settles before the first step, in one process: a run without a log whose checkpoints were all
-set aside as corrupt never starts over."""
+"""What `load()` settles before the first step, in one process on real file systems (a read-only bind mount,
+/proc): a run without a log whose checkpoints were all set aside as corrupt never starts over; a
+location that cannot be written, or whose run directory is a link, is refused at once (the probe on every
+backend: tests/integration/test_storage_conformance.py)."""
 
+import os
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
-from ftrain.train.checkpointing import NoValidCheckpoint
+from ftrain.train.checkpointing import CheckpointManager, NoValidCheckpoint, ResumeRefused
 from ftrain.workers.layout import complete_steps, set_asides
 from tests.integration.test_training_api import _train
 
 pytestmark = pytest.mark.timeout(300)
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to mount a file system")
 
 
 @pytest.fixture
@@ -18,6 +25,27 @@ def plain(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
     for name in ("FTRAIN_RUN_ID", "FTRAIN_CKPT_DIR", "FTRAIN_CHECKPOINT_EVERY", "FTRAIN_DATASET_REVISION"):
         monkeypatch.delenv(name, raising=False)
+
+
+@contextmanager
+def mounted(target: Path, *options: str) -> Iterator[Path]:
+    """`target` with a file system mounted on it (`mount OPTIONS… target`), unmounted on exit."""
+    target.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", *options, str(target)], check=True)
+    try:
+        yield target
+    finally:
+        subprocess.run(["umount", "-l", str(target)], check=True)
+
+
+def _refused_at_load(location: Path | str, message: str) -> None:
+    """A manager of `location` is made, and its `load()` refuses the start with `message`."""
+    manager = CheckpointManager(location, every=1)
+    try:
+        with pytest.raises(ResumeRefused, match=message):
+            manager.load()
+    finally:
+        manager.close()
 
 
 def _corrupt_every_step(run: Path) -> list[int]:
@@ -50,3 +78,35 @@ def test_a_run_without_a_log_whose_checkpoints_were_all_set_aside_never_starts_o
     assert _train(run, 12, resume=False)[0] == 12  # on purpose: from step 0
     assert complete_steps(run) == [10, 5] and len(set_asides(run)) == 2, "the evidence stays"
     assert _train(run, 15)[0] == 15 and complete_steps(run) == [15, 10, 5]
+
+
+@pytest.mark.usefixtures("plain")
+def test_a_location_that_cannot_be_written_is_refused_before_the_first_step() -> None:
+    _refused_at_load(
+        "/proc/nope/ckpt",
+        r"^checkpoint location file:///proc/nope/ckpt cannot be written: No such file or directory$",
+    )
+
+
+@needs_root
+@pytest.mark.usefixtures("plain")
+def test_a_read_only_location_is_refused_before_the_first_step(tmp_path: Path) -> None:
+    root = tmp_path / "ro"
+    (root / "run").mkdir(parents=True)
+    with mounted(root, "--bind", str(root)):
+        subprocess.run(["mount", "-o", "remount,ro,bind", str(root)], check=True)
+        _refused_at_load(
+            root / "run", r"^checkpoint location \S+/ro/run cannot be written: Read-only file system$"
+        )
+
+
+@pytest.mark.usefixtures("plain")
+def test_a_run_directory_that_is_a_link_is_refused_and_an_empty_location_too(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "run").symlink_to(elsewhere)
+    _refused_at_load(tmp_path / "ckpt" / "run", r"^checkpoint location \S+/ckpt/run is a symbolic link: ")
+    assert os.listdir(elsewhere) == [], "nothing written through the link"
+    with pytest.raises(ValueError, match=r"^location: storage '': empty \(use a path, file:// or s3://\)$"):
+        CheckpointManager("", every=1)

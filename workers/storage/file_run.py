@@ -36,6 +36,7 @@ from ftrain.workers.storage.errors import StorageUnavailable
 from ftrain.workers.storage.file_store import FileStorage
 from ftrain.workers.storage.location import Location
 from ftrain.workers.storage.port import RankFiles, Readable, StoredCheckpoint
+from ftrain.workers.storage.probe import probe_dir
 
 log = structlog.get_logger(__name__)
 
@@ -68,6 +69,9 @@ class FileRunStore:
 
     def reachable(self) -> None:
         fs.require_listable(self.run)
+
+    def probe(self) -> None:
+        probe_dir(self.run, self._location.uri)
 
     def complete(self) -> list[OnDisk]:
         return self.storage.complete(self._location.run)
