@@ -3,16 +3,15 @@ backend (`workers.storage.port.RunStore`).
 
 Rank 0 plans with the lifecycle's `plan_resume`, the same plan `ftrain resume` executes: the candidates,
 newest first, are the checkpoints the log says are valid (after flushing what the previous attempt left in
-the outbox), or, with the log out of reach, the steps whose marker and manifest agree. Rank 0 claims the run
-for the attempt (an older attempt that wakes up then seals nothing), removes the run's stale partial work,
-proves the location writable (a probe file written, read back, removed), sets aside what the plan sets aside,
+the outbox), or, with the log out of reach, the steps whose marker and manifest agree. Rank 0 removes the
+run's stale partial work, proves the location writable (a probe file written, read back, removed), claims the
+run for the attempt (an older attempt that wakes up then seals nothing), sets aside what the plan sets aside,
 checks a candidate's marker and manifest and sends it to every rank; each rank then makes the files it owns
 readable locally, verified (in place on a file system, downloaded into the node's cache on S3), the verdicts
 are combined and DCP loads (`resume_load`), so all ranks fall back together. An invalid checkpoint is
 recorded as `corrupt_skipped` and set aside; when checkpoints exist and none is valid, every rank raises
-NoValidCheckpoint (never a silent fresh start). Without a log, the steps an earlier start
-set aside as corrupt are the evidence that the run had checkpoints: it stays refused until a start with
-`resume=False`.
+NoValidCheckpoint (never a silent fresh start). Without a log, the steps an earlier start set aside as
+corrupt are the evidence that the run had checkpoints: it stays refused until a start with `resume=False`.
 """
 
 import os
@@ -217,8 +216,14 @@ def _safe_plan(config: CheckpointConfig, recorder: Recorder | None, store: RunSt
 
 def _plan(config: CheckpointConfig, recorder: Recorder | None, store: RunStore) -> StartDecision:
     """Rank 0: the lifecycle's plan, from the log when it answers, else from the run's sealed steps (and the
-    ones set aside as corrupt) alone; the run is claimed for the attempt, its stale partial work removed, its
-    location proven writable, and what the plan sets aside moved (kept, never deleted)."""
+    ones set aside as corrupt) alone; the run's stale partial work is removed, its location proven writable,
+    the run claimed for the attempt, and what the plan sets aside moved (kept, never deleted).
+
+    The clean-up comes before anything is written, so a relaunch on a disk the dead attempt filled can start.
+    It takes nothing from a live attempt: under `ftrain run` the supervisor claimed the fence when it opened
+    this attempt; elsewhere an older attempt still writing could equally seal in the moment between listing
+    and claiming, and what it seals then is never recorded (the log has moved on) and set aside at the next
+    seal of that step."""
     state = _run_state(config, recorder)
     if state is not None and not _same(
         launched := under_root(state.launch.storage, state.run_id), config.location
@@ -243,12 +248,12 @@ def _plan(config: CheckpointConfig, recorder: Recorder | None, store: RunStore) 
         store.reachable()
     record_in_place(recorder, state, restarts, opened)
     attempt = opened or (_attempt(state, plan, store) if config.run_id else 0)
-    if plan.candidates:  # checkpoints are expected there: neither the claim nor the probe may recreate a root
+    if plan.candidates:  # checkpoints are expected there: the probe must not recreate a missing root
         store.reachable()
+    store.clean()  # first: on a full disk, the dead attempt's partial step is what frees the space to write
+    store.probe()
     if attempt:
         store.claim(attempt)
-    store.clean()
-    store.probe()
     set_aside_planned(store, plan)
     return StartDecision(plan, attempt, start=uuid.uuid4().hex[:12])
 

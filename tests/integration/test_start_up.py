@@ -1,19 +1,21 @@
-"""What `load()` settles before the first step, in one process on real file systems (a read-only bind mount,
-/proc): a run without a log whose checkpoints were all set aside as corrupt never starts over; a
-location that cannot be written, or whose run directory is a link, is refused at once (the probe on every
-backend: tests/integration/test_storage_conformance.py)."""
+"""What `load()` settles before the first step, in one process on real file systems (a tmpfs, a read-only bind
+mount, /proc): a run without a log whose checkpoints were all set aside as corrupt never starts over; a
+location that cannot be written, or whose run directory is a link, is refused at once; a relaunch on a disk
+the dead attempt filled frees its partial step before it writes anything (the probe on every backend:
+tests/integration/test_storage_conformance.py)."""
 
 import os
 import subprocess
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import pytest
 
 from ftrain.train.checkpointing import CheckpointManager, NoValidCheckpoint, ResumeRefused
-from ftrain.workers.layout import complete_steps, set_asides
+from ftrain.workers.layout import assemblies, complete_steps, set_asides
 from tests.integration.test_training_api import _train
+from tests.support.processes import ftrain_process
 
 pytestmark = pytest.mark.timeout(300)
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to mount a file system")
@@ -110,3 +112,33 @@ def test_a_run_directory_that_is_a_link_is_refused_and_an_empty_location_too(tmp
     assert os.listdir(elsewhere) == [], "nothing written through the link"
     with pytest.raises(ValueError, match=r"^location: storage '': empty \(use a path, file:// or s3://\)$"):
         CheckpointManager("", every=1)
+
+
+@needs_root
+def test_a_relaunch_on_a_disk_the_dead_attempt_filled_frees_its_partial_step_first(
+    tmp_path: Path, env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Attempt 1 saved step 5 and died writing step 10, which filled the disk; the relaunch removes the
+    partial step before it claims the run (a write), resumes from step 5 and saves step 10."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    with mounted(tmp_path / "disk", "-t", "tmpfs", "-o", "size=1m", "tmpfs") as disk:
+        monkeypatch.setenv("FTRAIN_STORAGE", str(disk))
+        launched = ftrain_process(
+            ["launch", "proj", "--run-id", "r1", "--nodes", "1", "--gpus-per-node", "1"],
+            {**env, "FTRAIN_STORAGE": str(disk)},
+        )
+        assert launched.returncode == 0, launched.stderr
+        assert _train(disk / "r1", 5, run_id="r1")[0] == 5
+        partial = disk / "r1" / ".step-10.tmp-attempt-1"
+        partial.mkdir()
+        _fill(partial / "__0_0.distcp")
+        assert _train(disk / "r1", 10, run_id="r1")[0] == 10
+        assert complete_steps(disk / "r1") == [10, 5] and assemblies(disk / "r1") == []
+
+
+def _fill(path: Path) -> None:
+    """Write zeros to `path` until its file system is full (as a save cut short by a full disk leaves it)."""
+    with open(path, "wb", buffering=0) as f, suppress(OSError):
+        while True:
+            f.write(b"\0" * 65536)
+    assert os.statvfs(path.parent).f_bavail == 0, "the disk is full"
