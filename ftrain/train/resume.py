@@ -252,7 +252,9 @@ def _plan(config: CheckpointConfig, recorder: Recorder | None, store: RunStore) 
         store.reachable()
     store.clean()  # first: on a full disk, the dead attempt's partial step is what frees the space to write
     store.probe()
-    if attempt:
+    if attempt and (plan.candidates or not plan.had_checkpoints):
+        # a start with nothing left to try is refused (NoValidCheckpoint) and claims nothing, so each later
+        # start is refused the same way, never as superseded by this one
         store.claim(attempt)
     set_aside_planned(store, plan)
     return StartDecision(plan, attempt, start=uuid.uuid4().hex[:12])

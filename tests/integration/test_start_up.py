@@ -82,6 +82,34 @@ def test_a_run_without_a_log_whose_checkpoints_were_all_set_aside_never_starts_o
     assert _train(run, 15)[0] == 15 and complete_steps(run) == [15, 10, 5]
 
 
+def test_a_logged_run_with_no_valid_checkpoint_says_how_to_start_over(
+    tmp_path: Path, env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a run id the log says the run had checkpoints: refused at every start, and each refusal names
+    what to look at and the one way to start over (a new run id; resume=False is refused for this run)."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    launched = ftrain_process(
+        ["launch", "proj", "--run-id", "r2", "--nodes", "1", "--gpus-per-node", "1"], env
+    )
+    assert launched.returncode == 0, launched.stderr
+    run = Path(env["FTRAIN_STORAGE"]) / "r2"
+    assert _train(run, 10, run_id="r2")[0] == 10
+    assert _corrupt_every_step(run) == [10, 5]
+    for found in (
+        "2 checkpoint(s) found corrupt now",
+        "every checkpoint was found corrupt by an earlier start",
+    ):
+        with pytest.raises(NoValidCheckpoint) as refused:
+            _train(run, 12, run_id="r2")
+        assert str(refused.value) == (
+            f"no valid checkpoint in {run.as_uri()}: {found}, set aside there as step-N.corrupt-<time> (kept as "
+            "evidence: inspect them there); refusing to start over. `ftrain status r2` lists what the log "
+            "recorded; to train from step 0 on purpose, launch a new run id"
+        )
+    with pytest.raises(ResumeRefused, match=r"^run r2 has checkpoints; --no-resume needs a new --run-id$"):
+        _train(run, 12, run_id="r2", resume=False)
+
+
 @pytest.mark.usefixtures("plain")
 def test_a_location_that_cannot_be_written_is_refused_before_the_first_step() -> None:
     _refused_at_load(
