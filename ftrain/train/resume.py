@@ -219,11 +219,10 @@ def _plan(config: CheckpointConfig, recorder: Recorder | None, store: RunStore) 
     ones set aside as corrupt) alone; the run's stale partial work is removed, its location proven writable,
     the run claimed for the attempt, and what the plan sets aside moved (kept, never deleted).
 
-    The clean-up comes before anything is written, so a relaunch on a disk the dead attempt filled can start.
-    It takes nothing from a live attempt: under `ftrain run` the supervisor claimed the fence when it opened
-    this attempt; elsewhere an older attempt still writing could equally seal in the moment between listing
-    and claiming, and what it seals then is never recorded (the log has moved on) and set aside at the next
-    seal of that step."""
+    Cleaning before claiming (`_prepare`) takes nothing from a live older attempt that claiming first
+    protected: under `ftrain run` the supervisor claimed the fence when it opened this attempt; elsewhere an
+    older attempt still writing could equally seal in the moment between listing and claiming, and what it
+    seals then is never recorded (the log has moved on) and set aside at the next seal of that step."""
     state = _run_state(config, recorder)
     if state is not None and not _same(
         launched := under_root(state.launch.storage, state.run_id), config.location
@@ -248,16 +247,27 @@ def _plan(config: CheckpointConfig, recorder: Recorder | None, store: RunStore) 
         store.reachable()
     record_in_place(recorder, state, restarts, opened)
     attempt = opened or (_attempt(state, plan, store) if config.run_id else 0)
-    if plan.candidates:  # checkpoints are expected there: the probe must not recreate a missing root
-        store.reachable()
-    store.clean()  # first: on a full disk, the dead attempt's partial step is what frees the space to write
-    store.probe()
-    if attempt and (plan.candidates or not plan.had_checkpoints):
-        # a start with nothing left to try is refused (NoValidCheckpoint) and claims nothing, so each later
-        # start is refused the same way, never as superseded by this one
-        store.claim(attempt)
+    if plan.candidates or not plan.had_checkpoints:
+        # else nothing is left to try: the start is refused (NoValidCheckpoint) and prepares nothing, so each
+        # later start is refused the same way, never as superseded by this one's claim
+        _prepare(store, plan, attempt)
     set_aside_planned(store, plan)
     return StartDecision(plan, attempt, start=uuid.uuid4().hex[:12])
+
+
+def _prepare(store: RunStore, plan: ResumePlan, attempt: int) -> None:
+    """Rank 0, before the first step: the stale partial work removed before anything is written (on a full
+    disk, the dead attempt's partial step is what frees the space), the location proven writable, the run
+    claimed for `attempt` (0: a job without a run id claims nothing). A superseded start stops at the fence,
+    before it removes anything of the newer attempt's."""
+    if plan.candidates:  # checkpoints are expected there: the probe must not recreate a missing root
+        store.reachable()
+    if attempt:
+        store.check(attempt)
+    store.clean()
+    store.probe()
+    if attempt:
+        store.claim(attempt)
 
 
 def _same(a: Location, b: Location) -> bool:

@@ -170,3 +170,20 @@ def _fill(path: Path) -> None:
         while True:
             f.write(b"\0" * 65536)
     assert os.statvfs(path.parent).f_bavail == 0, "the disk is full"
+
+
+@pytest.mark.usefixtures("plain")
+def test_a_superseded_start_removes_nothing_of_the_newer_attempts_partial_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Attempt 2 owns the run and is writing step 15; a start of attempt 1 (a late relaunch) is refused as
+    superseded before its clean-up, which would remove attempt 2's assembly under it."""
+    run = tmp_path / "ckpt" / "late"
+    assert _train(run, 10)[0] == 10
+    (run / ".attempt").write_text("2")
+    writing = run / ".step-15.tmp-attempt-2"
+    writing.mkdir()
+    (writing / "__0_0.distcp").write_bytes(b"attempt 2 is writing this")
+    monkeypatch.setenv("FTRAIN_ATTEMPT", "1")
+    _refused_at_load(run, r"^attempt 1 is superseded by attempt 2 of late; writing nothing$")
+    assert (writing / "__0_0.distcp").read_bytes() == b"attempt 2 is writing this"
