@@ -3,6 +3,7 @@
     <root>/<run_id>/step-<N>/                  a checkpoint: data files, `manifest.json`, `.complete` (last)
     <root>/<run_id>/.step-<N>.tmp[-<writer>]/  one being assembled (its copies land as `<name>.partial`)
     <root>/<run_id>/step-<N>.<kind>-<tag>/     one set aside as evidence: corrupt, unrecorded or superseded
+    <root>/<run_id>/.probe-<nonce>             written, read back and removed at start-up (writable?)
     <stage dir>/rank-<R>/step-<N>/             a rank's node-local copy before fan-out (async saves)
 
 On an object store (no directories, no rename) the same names are key prefixes under `<prefix>/<run_id>/`:
@@ -97,6 +98,13 @@ def assembly_dir(run: Path, step: int, writer: str = "") -> Path:
 def attempt_file(run: Path) -> Path:
     """The file naming the attempt that owns the run's directory (`workers.fence`)."""
     return run / ATTEMPT
+
+
+def probe_name(nonce: str) -> str:
+    """The file (on an object store, the object) a start-up writes beside the steps, reads back and removes,
+    to prove the run's location writable before the first step (`workers.storage.probe`); no listing of
+    steps sees it."""
+    return f".probe-{nonce}"
 
 
 def run_key(prefix: str, run_id: str) -> str:

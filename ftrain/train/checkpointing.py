@@ -293,9 +293,14 @@ class CheckpointManager:
     # -- start-up ------------------------------------------------------------------------------------------
 
     def load(self) -> int:
-        """Clean stale staging, then resume from the newest valid checkpoint; returns the step to continue
-        after (0: a fresh start; `resumed` has the step and epoch). Raises NoValidCheckpoint on every rank when
-        checkpoints exist and none is valid, UnsafeDirectory when the stage directory is not private."""
+        """Clean stale staging and partial steps, prove the location writable (rank 0: a probe file written,
+        read back, removed), then resume from the newest valid checkpoint; returns the step to continue after
+        (0: a fresh start; `resumed` has the step and epoch). Raises, on every rank and before the first step:
+        NoValidCheckpoint when checkpoints exist and none is valid (without a log, steps an earlier start set
+        aside as corrupt count: `resume=False` is the way to start over on purpose), ResumeRefused when the
+        location cannot be written (or its run directory is a link) or the start contradicts the log,
+        ResumeStopped when the storage or the log is out of reach, UnsafeDirectory when the stage directory
+        is not private."""
         safe_stage_dir(self.config.stage_dir)  # every rank's progress record is there
         self.store.prepare(self.rank, staged=self.config.async_save)
         dist.barrier(group=self.group)

@@ -3,13 +3,15 @@ backend (`workers.storage.port.RunStore`).
 
 Rank 0 plans with the lifecycle's `plan_resume`, the same plan `ftrain resume` executes: the candidates,
 newest first, are the checkpoints the log says are valid (after flushing what the previous attempt left in
-the outbox), or, with the log out of reach, the steps whose marker and manifest agree. Rank 0 claims the run for
-the attempt (an older attempt that wakes up then seals nothing), removes the run's stale partial work, sets
-aside what the plan sets aside, checks a candidate's marker and manifest and sends it to every rank; each rank
-then makes the files it owns readable locally, verified (in place on a file system, downloaded into the node's
-cache on S3), the verdicts are combined and DCP loads (`resume_load`), so all ranks fall back together. An
-invalid checkpoint is recorded as `corrupt_skipped` and set aside; when checkpoints exist and none is valid,
-every rank raises NoValidCheckpoint (never a silent fresh start).
+the outbox), or, with the log out of reach, the steps whose marker and manifest agree. Rank 0 removes the
+run's stale partial work, proves the location writable (a probe file written, read back, removed), claims the
+run for the attempt (an older attempt that wakes up then seals nothing), sets aside what the plan sets aside,
+checks a candidate's marker and manifest and sends it to every rank; each rank then makes the files it owns
+readable locally, verified (in place on a file system, downloaded into the node's cache on S3), the verdicts
+are combined and DCP loads (`resume_load`), so all ranks fall back together. An invalid checkpoint is
+recorded as `corrupt_skipped` and set aside; when checkpoints exist and none is valid, every rank raises
+NoValidCheckpoint (never a silent fresh start). Without a log, the steps an earlier start set aside as
+corrupt are the evidence that the run had checkpoints: it stays refused until a start with `resume=False`.
 """
 
 import os
@@ -61,7 +63,9 @@ class NoValidCheckpoint(RuntimeError):
 
 
 class ResumeRefused(RuntimeError):
-    """The start-up request contradicts the log (e.g. --no-resume on a run that has checkpoints)."""
+    """The start-up request cannot be served as asked: it contradicts the log (e.g. --no-resume on a run that
+    has checkpoints), or the checkpoint location is one this job can never use (it cannot be written, or the
+    run's directory is a link)."""
 
 
 class ResumePoint(msgspec.Struct, frozen=True):
@@ -124,13 +128,34 @@ def resume(
         if rank == 0:
             _skip(store, candidate, header.uri, reason, recorder)
     if plan.had_checkpoints:
-        raise NoValidCheckpoint(
-            f"no valid checkpoint among {len(plan.candidates)} candidate(s) in {config.location.uri}; "
-            "refusing to start over"
-        )
+        raise _no_valid(config, plan)
     if plan.restart and recorder is not None:
         recorder.record(ResumeIntent(checkpoint_hash=None, step=0, attempt=attempt))
     return None, attempt, plan
+
+
+def _no_valid(config: CheckpointConfig, plan: ResumePlan) -> NoValidCheckpoint:
+    """The refusal to start over, saying what to look at and how to start over on purpose."""
+    where = config.location.uri
+    found = (
+        f"{len(plan.candidates)} checkpoint(s) found corrupt now"
+        if plan.candidates
+        else "every checkpoint was found corrupt by an earlier start"
+    )
+    if config.run_id:
+        then = (
+            f"`ftrain status {config.run_id}` lists what the log recorded; to train from step 0 on purpose, "
+            "launch a new run id"
+        )
+    else:
+        then = (
+            "to train from step 0 on purpose, start once with resume=False (the reference trainer's "
+            "--no-resume)"
+        )
+    return NoValidCheckpoint(
+        f"no valid checkpoint in {where}: {found}, set aside there as step-N.corrupt-<time> (kept as "
+        f"evidence: inspect them there); refusing to start over. {then}"
+    )
 
 
 def _header(store: RunStore, candidate: Candidate, run_id: str) -> Header:
@@ -190,9 +215,14 @@ def _safe_plan(config: CheckpointConfig, recorder: Recorder | None, store: RunSt
 
 
 def _plan(config: CheckpointConfig, recorder: Recorder | None, store: RunStore) -> StartDecision:
-    """Rank 0: the lifecycle's plan, from the log when it answers, else from the run's sealed steps alone; the
-    run is claimed for the attempt, its stale partial work removed, and what the plan sets aside moved (kept,
-    never deleted)."""
+    """Rank 0: the lifecycle's plan, from the log when it answers, else from the run's sealed steps (and the
+    ones set aside as corrupt) alone; the run's stale partial work is removed, its location proven writable,
+    the run claimed for the attempt, and what the plan sets aside moved (kept, never deleted).
+
+    Cleaning before claiming (`_prepare`) takes nothing from a live older attempt that claiming first
+    protected: under `ftrain run` the supervisor claimed the fence when it opened this attempt; elsewhere an
+    older attempt still writing could equally seal in the moment between listing and claiming, and what it
+    seals then is never recorded (the log has moved on) and set aside at the next seal of that step."""
     state = _run_state(config, recorder)
     if state is not None and not _same(
         launched := under_root(state.launch.storage, state.run_id), config.location
@@ -203,7 +233,12 @@ def _plan(config: CheckpointConfig, recorder: Recorder | None, store: RunStore) 
         )
     restarts = in_place_restarts(state, config)
     plan = plan_resume(
-        state, store.complete(), forced=True, fresh=not config.resume, failed_in_place=bool(restarts)
+        state,
+        store.complete(),
+        forced=True,
+        fresh=not config.resume,
+        failed_in_place=bool(restarts),
+        quarantined=store.quarantined() if state is None else (),
     )
     opened = settings.attempt()
     if state is None and config.run_id and config.resume and opened != 1:
@@ -212,13 +247,27 @@ def _plan(config: CheckpointConfig, recorder: Recorder | None, store: RunStore) 
         store.reachable()
     record_in_place(recorder, state, restarts, opened)
     attempt = opened or (_attempt(state, plan, store) if config.run_id else 0)
-    if attempt:
-        if plan.candidates:  # the log expects checkpoints there: claiming must not recreate a missing root
-            store.reachable()
-        store.claim(attempt)
-    store.clean()
+    if plan.candidates or not plan.had_checkpoints:
+        # else nothing is left to try: the start is refused (NoValidCheckpoint) and prepares nothing, so each
+        # later start is refused the same way, never as superseded by this one's claim
+        _prepare(store, plan, attempt)
     set_aside_planned(store, plan)
     return StartDecision(plan, attempt, start=uuid.uuid4().hex[:12])
+
+
+def _prepare(store: RunStore, plan: ResumePlan, attempt: int) -> None:
+    """Rank 0, before the first step: the stale partial work removed before anything is written (on a full
+    disk, the dead attempt's partial step is what frees the space), the location proven writable, the run
+    claimed for `attempt` (0: a job without a run id claims nothing). A superseded start stops at the fence,
+    before it removes anything of the newer attempt's."""
+    if plan.candidates:  # checkpoints are expected there: the probe must not recreate a missing root
+        store.reachable()
+    if attempt:
+        store.check(attempt)
+    store.clean()
+    store.probe()
+    if attempt:
+        store.claim(attempt)
 
 
 def _same(a: Location, b: Location) -> bool:

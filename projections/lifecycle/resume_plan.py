@@ -32,7 +32,9 @@ class Candidate(msgspec.Struct, frozen=True):
 class ResumePlan(msgspec.Struct, frozen=True):
     """What to do, in order: set aside `unrecorded` and `superseded`, try `candidates` newest first; when
     none verifies and `had_checkpoints`, stop (never start over); `restart` records a start from step 0.
-    `retired`: the steps the log says retention deleted (one still on disk: its deletion was interrupted)."""
+    `retired`: the steps the log says retention deleted (one still on disk: its deletion was interrupted).
+    `quarantined`: without a log, the steps an earlier start set aside as corrupt (the evidence that the run
+    had checkpoints)."""
 
     candidates: tuple[Candidate, ...] = ()
     unrecorded: tuple[OnDisk, ...] = ()
@@ -40,6 +42,7 @@ class ResumePlan(msgspec.Struct, frozen=True):
     had_checkpoints: bool = False
     restart: bool = False
     retired: tuple[int, ...] = ()
+    quarantined: tuple[str, ...] = ()
 
     def accepted(self, resumed: int | None) -> list[int]:
         """The steps retention counts once the plan resumed from step `resumed` (None: from nothing): the
@@ -55,19 +58,26 @@ def plan_resume(
     forced: bool = False,
     fresh: bool = False,
     failed_in_place: bool = False,
+    quarantined: Sequence[str] = (),
 ) -> ResumePlan:
-    """The plan for a run in `state` (None: no log to ask) whose storage holds `on_disk`.
+    """The plan for a run in `state` (None: no log to ask) whose storage holds `on_disk`, and `quarantined`,
+    the steps set aside there as corrupt.
 
     `forced`: resume a run the log still thinks is running. `fresh`: start over (`--no-resume`), legal only
     while the log knows no checkpoint; the directories on disk are superseded, never deleted.
     `failed_in_place`: the launcher restarted the workers itself, a failure the log is about to record.
     A complete directory newer than anything the log recorded was sealed but never recorded (killed between
-    the two): nothing vouches for it, so it is set aside, not trusted. Raises IllegalTransition."""
+    the two): nothing vouches for it, so it is set aside, not trusted.
+    Without a log the storage is the only record: a run whose checkpoints were all set aside as corrupt had
+    checkpoints, and stays refused on every later start until one starts over on purpose (`fresh`, which
+    leaves the set-aside steps where they are). Raises IllegalTransition."""
     if state is None:
         if fresh:
             return ResumePlan(superseded=tuple(on_disk))
         candidates = tuple(Candidate(d.step, d.uri, d.digest) for d in on_disk)
-        return ResumePlan(candidates, had_checkpoints=bool(candidates))
+        return ResumePlan(
+            candidates, had_checkpoints=bool(candidates or quarantined), quarantined=tuple(quarantined)
+        )
     check_open(state)
     failed = state.status == "failed" or failed_in_place
     if fresh:

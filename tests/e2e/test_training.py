@@ -153,9 +153,14 @@ def test_corrupt_checkpoints_are_skipped_together_and_none_valid_exits_1(
     before = sorted(p.name for p in ckpt.iterdir())
     third = torchrun(ckpt, *flags)
     assert third.returncode != 0 and "FINAL" not in third.stdout
-    assert "no valid checkpoint among 3 candidate(s)" in third.stderr
+    assert f"no valid checkpoint in {ckpt.as_uri()}: 3 checkpoint(s) found corrupt now" in third.stderr
+    assert "start once with resume=False (the reference trainer's --no-resume)" in third.stderr
     assert "RESUMED" not in third.stdout
     assert not [p for p in sorted(q.name for q in ckpt.iterdir()) if p not in before and "corrupt" not in p]
+
+    fourth = torchrun(ckpt, *flags)  # what was set aside is the evidence: never from step 0 without a word
+    assert fourth.returncode == 1 and "FINAL" not in fourth.stdout, fourth.stderr[-2000:]
+    assert "every checkpoint was found corrupt by an earlier start" in fourth.stderr
 
 
 def flip(path: Path) -> None:

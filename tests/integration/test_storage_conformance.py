@@ -18,7 +18,7 @@ from ftrain.projections.lifecycle import OnDisk
 from ftrain.workers.integrity import digest_of, to_hex
 from ftrain.workers.layout import MANIFEST
 from ftrain.workers.manifest import FileEntry, Manifest
-from ftrain.workers.storage.errors import Fenced, StorageUnavailable
+from ftrain.workers.storage.errors import Fenced, StorageError, StorageUnavailable
 from ftrain.workers.storage.file_run import FileRunStore
 from ftrain.workers.storage.location import Location, run_location
 from ftrain.workers.storage.open import open_run
@@ -53,6 +53,25 @@ class Backend:
         else:
             key = f"{parsed.path.strip('/')}/{name}"
             self.endpoint.client().put_object(Bucket=parsed.netloc, Key=key, Body=data)
+
+    def names(self, run: str = RUN) -> list[str]:
+        """The entries directly under the run's location (on S3: its objects' first key segments)."""
+        if self.endpoint is None:
+            return sorted(os.listdir(self.location(run).path))
+        bucket, prefix = self.location(run).bucket_prefix
+        listed = self.endpoint.client().list_objects_v2(Bucket=bucket, Prefix=f"{prefix}/{run}/")
+        return sorted(
+            {o["Key"][len(prefix) + len(run) + 2 :].split("/")[0] for o in listed.get("Contents", [])}
+        )
+
+    def unwritable(self) -> RunStore | None:
+        """A store of the run this job can never write: under /proc, or with a secret the store refuses
+        (None: moto admits any)."""
+        if self.endpoint is None:
+            return FileRunStore(run_location(f"/proc/nope/{RUN}"), self.stage)
+        if not self.endpoint.checks_credentials:
+            return None
+        return S3RunStore(self.location(), self.stage, self.endpoint.client(secret_key="wrong"))
 
     def out_of_reach(self) -> RunStore:
         """A store of the run where the storage cannot answer: a file system path through a regular file
@@ -250,6 +269,33 @@ class StoreCases:
         assert store.clean() == []
         save(store, 10, attempt=1)
         assert [d.step for d in store.complete()] == [10]
+
+    def test_the_start_up_probe_writes_reads_back_and_leaves_nothing(
+        self, store: RunStore, backend: Backend
+    ) -> None:
+        store.probe()  # a first start: the run's location is made
+        save(store, 10)
+        store.probe()
+        assert backend.names() == ["step-10"], "the probe is gone; nothing else was written"
+        assert store.complete()[0].step == 10 and store.clean() == []
+
+    def test_the_probe_tells_a_location_that_is_wrong_from_one_out_of_reach(self, backend: Backend) -> None:
+        """Out of reach (a path through a regular file, a bucket that does not answer) may come back: it is
+        unavailable, as for every read. A location this job can never write (a path nobody can create, a
+        secret the store refuses) answers the same next time: it is wrong (StorageError), never retried."""
+        with pytest.raises(StorageUnavailable):
+            backend.out_of_reach().probe()
+        if (wrong := backend.unwritable()) is not None:
+            with pytest.raises(StorageError, match=r"^checkpoint location \S+ cannot be written: \S+"):
+                wrong.probe()
+
+    def test_quarantined_lists_the_steps_set_aside_as_corrupt_only(self, store: RunStore) -> None:
+        assert store.quarantined() == []
+        corrupt = store.quarantine(save(store, 10).uri, "corrupt", "7")
+        store.quarantine(save(store, 20).uri, "superseded", "8")
+        store.quarantine(save(store, 30).uri, "unrecorded", "9")
+        save(store, 40)
+        assert store.quarantined() == [corrupt]
 
     def test_the_factory_opens_this_backend_from_a_location(self, store: RunStore, backend: Backend) -> None:
         opened = open_run(backend.location(), backend.stage)

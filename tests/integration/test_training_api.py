@@ -34,16 +34,24 @@ class Counter:
         self.seen = state["seen"]
 
 
-def _train(location: Path, steps: int, stop_at: int | None = None) -> tuple[int, list[torch.Tensor], int]:
-    """A single-process loop with no process group of its own; returns the step reached, the weights, and
-    the counter's value."""
+def _train(
+    location: Path | str, steps: int, stop_at: int | None = None, **manager: object
+) -> tuple[int, list[torch.Tensor], int]:
+    """A single-process loop with no process group of its own (`manager`: more of the manager's arguments);
+    returns the step reached, the weights, and the counter's value."""
     torch.manual_seed(0)
     model = nn.Linear(4, 1)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
     counter = Counter()
     loader = torch.utils.data.DataLoader(list(range(8)))  # no saved position: accepted, with a warning
     ckpt = CheckpointManager(
-        location, model=model, optimizer=optimizer, states={"counter": counter}, loader=loader, every=5
+        location,
+        model=model,
+        optimizer=optimizer,
+        states={"counter": counter},
+        loader=loader,
+        every=5,
+        **manager,  # type: ignore[arg-type]
     )
     try:
         step = ckpt.load()

@@ -26,6 +26,7 @@ from ftrain.workers.layout import (
     assembly_dir,
     assembly_writer,
     rank_stage_dir,
+    set_asides,
     step_dir,
 )
 from ftrain.workers.manifest import FileEntry, Manifest
@@ -35,6 +36,7 @@ from ftrain.workers.storage.errors import StorageUnavailable
 from ftrain.workers.storage.file_store import FileStorage
 from ftrain.workers.storage.location import Location
 from ftrain.workers.storage.port import RankFiles, Readable, StoredCheckpoint
+from ftrain.workers.storage.probe import probe_dir
 
 log = structlog.get_logger(__name__)
 
@@ -68,8 +70,14 @@ class FileRunStore:
     def reachable(self) -> None:
         fs.require_listable(self.run)
 
+    def probe(self) -> None:
+        probe_dir(self.run, self._location.uri)
+
     def complete(self) -> list[OnDisk]:
         return self.storage.complete(self._location.run)
+
+    def quarantined(self) -> list[str]:
+        return [fs.path_uri(aside.path) for aside in set_asides(self.run) if aside.kind == "corrupt"]
 
     def owner(self) -> int:
         return fence.owner(self.run)

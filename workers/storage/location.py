@@ -48,9 +48,11 @@ class Location(msgspec.Struct, frozen=True):
 
 def parse_root(text: str | Path) -> tuple[Backend, str]:
     """The backend and canonical URI of a storage root written as a path, `file://` or `s3://` URI;
-    StorageError (one line) for anything else."""
+    StorageError (one line) for anything else, an empty string included."""
     if isinstance(text, Path):
         return "file", path_uri(storage_root(str(text)))
+    if not text.strip():  # never the current directory by accident
+        raise StorageError(f"storage {text!r}: empty (use a path, file:// or s3://)")
     scheme = urlparse(text).scheme
     if scheme == "s3":
         from ftrain.workers.storage.s3_store import parse_s3_uri

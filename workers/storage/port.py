@@ -131,8 +131,19 @@ class RunStore(Protocol):
         """Raise StorageUnavailable unless the run's location can be listed (never creates it)."""
         ...
 
+    def probe(self) -> None:
+        """Rank 0 at start-up, before the first step: write a small private file (object) in the run's
+        location, read it back and remove it (a missing run directory is created). StorageError when the
+        location is wrong (cannot be written or read back, the run's directory a link, a write refused to
+        these credentials), StorageUnavailable when it is out of reach right now."""
+        ...
+
     def complete(self) -> list[OnDisk]:
         """The run's sealed steps, newest first, each with the hash its marker claims (unverified)."""
+        ...
+
+    def quarantined(self) -> list[str]:
+        """The URIs of the run's steps set aside as corrupt (kept as evidence)."""
         ...
 
     def owner(self) -> int:

@@ -18,26 +18,34 @@ import time
 from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import structlog
 
 from ftrain.projections.lifecycle import OnDisk
 from ftrain.workers.dcp_reader import Rejected
 from ftrain.workers.integrity import Hashed
-from ftrain.workers.layout import SetAsideKind, rank_stage_dir, run_key, step_dir
+from ftrain.workers.layout import SetAsideKind, parse_set_aside, rank_stage_dir, run_key, step_dir
 from ftrain.workers.manifest import FileEntry, Manifest
-from ftrain.workers.s3.client import shared_client
+from ftrain.workers.s3.bucket import ObjectMissing
+from ftrain.workers.s3.client import error_code, reason, shared_client
 from ftrain.workers.stage_dir import claim_dir, safe_stage_dir
 from ftrain.workers.storage import s3_fence
 from ftrain.workers.storage.errors import CheckpointExists, StorageUnavailable
 from ftrain.workers.storage.file_run import local_files, remove_leftovers
 from ftrain.workers.storage.location import Location
 from ftrain.workers.storage.port import RankFiles, Readable, StoredCheckpoint
+from ftrain.workers.storage.probe import probe_body, unreadable, unwritable
 from ftrain.workers.storage.s3_store import S3Storage
 
 log = structlog.get_logger(__name__)
 _CACHE = "download-"
+WRONG_CODES: Final = frozenset(
+    {"AccessDenied", "AllAccessDisabled", "InvalidAccessKeyId", "SignatureDoesNotMatch"}
+)
+"""What an S3 store answers a start-up probe for a bucket that is not this job's to write (read-only or wrong
+credentials): it will answer the same next time. A bucket that does not answer (NoSuchBucket included) stays
+out of reach, as for every read."""
 
 
 class S3RunStore:
@@ -64,8 +72,37 @@ class S3RunStore:
     def reachable(self) -> None:
         self.storage.objects.reach(run_key(self.storage.prefix, self.run))
 
+    def probe(self) -> None:
+        """Put, get back and delete a probe object directly under the run's key prefix (beside `.attempt`: a
+        listing of the run's steps never sees it). A bucket that refuses these credentials a write is a
+        StorageError; anything else out of reach stays StorageUnavailable."""
+        body, name = probe_body()
+        objects, key = self.storage.objects, run_key(self.storage.prefix, self.run)
+        try:
+            objects.put(key + name, body)
+            try:
+                read = objects.get(key + name)
+            finally:
+                objects.delete([key + name])
+        except ObjectMissing:
+            read = b""
+        except StorageUnavailable as exc:
+            if exc.__cause__ is not None and error_code(exc.__cause__) in WRONG_CODES:
+                raise unwritable(self._location.uri, reason(exc.__cause__)) from None
+            raise
+        if read != body:
+            raise unreadable(self._location.uri)
+
     def complete(self) -> list[OnDisk]:
         return self.storage.complete(self.run)
+
+    def quarantined(self) -> list[str]:
+        key = run_key(self.storage.prefix, self.run)
+        return [
+            self.storage.objects.uri(key + name)
+            for name in self.storage.objects.children(key)
+            if (aside := parse_set_aside(name)) is not None and aside[1] == "corrupt"
+        ]
 
     def owner(self) -> int:
         return s3_fence.owner(self.storage, self.run)
