@@ -79,6 +79,11 @@ class Outcome(NamedTuple):
     """False when the last event is still only in the local outbox (the log was unreachable)."""
 
 
+class SetupFailed(Exception):
+    """An attempt the log opened could not be started (its progress directory, its command): recorded as the
+    attempt's failure, reason `setup`, and supervision ends."""
+
+
 def backoff_delay(base: float, failures: int) -> float:
     """The wait before the next attempt: `base`, doubled per failure so far, capped at a minute (or `base`)."""
     return min(base * 2.0 ** min(failures - 1, 16), max(BACKOFF_CAP, base))
@@ -166,7 +171,14 @@ class Supervisor:
                 if self.lease is not None:
                     self.lease.attempt = self.number
             started = time.monotonic()
-            returncode, report, survivors = self._attempt()
+            try:
+                returncode, report, survivors = self._attempt()
+            except SetupFailed as exc:  # opened in the log, so recorded: never left `running`
+                recorded = self._record(FailIntent(reason="setup", message=str(exc), attempt=self.number))
+                render.emit(f"Attempt {self.number} of {last} not started: {exc}")
+                return Outcome(
+                    "gave-up", 1, f"run {self.run_id} gave up: attempt {self.number}: {exc}", recorded
+                )
             ended = time.monotonic()
             if (lost := self._lost()) is not None:  # the new holder recorded this attempt's end
                 render.emit(f"Attempt {self.number} of {last} stopped after {ended - started:.1f} s: {lost}")
@@ -267,17 +279,22 @@ class Supervisor:
     def _attempt(self) -> tuple[int, FailureReport, list[int]]:
         """Run one attempt in its own process group; its exit status, what its stderr said of the failure (the
         blamed worker's exit code, the node that failed first), and the processes of the attempt that outlived
-        it and a SIGKILL (normally none)."""
-        argv = self.command(self.hosts)
-        log.info("attempt_started", run_id=self.run_id, attempt=self.number, argv=argv)
+        it and a SIGKILL (normally none). Raises SetupFailed when it cannot be started."""
         marks = attempt_marks(self.run_id, self.number)
-        env = {**self.env, **marks}
         watchdog = None
-        if self.hang_timeout is not None:
-            name = f"{self.run_id}-{self.number}-{marks[settings.ATTEMPT_NONCE]}"
-            watchdog = Watchdog.for_attempt(name, self.hang_timeout)
-            env[settings.PROGRESS_DIR] = str(watchdog.directory)
-        child = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, start_new_session=True)
+        try:
+            argv = self.command(self.hosts)
+            log.info("attempt_started", run_id=self.run_id, attempt=self.number, argv=argv)
+            env = {**self.env, **marks}
+            if self.hang_timeout is not None:
+                name = f"{self.run_id}-{self.number}-{marks[settings.ATTEMPT_NONCE]}"
+                watchdog = Watchdog.for_attempt(name, self.hang_timeout)
+                env[settings.PROGRESS_DIR] = str(watchdog.directory)
+            child = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, start_new_session=True)
+        except OSError as exc:  # UnsafeDirectory too; nothing of the attempt runs
+            if watchdog is not None:
+                watchdog.close()
+            raise SetupFailed(f"{type(exc).__name__}: {exc}") from exc
         self._child = child
         if self._stop is not None:  # the signal came while the child was being started
             self._signal_child(warning_signal(self.save_signals) if self.save_signals else self._stop)
