@@ -16,6 +16,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from types import FrameType
 from typing import Final, Literal, NamedTuple, Protocol
@@ -33,6 +34,7 @@ from ftrain.supervise.opening import OPEN_TIMEOUT, NotOpened
 from ftrain.supervise.procs import attempt_marks, end_attempt, signal_job
 from ftrain.supervise.relay import STOP_SIGNALS, stop_signals, warning_signal
 from ftrain.supervise.watchdog import Hang, Watchdog
+from ftrain.train.lifeline import die_with_parent
 from ftrain.train.preemption import PREEMPTED_EXIT
 from ftrain.workers.layout import complete_steps
 from ftrain.workers.storage.errors import StorageError, StorageUnavailable
@@ -290,8 +292,17 @@ class Supervisor:
                 name = f"{self.run_id}-{self.number}-{marks[settings.ATTEMPT_NONCE]}"
                 watchdog = Watchdog.for_attempt(name, self.hang_timeout)
                 env[settings.PROGRESS_DIR] = str(watchdog.directory)
-            child = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, start_new_session=True)
-        except OSError as exc:  # UnsafeDirectory too; nothing of the attempt runs
+            child = subprocess.Popen(
+                argv,
+                env=env,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+                preexec_fn=partial(die_with_parent, os.getpid()),  # forked by the main thread (signals)
+            )
+        except (
+            OSError,
+            subprocess.SubprocessError,
+        ) as exc:  # UnsafeDirectory too; nothing of the attempt runs
             if watchdog is not None:
                 watchdog.close()
             raise SetupFailed(f"{type(exc).__name__}: {exc}") from exc

@@ -1,0 +1,70 @@
+"""An attempt ends with its supervisor, whatever kills it: a real `ftrain run` (torchrun, CPU, gloo, 2 ranks)
+SIGKILLed at start-up, while training, mid-save and mid-fan-out of an async save leaves none of its attempt's
+processes (relay, torchrun, workers, stopped or not) running: each dies of its parent-death signal within
+seconds, before another supervisor could take the run over and an orphan could go on saving."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ftrain.supervise.procs import attempt_processes
+from tests.support.processes import run_marks
+from tests.support.training import is_relay, stopped, wait_for
+
+GONE_SECONDS = 10.0
+PHASES = {  # what the job is doing when its supervisor dies: FTRAIN_STOP_AT holds it there, and extra flags
+    "start-up": ("", ()),
+    "training": ("step:2", ()),
+    "mid-save": ("write:2", ()),
+    "mid-fan-out": ("fanout:2", ("--async-ckpt", "--ckpt-stage-dir", "{stage}")),
+}
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("phase", list(PHASES))
+def test_every_process_of_an_attempt_dies_with_its_sigkilled_supervisor(
+    env: dict[str, str], tmp_path: Path, phase: str
+) -> None:
+    stop_at, extra = PHASES[phase]
+    run_id = f"orphan-{phase}"
+    flags = [arg.format(stage=tmp_path / "stage") for arg in extra]
+    argv = [str(Path(sys.executable).with_name("ftrain")), "run", "P", "--nodes", "1", "--gpus-per-node", "2",
+            "--run-id", run_id, "--", "-m", "ftrain.examples.train", "--train-iters", "50",
+            "--save-interval", "2", *flags]  # fmt: skip
+    job_env = {**os.environ, **env, "OMP_NUM_THREADS": "1"}
+    if stop_at:
+        job_env["FTRAIN_STOP_AT"] = stop_at
+    supervisor = subprocess.Popen(
+        argv, env=job_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+    )
+    marks = run_marks(run_id, 1)
+
+    def reached() -> bool:
+        found = attempt_processes(marks)
+        if not stop_at:
+            return bool(found)  # the attempt's first process is starting
+        job = [pid for pid in found if not is_relay(pid)]
+        return len(job) >= 3 and all(stopped(pid) for pid in job)  # torchrun and both ranks, held there
+
+    try:
+        wait_for(reached, supervisor, f"the attempt at {phase}", 240)
+        os.kill(supervisor.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        supervisor.communicate()
+        while left := attempt_processes(marks):
+            assert time.monotonic() - killed < GONE_SECONDS, f"{left} outlived their supervisor at {phase}"
+            time.sleep(0.05)
+        print(
+            f"{phase}: every process of the attempt gone {time.monotonic() - killed:.2f} s after the SIGKILL"
+        )
+    finally:
+        for pid in attempt_processes(marks):
+            os.kill(pid, signal.SIGKILL)
+        if supervisor.poll() is None:
+            supervisor.kill()
+            supervisor.communicate()
