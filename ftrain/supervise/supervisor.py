@@ -29,6 +29,7 @@ from ftrain.cli import render
 from ftrain.projections.lifecycle import CompleteIntent, FailIntent
 from ftrain.supervise.elastic import next_hosts
 from ftrain.supervise.failure_report import FailureReport, describe, failure, signal_name, tee_stderr
+from ftrain.supervise.fencing import claim_opened
 from ftrain.supervise.lease_keeper import LeaseKeeper
 from ftrain.supervise.opening import OPEN_TIMEOUT, NotOpened
 from ftrain.supervise.procs import attempt_marks, end_attempt, signal_job
@@ -37,7 +38,7 @@ from ftrain.supervise.watchdog import Hang, Watchdog
 from ftrain.train.lifeline import die_with_parent
 from ftrain.train.preemption import PREEMPTED_EXIT
 from ftrain.workers.layout import complete_steps
-from ftrain.workers.storage.errors import StorageError, StorageUnavailable
+from ftrain.workers.storage.errors import Fenced, StorageError, StorageUnavailable
 from ftrain.workers.storage.location import run_location
 from ftrain.workers.storage.open import open_storage
 
@@ -82,8 +83,9 @@ class Outcome(NamedTuple):
 
 
 class SetupFailed(Exception):
-    """An attempt the log opened could not be started (its progress directory, its command): recorded as the
-    attempt's failure, reason `setup`, and supervision ends."""
+    """An attempt the log opened could not be started (its storage fence, its progress directory, its
+    command; UnsafeDirectory among them): recorded as the attempt's failure, reason `setup`, and supervision
+    ends. Nothing of the attempt runs."""
 
 
 def backoff_delay(base: float, failures: int) -> float:
@@ -285,6 +287,7 @@ class Supervisor:
         marks = attempt_marks(self.run_id, self.number)
         watchdog = None
         try:
+            claim_opened(self.ckpt_dir, self.number)  # from here on no older attempt seals or prunes
             argv = self.command(self.hosts)
             log.info("attempt_started", run_id=self.run_id, attempt=self.number, argv=argv)
             env = {**self.env, **marks}
@@ -299,10 +302,7 @@ class Supervisor:
                 start_new_session=True,
                 preexec_fn=partial(die_with_parent, os.getpid()),  # forked by the main thread (signals)
             )
-        except (
-            OSError,
-            subprocess.SubprocessError,
-        ) as exc:  # UnsafeDirectory too; nothing of the attempt runs
+        except (OSError, subprocess.SubprocessError, StorageUnavailable, StorageError, Fenced) as exc:
             if watchdog is not None:
                 watchdog.close()
             raise SetupFailed(f"{type(exc).__name__}: {exc}") from exc

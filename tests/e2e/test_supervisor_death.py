@@ -5,8 +5,6 @@ seconds, before another supervisor could take the run over and an orphan could g
 
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -14,7 +12,7 @@ import pytest
 
 from ftrain.supervise.procs import attempt_processes
 from tests.support.processes import run_marks
-from tests.support.training import is_relay, stopped, wait_for
+from tests.support.training import is_relay, stopped, supervised, wait_for
 
 GONE_SECONDS = 10.0
 PHASES = {  # what the job is doing when its supervisor dies: FTRAIN_STOP_AT holds it there, and extra flags
@@ -33,15 +31,10 @@ def test_every_process_of_an_attempt_dies_with_its_sigkilled_supervisor(
     stop_at, extra = PHASES[phase]
     run_id = f"orphan-{phase}"
     flags = [arg.format(stage=tmp_path / "stage") for arg in extra]
-    argv = [str(Path(sys.executable).with_name("ftrain")), "run", "P", "--nodes", "1", "--gpus-per-node", "2",
-            "--run-id", run_id, "--", "-m", "ftrain.examples.train", "--train-iters", "50",
-            "--save-interval", "2", *flags]  # fmt: skip
-    job_env = {**os.environ, **env, "OMP_NUM_THREADS": "1"}
+    job_env = {**env, "OMP_NUM_THREADS": "1"}
     if stop_at:
         job_env["FTRAIN_STOP_AT"] = stop_at
-    supervisor = subprocess.Popen(
-        argv, env=job_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
-    )
+    supervisor = supervised(run_id, job_env, "--train-iters", "50", "--save-interval", "2", *flags)
     marks = run_marks(run_id, 1)
 
     def reached() -> bool:

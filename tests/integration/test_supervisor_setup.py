@@ -54,6 +54,7 @@ def test_a_squatted_progress_directory_is_refused_before_the_log_is_touched(
 @needs_root
 def test_an_opened_attempt_that_cannot_be_set_up_is_recorded_failed(tmp_path: Path, squatted: Path) -> None:
     started = tmp_path / "started"
+    (tmp_path / "ckpt").mkdir()  # the run's location (a relaunch claims only one that exists)
     recorder = Intents()
     outcome = Supervisor(
         "r",
