@@ -4,8 +4,11 @@ directory's parent) is refused by `ftrain run --hang-timeout` with one line and 
 attempt the log already opened, recorded `failed` (reason `setup`), never left `running`."""
 
 import os
+import shutil
+import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,20 +23,27 @@ from tests.support.stand_in_trainer import trainer as trainer
 
 NOBODY = 65534
 
-needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to make a directory another uid owns")
+AS_NOBODY = ("setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups")
+
+needs_root = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("setpriv") is None,
+    reason="needs root and setpriv to act as another user",
+)
 
 
 @pytest.fixture
-def squatted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A shared, sticky temporary directory in which another uid made this user's `ftrain-<uid>` first."""
-    shared = tmp_path / "tmp"
-    shared.mkdir()
-    shared.chmod(0o1777)
-    squat = shared / f"ftrain-{os.getuid()}"
-    squat.mkdir(mode=0o777)
-    os.lchown(squat, NOBODY, NOBODY)
-    monkeypatch.setattr(tempfile, "tempdir", str(shared))
-    return squat
+def squatted(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A shared, sticky temporary directory (as /tmp is) in which another uid made this user's `ftrain-<uid>`
+    first."""
+    shared = Path(tempfile.mkdtemp(prefix="ftrain-squat-", dir="/tmp"))
+    try:
+        shared.chmod(0o1777)
+        squat = shared / f"ftrain-{os.getuid()}"
+        subprocess.run([*AS_NOBODY, "mkdir", "-m", "777", str(squat)], check=True)
+        monkeypatch.setattr(tempfile, "tempdir", str(shared))
+        yield squat
+    finally:
+        shutil.rmtree(shared)
 
 
 @needs_root
