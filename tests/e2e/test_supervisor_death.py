@@ -15,11 +15,16 @@ from tests.support.processes import run_marks
 from tests.support.training import is_relay, stopped, supervised, wait_for
 
 GONE_SECONDS = 10.0
-PHASES = {  # what the job is doing when its supervisor dies: FTRAIN_STOP_AT holds it there, and extra flags
-    "start-up": ("", ()),
-    "training": ("step:2", ()),
-    "mid-save": ("write:2", ()),
-    "mid-fan-out": ("fanout:2", ("--async-ckpt", "--ckpt-stage-dir", "{stage}")),
+PHASES = {  # what the job is doing when its supervisor dies: FTRAIN_STOP_AT holds it there; flags; variables
+    "start-up": ("", (), {}),
+    "training": ("step:2", (), {}),
+    "training, no relay": (
+        "step:2",
+        (),
+        {"FTRAIN_SAVE_SIGNALS": "none"},
+    ),  # torchrun is the attempt's process
+    "mid-save": ("write:2", (), {}),
+    "mid-fan-out": ("fanout:2", ("--async-ckpt", "--ckpt-stage-dir", "{stage}"), {}),
 }
 
 
@@ -28,10 +33,10 @@ PHASES = {  # what the job is doing when its supervisor dies: FTRAIN_STOP_AT hol
 def test_every_process_of_an_attempt_dies_with_its_sigkilled_supervisor(
     env: dict[str, str], tmp_path: Path, phase: str
 ) -> None:
-    stop_at, extra = PHASES[phase]
-    run_id = f"orphan-{phase}"
+    stop_at, extra, variables = PHASES[phase]
+    run_id = f"orphan-{phase.replace(', ', '-').replace(' ', '-')}"
     flags = [arg.format(stage=tmp_path / "stage") for arg in extra]
-    job_env = {**env, "OMP_NUM_THREADS": "1"}
+    job_env = {**env, "OMP_NUM_THREADS": "1", **variables}
     if stop_at:
         job_env["FTRAIN_STOP_AT"] = stop_at
     supervisor = supervised(run_id, job_env, "--train-iters", "50", "--save-interval", "2", *flags)
@@ -48,7 +53,7 @@ def test_every_process_of_an_attempt_dies_with_its_sigkilled_supervisor(
         wait_for(reached, supervisor, f"the attempt at {phase}", 240)
         os.kill(supervisor.pid, signal.SIGKILL)
         killed = time.monotonic()
-        supervisor.communicate()
+        supervisor.wait()  # (its pipes stay open while an orphan holds them)
         while left := attempt_processes(marks):
             assert time.monotonic() - killed < GONE_SECONDS, f"{left} outlived their supervisor at {phase}"
             time.sleep(0.05)
@@ -60,4 +65,4 @@ def test_every_process_of_an_attempt_dies_with_its_sigkilled_supervisor(
             os.kill(pid, signal.SIGKILL)
         if supervisor.poll() is None:
             supervisor.kill()
-            supervisor.communicate()
+        supervisor.communicate()
