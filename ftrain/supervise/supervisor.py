@@ -2,11 +2,13 @@
 
 The trainer resumes by itself from its newest valid checkpoint, so a relaunch is the same command again. What a
 training process cannot do for itself is left here: notice that it died (exit code or signal, as torchrun
-reports it), make sure none of its processes survives it, record `failed`, wait a growing backoff, open the next
-attempt in the log (compare-and-set: one supervisor per attempt) and start it, stop when retrying no longer
-helps, and pass a scheduler's preemption on to it. Every event goes through the durable outbox, so a log that is down never
-holds up recording (but a relaunch waits for the log: it must open its attempt). What an attempt runs is in `attempts`, why it failed in `failure_report`; nothing here
-imports torch.
+reports it), make sure none of its processes survives it (nor the supervisor: the attempt has its parent-death
+signal), record `failed`, wait a growing backoff, open the next attempt in the log (compare-and-set: one
+supervisor per attempt), claim the run's storage fence for it (the last attempt's processes, wherever they
+still run, can then neither seal nor prune) and start it, stop when retrying no longer helps, and pass a
+scheduler's preemption on to it. Every event goes through the durable outbox, so a log that is down never
+holds up recording (but a relaunch waits for the log: it must open its attempt). What an attempt runs is in
+`attempts`, why it failed in `failure_report`; nothing here imports torch.
 """
 
 import contextlib
