@@ -46,6 +46,7 @@ from ftrain.supervise.scheduler_job import (
     state_command,
 )
 from ftrain.supervise.supervisor import Relaunches, Supervisor
+from ftrain.supervise.watchdog import progress_root
 from ftrain.workers.checkpoint_dir import uri_path
 from ftrain.workers.layout import run_dir
 from ftrain.workers.storage.open import is_object_storage
@@ -235,6 +236,8 @@ def prepare_run(args: argparse.Namespace) -> RunPlan:
     torchrun = shutil.which("torchrun") or shutil.which("torchrun", path=str(Path(sys.executable).parent))
     if torchrun is None:
         raise UsageError("torchrun not found on PATH or beside this Python (is torch installed?)")
+    if args.hang_timeout is not None:
+        progress_root()  # made or refused (UnsafeDirectory: exit 2) before the log is touched
 
     def spec(run_id: str) -> LaunchSpec:
         return msgspec.structs.replace(

@@ -17,24 +17,24 @@ CheckpointManager does: a script without it is not stopped by the warning, only 
 """
 
 import contextlib
-import ctypes
 import os
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from types import FrameType
 from typing import Final
 
 from ftrain import settings
 from ftrain.supervise.procs import children
+from ftrain.train.lifeline import die_with_parent
 
 STOP_SIGNALS: Final = (signal.SIGTERM, signal.SIGINT)
 TORCHRUN_HANDLES: Final = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
 """torchrun's own default set (TORCHELASTIC_SIGNALS_TO_HANDLE); the relay takes the stop signals out of it."""
-PR_SET_PDEATHSIG: Final = 1
 POLL_SECONDS: Final = 0.1
 
 
@@ -57,13 +57,12 @@ def torchrun_env(env: dict[str, str], ignored: Sequence[signal.Signals]) -> dict
     return {**env, "PET_SIGNALS_TO_HANDLE": handled, "TORCHELASTIC_SIGNALS_TO_HANDLE": handled}
 
 
-def _shielded(ignored: Sequence[signal.Signals]) -> None:
+def _shielded(ignored: Sequence[signal.Signals], relay: int) -> None:
     """In the child before exec: ignore the stop signals (inherited by torchrun and its workers), and die with
     the relay (torchrun has a session of its own, so nothing else would end it)."""
     for signum in ignored:
         signal.signal(signum, signal.SIG_IGN)
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    die_with_parent(relay)
 
 
 def catches(pid: int, signum: int) -> bool:
@@ -96,7 +95,7 @@ def relay(command: Sequence[str], save: Sequence[signal.Signals]) -> int:
         list(command),
         env=torchrun_env(dict(os.environ), ignored),
         start_new_session=True,
-        preexec_fn=lambda: _shielded(ignored),  # signal calls only; no thread runs here yet
+        preexec_fn=partial(_shielded, ignored, os.getpid()),  # signal calls only; no thread runs here yet
     )
     while True:
         try:

@@ -2,11 +2,13 @@
 
 The trainer resumes by itself from its newest valid checkpoint, so a relaunch is the same command again. What a
 training process cannot do for itself is left here: notice that it died (exit code or signal, as torchrun
-reports it), make sure none of its processes survives it, record `failed`, wait a growing backoff, open the next
-attempt in the log (compare-and-set: one supervisor per attempt) and start it, stop when retrying no longer
-helps, and pass a scheduler's preemption on to it. Every event goes through the durable outbox, so a log that is down never
-holds up recording (but a relaunch waits for the log: it must open its attempt). What an attempt runs is in `attempts`, why it failed in `failure_report`; nothing here
-imports torch.
+reports it), make sure none of its processes survives it (nor the supervisor: the attempt has its parent-death
+signal), record `failed`, wait a growing backoff, open the next attempt in the log (compare-and-set: one
+supervisor per attempt), claim the run's storage fence for it (the last attempt's processes, wherever they
+still run, can then neither seal nor prune) and start it, stop when retrying no longer helps, and pass a
+scheduler's preemption on to it. Every event goes through the durable outbox, so a log that is down never
+holds up recording (but a relaunch waits for the log: it must open its attempt). What an attempt runs is in
+`attempts`, why it failed in `failure_report`; nothing here imports torch.
 """
 
 import contextlib
@@ -16,6 +18,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from types import FrameType
 from typing import Final, Literal, NamedTuple, Protocol
@@ -28,14 +31,16 @@ from ftrain.cli import render
 from ftrain.projections.lifecycle import CompleteIntent, FailIntent
 from ftrain.supervise.elastic import next_hosts
 from ftrain.supervise.failure_report import FailureReport, describe, failure, signal_name, tee_stderr
+from ftrain.supervise.fencing import claim_opened
 from ftrain.supervise.lease_keeper import LeaseKeeper
 from ftrain.supervise.opening import OPEN_TIMEOUT, NotOpened
 from ftrain.supervise.procs import attempt_marks, end_attempt, signal_job
 from ftrain.supervise.relay import STOP_SIGNALS, stop_signals, warning_signal
 from ftrain.supervise.watchdog import Hang, Watchdog
+from ftrain.train.lifeline import die_with_parent
 from ftrain.train.preemption import PREEMPTED_EXIT
 from ftrain.workers.layout import complete_steps
-from ftrain.workers.storage.errors import StorageError, StorageUnavailable
+from ftrain.workers.storage.errors import Fenced, StorageError, StorageUnavailable
 from ftrain.workers.storage.location import run_location
 from ftrain.workers.storage.open import open_storage
 
@@ -77,6 +82,12 @@ class Outcome(NamedTuple):
     message: str = ""
     recorded: bool = True
     """False when the last event is still only in the local outbox (the log was unreachable)."""
+
+
+class SetupFailed(Exception):
+    """An attempt the log opened could not be started (its storage fence, its progress directory, its
+    command; UnsafeDirectory among them): recorded as the attempt's failure, reason `setup`, and supervision
+    ends. Nothing of the attempt runs."""
 
 
 def backoff_delay(base: float, failures: int) -> float:
@@ -166,7 +177,14 @@ class Supervisor:
                 if self.lease is not None:
                     self.lease.attempt = self.number
             started = time.monotonic()
-            returncode, report, survivors = self._attempt()
+            try:
+                returncode, report, survivors = self._attempt()
+            except SetupFailed as exc:  # opened in the log, so recorded: never left `running`
+                recorded = self._record(FailIntent(reason="setup", message=str(exc), attempt=self.number))
+                render.emit(f"Attempt {self.number} of {last} not started: {exc}")
+                return Outcome(
+                    "gave-up", 1, f"run {self.run_id} gave up: attempt {self.number}: {exc}", recorded
+                )
             ended = time.monotonic()
             if (lost := self._lost()) is not None:  # the new holder recorded this attempt's end
                 render.emit(f"Attempt {self.number} of {last} stopped after {ended - started:.1f} s: {lost}")
@@ -267,17 +285,29 @@ class Supervisor:
     def _attempt(self) -> tuple[int, FailureReport, list[int]]:
         """Run one attempt in its own process group; its exit status, what its stderr said of the failure (the
         blamed worker's exit code, the node that failed first), and the processes of the attempt that outlived
-        it and a SIGKILL (normally none)."""
-        argv = self.command(self.hosts)
-        log.info("attempt_started", run_id=self.run_id, attempt=self.number, argv=argv)
+        it and a SIGKILL (normally none). Raises SetupFailed when it cannot be started."""
         marks = attempt_marks(self.run_id, self.number)
-        env = {**self.env, **marks}
         watchdog = None
-        if self.hang_timeout is not None:
-            name = f"{self.run_id}-{self.number}-{marks[settings.ATTEMPT_NONCE]}"
-            watchdog = Watchdog.for_attempt(name, self.hang_timeout)
-            env[settings.PROGRESS_DIR] = str(watchdog.directory)
-        child = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, start_new_session=True)
+        try:
+            claim_opened(self.ckpt_dir, self.number)  # from here on no older attempt seals or prunes
+            argv = self.command(self.hosts)
+            log.info("attempt_started", run_id=self.run_id, attempt=self.number, argv=argv)
+            env = {**self.env, **marks}
+            if self.hang_timeout is not None:
+                name = f"{self.run_id}-{self.number}-{marks[settings.ATTEMPT_NONCE]}"
+                watchdog = Watchdog.for_attempt(name, self.hang_timeout)
+                env[settings.PROGRESS_DIR] = str(watchdog.directory)
+            child = subprocess.Popen(
+                argv,
+                env=env,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+                preexec_fn=partial(die_with_parent, os.getpid()),  # forked by the main thread (signals)
+            )
+        except (OSError, subprocess.SubprocessError, StorageUnavailable, StorageError, Fenced) as exc:
+            if watchdog is not None:
+                watchdog.close()
+            raise SetupFailed(f"{type(exc).__name__}: {exc}") from exc
         self._child = child
         if self._stop is not None:  # the signal came while the child was being started
             self._signal_child(warning_signal(self.save_signals) if self.save_signals else self._stop)

@@ -49,6 +49,13 @@ def _stopped(progress: Progress, here: str) -> bool:
     return stat.rpartition(")")[2].split()[:1] in (["T"], ["t"])
 
 
+def progress_root() -> Path:
+    """This node's `<tmp>/ftrain-<uid>/progress`, made (0700) or checked: `ftrain run --hang-timeout` calls it
+    before it writes anything. Raises UnsafeDirectory when it or a directory above it is not this user's alone
+    (another user who made it could read or forge the ranks' reports)."""
+    return private_dir(Path(tempfile.gettempdir()) / f"ftrain-{os.getuid()}" / "progress")
+
+
 class Watchdog:
     """Watches one attempt's progress directory."""
 
@@ -61,13 +68,10 @@ class Watchdog:
 
     @classmethod
     def for_attempt(cls, name: str, timeout: float) -> "Watchdog":
-        """A watchdog over a fresh private directory of this node's, `<tmp>/ftrain-<uid>/progress/<name>` (its
-        ranks find it in FTRAIN_PROGRESS_DIR); `name` holds the attempt's nonce, so another supervisor of a run
-        with the same id on this node never shares it. Raises UnsafeDirectory when a directory above it is not
-        this user's alone."""
-        return cls(
-            private_dir(Path(tempfile.gettempdir()) / f"ftrain-{os.getuid()}" / "progress" / name), timeout
-        )
+        """A watchdog over a fresh private directory of this node's, `progress_root()/<name>` (its ranks find it
+        in FTRAIN_PROGRESS_DIR); `name` holds the attempt's nonce, so another supervisor of a run with the same
+        id on this node never shares it. Raises UnsafeDirectory as `progress_root` does."""
+        return cls(private_dir(progress_root() / name), timeout)
 
     def close(self) -> None:
         """Remove the directory: the attempt ended."""

@@ -113,7 +113,8 @@ class ProgressBeacon:
 
 
 def read_progress(path: Path, rank: int) -> Progress | None:
-    """A rank's last report; None while its file holds no whole record (just created, or not a beacon's)."""
+    """A rank's last report; None while it has made none (its file was just created: the rank is starting up
+    or restoring, which is not watched) or the file holds no whole record (not a beacon's)."""
     try:
         data = path.read_bytes()
     except OSError:
@@ -121,5 +122,7 @@ def read_progress(path: Path, rank: int) -> Progress | None:
     if len(data) < RECORD.size:
         return None
     count, step, phase, when, pid = RECORD.unpack_from(data)
+    if count == 0:  # the all-zero record a beacon starts with: no report yet
+        return None
     host = data[HOST_AT : HOST_AT + HOST_MAX].decode("utf-8", "replace")
     return Progress(rank, count, step, "saving" if phase == SAVING else "finished", when, pid, host)

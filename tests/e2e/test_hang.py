@@ -1,7 +1,8 @@
 """The hang watchdog end to end: a real `ftrain run` (torchrun, CPU, gloo, 2 ranks) whose node is stopped
 mid-run (`FTRAIN_STOP_AT`) is ended within --hang-timeout plus a few seconds, recorded `failed` (hang) naming
-the ranks, relaunched, and ends bit-identical to an uninterrupted run; a slow save is no hang (the beacons and
-the watchdog alone: tests/integration/test_hang.py)."""
+the ranks, relaunched, and ends bit-identical to an uninterrupted run; a slow save is no hang, nor a start-up
+or restore longer than the timeout (the beacons and the watchdog alone: tests/integration/test_hang.py,
+tests/unit/test_hang_beacon.py)."""
 
 import json
 import os
@@ -92,3 +93,41 @@ def test_a_slow_checkpoint_is_not_a_hang(env: dict[str, str], tmp_path: Path) ->
         job.kill()
     assert job.returncode == 0, out + err[-4000:]
     assert _failures(env, "slow") == []
+
+
+SLOW_START = """
+import os, time, torch
+from ftrain.train.checkpointing import CheckpointManager
+from ftrain.train.process_exit import run_then_exit
+
+def main():
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    ckpt = CheckpointManager(None, model=model, optimizer=optimizer, every=2)
+    step = ckpt.load()
+    time.sleep(float(os.environ["SLOW_START_SECONDS"]))  # a set-up or restore longer than --hang-timeout
+    while step < 6:
+        model(torch.ones(1, 4)).sum().backward()
+        optimizer.step()
+        step += 1
+        if ckpt.due(step):
+            ckpt.save(step)
+    ckpt.close()
+
+run_then_exit(main)
+"""
+
+
+@pytest.mark.timeout(300)
+def test_a_start_up_longer_than_the_hang_timeout_is_no_hang(env: dict[str, str], tmp_path: Path) -> None:
+    """The rank's beacon exists from the manager's start, but the watchdog arms at its first step: a start-up
+    (or restore) three times --hang-timeout long is waited for (before: killed as hung at step 0)."""
+    script = tmp_path / "slow_start.py"
+    script.write_text(SLOW_START)
+    done = ftrain_process(
+        ["run", "P", "--nodes", "1", "--gpus-per-node", "1", "--run-id", "slow-start", "--hang-timeout", "2",
+         "--max-retries", "0", "--", str(script)],
+        {**env, "SLOW_START_SECONDS": "6", "OMP_NUM_THREADS": "1"}, timeout=240,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr[-4000:]
+    assert _failures(env, "slow-start") == []

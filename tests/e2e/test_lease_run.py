@@ -8,7 +8,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -18,20 +17,11 @@ import pytest
 from ftrain.supervise.procs import attempt_processes
 from ftrain.workers.layout import complete_steps
 from tests.support.processes import ftrain_process, run_marks
-from tests.support.training import FINAL, final_digest, torchrun, wait_for
+from tests.support.training import FINAL, final_digest, supervised, torchrun, wait_for
 
 ITERS = ("--train-iters", "20", "--save-interval", "5")
 TTL = 5
 RUN = "leased"
-
-
-def _start(env: dict[str, str]) -> subprocess.Popen[str]:
-    argv = [str(Path(sys.executable).with_name("ftrain")), "run", "P", "--nodes", "1", "--gpus-per-node", "2",
-            "--run-id", RUN, "--lease-ttl", str(TTL), "--", "-m", "ftrain.examples.train", *ITERS]  # fmt: skip
-    return subprocess.Popen(
-        argv, env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True,
-    )  # fmt: skip
 
 
 @pytest.mark.timeout(900)
@@ -40,7 +30,7 @@ def test_a_dead_supervisors_run_is_taken_over_by_one_of_two_racing_relaunches_wi
 ) -> None:
     reference = final_digest(torchrun(tmp_path / "reference", *ITERS))
     slow = {**env, "OMP_NUM_THREADS": "1", "FTRAIN_STEP_DELAY": "0.5"}
-    first = _start(slow)
+    first = supervised(RUN, slow, *ITERS, lease_ttl=TTL)
     ckpt = Path(env["FTRAIN_STORAGE"]) / RUN
     wait_for(lambda: bool(complete_steps(ckpt)), first, "the first checkpoint", 300)
 
@@ -57,7 +47,7 @@ def test_a_dead_supervisors_run_is_taken_over_by_one_of_two_racing_relaunches_wi
     killed = time.monotonic()
     first.communicate()
     env_after = {**env, "OMP_NUM_THREADS": "1"}
-    racing = [_start(env_after) for _ in range(2)]
+    racing = [supervised(RUN, env_after, *ITERS, lease_ttl=TTL) for _ in range(2)]
     took: dict[int, float] = {}
 
     def watch(job: subprocess.Popen[str], out: list[str]) -> None:

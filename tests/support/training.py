@@ -119,3 +119,14 @@ def is_relay(pid: int) -> bool:
         return b"ftrain.supervise.relay" in Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:  # gone meanwhile
         return False
+
+
+def supervised(run_id: str, env: dict[str, str], *train: str, lease_ttl: int = 30) -> subprocess.Popen[str]:
+    """A real `ftrain run` of the reference trainer on one node of 2 ranks (`train`: its flags), in a session of
+    its own, with stdout and stderr piped."""
+    argv = [str(Path(sys.executable).with_name("ftrain")), "run", "P", "--nodes", "1", "--gpus-per-node", "2",
+            "--run-id", run_id, "--lease-ttl", str(lease_ttl), "--", "-m", "ftrain.examples.train", *train]  # fmt: skip
+    return subprocess.Popen(
+        argv, env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
