@@ -17,6 +17,7 @@ FAILURE_REASONS: tuple[str, ...] = (
     "preempted", "node-failure", "oom", "exit-code", "signal", "unknown",
     "lost",  # its supervisor stopped renewing its lease (recorded by the relaunch that took it over)
     "hang",  # no rank made progress for --hang-timeout (recorded by the supervisor's watchdog)
+    "setup",  # the supervisor could not set up the attempt the log opened (its fence, progress, process)
 )  # fmt: skip
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 

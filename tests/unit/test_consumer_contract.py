@@ -22,7 +22,7 @@ from ftrain.events.anchors import PrefixRoot
 from ftrain.events.chain import GENESIS
 from ftrain.events.jetstream.connection import NatsSettings, anchor_files
 from ftrain.events.record import StoredRecord
-from ftrain.events.schema import MAX_AMOUNT, Completed, Failed, encode_event
+from ftrain.events.schema import FAILURE_REASONS, MAX_AMOUNT, Completed, Failed, encode_event
 from ftrain.events.stored_schema import stored_schema
 from ftrain.projections.audit import ChainWalk, Finding
 from tests.support.docs import blocks
@@ -199,3 +199,11 @@ def test_the_install_line_provides_every_module_the_verifier_imports() -> None:
     assert third_party == {"nats", "nacl"}
     for module in third_party:
         assert {d.lower() for d in providers[module]} & named, f"{module} is not installed by: {line}"
+
+
+def test_the_page_names_every_failure_reason_ftrain_records() -> None:
+    """The `failed` row lists each reason a writer of ftrain's records (`setup`, `hang` and `lost` were
+    missing: a consumer could not tell a set-up failure from a made-up reason)."""
+    page = (ROOT / "docs" / "event-log.md").read_text()
+    row = next(line for line in page.splitlines() if line.startswith("| `failed` |"))
+    assert set(re.findall(r"`([a-z-]+)`", row.split("`reason`", 1)[1])) >= set(FAILURE_REASONS)
