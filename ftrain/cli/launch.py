@@ -36,13 +36,14 @@ from ftrain.supervise.scheduler_job import (
     NotAJob,
     current_job,
     ended_by_hand,
+    identified,
+    identity_command,
     job_run_id,
     made_progress,
     may_resume,
     recorded_jobs,
     rendezvous_port,
     requeue_command,
-    start_time,
     state_command,
 )
 from ftrain.supervise.supervisor import Relaunches, Supervisor
@@ -90,7 +91,7 @@ def prepare_launch(args: argparse.Namespace) -> LaunchPlan:
         derived = job_run_id(args.project, job) if job is not None and not args.run_id else None
     except NotAJob as exc:
         raise UsageError(str(exc)) from exc
-    job = started(job)
+    job = identify(job)
     explicit = args.run_id or derived  # a requeued job's run is the job's: resumed, never a new -N
     base_id = explicit or f"dist-{args.project}-{args.nodes}x{procs}-{args.strategy}"
     try:
@@ -146,17 +147,19 @@ def prepare_launch(args: argparse.Namespace) -> LaunchPlan:
     return LaunchPlan(base_id, bool(explicit), make, spec, allocation.hosts, job, procs, derived is not None)
 
 
-def started(job: SchedulerJob | None) -> SchedulerJob | None:
-    """`job` with the start time `scontrol show job` gives (Slurm: what tells a second `ftrain run` within one
-    job start from a new job with a recycled id); as it is when the scheduler cannot say in time."""
-    ask = state_command(job) if job is not None else None
-    if job is None or ask is None:
+def identify(job: SchedulerJob | None) -> SchedulerJob | None:
+    """`job` with what the scheduler shows of this start (Slurm's start time; PBS's run count and start time:
+    what tells a requeue, or a second `ftrain run` within one job start, from a new job with a recycled id);
+    as it is when the scheduler cannot say in time."""
+    if job is None:
         return job
     try:
-        shown = subprocess.run(ask, capture_output=True, text=True, timeout=SHOW_TIMEOUT, check=False).stdout
+        shown = subprocess.run(
+            identity_command(job), capture_output=True, text=True, timeout=SHOW_TIMEOUT, check=False
+        ).stdout
     except (OSError, subprocess.TimeoutExpired):
         return job
-    return msgspec.structs.replace(job, started=start_time(shown))
+    return identified(job, shown)
 
 
 def processes_per_node(args: argparse.Namespace) -> tuple[int, Literal["cpu"] | UnsetType]:
@@ -261,15 +264,23 @@ def prepare_run(args: argparse.Namespace) -> RunPlan:
     )
 
 
-async def start_run(
-    app: RunService, args: argparse.Namespace, plan: RunPlan, holder: Holder
-) -> tuple[Launched, int, int]:
+class Started(NamedTuple):
+    """What `start_run` opened: the launch, the attempt to start, the lease's revision, and whether the log
+    held a checkpoint of the run (a relaunch: its location must then be found, never made afresh)."""
+
+    launched: Launched
+    attempt: int
+    revision: int
+    vouched: bool = False
+
+
+async def start_run(app: RunService, args: argparse.Namespace, plan: RunPlan, holder: Holder) -> Started:
     """Append `launched` for a new run (attempt 1); an existing --run-id is relaunched, as launched, after a
     failure only, by opening its next attempt (of two racing relaunches, one opens it; the other is refused).
     Another user's run, or the run a job's id derives met by no requeue of that job, is refused before
     anything is written (`relaunch_refusal`). Either way `holder` takes the run's supervisor lease first; a
     relaunch finding the lease of a dead supervisor records its run `failed` (lost) and goes on
-    (`RunService.claim`). Returns the launch, the attempt to start and the lease's revision."""
+    (`RunService.claim`)."""
     if plan.launch.explicit:
         await app.projector.catch_up()
         if await app.model.taken(plan.launch.base_id):
@@ -299,9 +310,11 @@ async def start_run(
                 f"Relaunching {state.run_id} — failure {state.failures} (last: {state.last_failure}), "
                 f"step {state.step}, {state.resume_count} resume(s) so far"
             )
-            return state.launch, opened.attempt, claim.revision
+            return Started(state.launch, opened.attempt, claim.revision, vouched=opened.checkpoint_seq > 0)
     launched = await append_launched(app, plan.launch)
-    return launched, 1, await app.take_lease(launched.run_id, msgspec.structs.replace(holder, attempt=1))
+    return Started(
+        launched, 1, await app.take_lease(launched.run_id, msgspec.structs.replace(holder, attempt=1))
+    )
 
 
 async def relaunch_refusal(app: RunService, launch: LaunchPlan, user: str) -> str | None:
@@ -326,7 +339,9 @@ def supervise(args: argparse.Namespace, ready: Callable[[], None]) -> int:
     plan = prepare_run(args)
     ready()  # the embedded server, started (and said so) only now that the input is known good
     holder = this_supervisor(args.lease_ttl)
-    launched, attempt, revision = asyncio.run(_with_app(lambda app: start_run(app, args, plan, holder)))
+    launched, attempt, revision, vouched = asyncio.run(
+        _with_app(lambda app: start_run(app, args, plan, holder))
+    )
     run_id = launched.run_id
     ckpt_dir: Path | str = (
         f"{launched.storage.rstrip('/')}/{run_id}"
@@ -363,6 +378,7 @@ def supervise(args: argparse.Namespace, ready: Callable[[], None]) -> int:
             hang_timeout=args.hang_timeout,
             save_signals=plan.save,
             requeue=args.requeue_on_failure,
+            vouched=vouched,
         )
         outcome = supervisor.run()
     finally:

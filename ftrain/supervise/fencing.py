@@ -14,11 +14,13 @@ from ftrain.workers.storage.location import run_location
 from ftrain.workers.storage.open import open_run
 
 
-def claim_opened(ckpt_dir: Path | str, attempt: int) -> None:
-    """Claim the run at `ckpt_dir` (a path, or its `s3://` location) for `attempt`, just opened in the log. A
-    later attempt claims only a location that can be listed, as the trainer does: claiming must not recreate
-    a storage root that is not mounted. Raises Fenced, StorageUnavailable, StorageError or OSError."""
+def claim_opened(ckpt_dir: Path | str, attempt: int, *, vouched: bool) -> None:
+    """Claim the run at `ckpt_dir` (a path, or its `s3://` location) for `attempt`, just opened in the log.
+    `vouched`: the log holds a checkpoint of the run, so its location must be found, never made afresh (as the
+    trainer does: a storage that is not mounted is out of reach, not empty); a run that never checkpointed
+    (its first attempt, or one that failed before its first save) may have no directory yet. Raises Fenced,
+    StorageUnavailable, StorageError or OSError."""
     store = open_run(run_location(ckpt_dir), Path(tempfile.gettempdir()))  # the stage directory: unused here
-    if attempt > 1:
+    if vouched:
         store.reachable()
     store.claim(attempt)

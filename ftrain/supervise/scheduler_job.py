@@ -16,7 +16,9 @@ it is that count and `scontrol show job` gives the start time recorded with it (
 one job start). Else it is refused with one line (exit 1): a new job with a recycled id (a wrapped counter, a
 reset slurmctld: restart count 0 again, another start time), a job of another server whose PBS id has the same
 number. To go on, pass --run-id: a new id starts a run of its own; the run's id resumes it on purpose. PBS puts
-no run count in a job's environment, so a PBS job start that the run recorded resumes it, as before.
+no run count in a job's environment: `qstat -f` gives it (PBS Pro's `run_count` and `stime`, Torque's
+`start_count` and `start_time`; `qrerun` raises the count) and the same rule applies; a PBS whose `qstat` shows
+neither (or does not answer in time) leaves the count unknown, and a job start the run recorded resumes it.
 
 Rule: with --requeue-on-failure, a failed job start asks for a requeue only when it made progress: the run
 recorded a checkpoint after this job start opened its attempt (launched or resumed, with this job's id and
@@ -35,6 +37,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Final
 
+import msgspec
+
 from ftrain.events.schema import AnyEvent, Checkpointed, Launched, Resumed, SchedulerJob
 from ftrain.supervise.launch_spec import DEFAULT_RDZV_PORT
 
@@ -47,6 +51,8 @@ _COUNT: Final = re.compile(r"[0-9]{1,18}")
 _PBS_ID: Final = re.compile(r"([0-9]+)(?:\[([0-9]+)\])?(?:\..+)?")
 _DIGITS: Final = re.compile(r"[0-9]+")
 """ASCII digits, not the regex digit class: it takes any script's digits, some of which `int` refuses."""
+_STARTED_MAX: Final = 32
+"""The longest start time a `SchedulerJob` records (its schema's bound)."""
 JOB_PORT_BASE: Final = 20000
 JOB_PORT_SPAN: Final = 10000
 
@@ -117,6 +123,35 @@ def start_time(shown: str) -> str | None:
     """The StartTime `scontrol show job --oneliner` shows (`2026-12-04T16:20:50`); None when it shows none."""
     found = re.search(r"\bStartTime=([0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2})(?:\s|$)", shown)
     return found[1] if found else None
+
+
+def identity_command(job: SchedulerJob) -> list[str]:
+    """The command that shows what tells this start of `job` from another: Slurm's `scontrol show job`, PBS's
+    `qstat -f`."""
+    return state_command(job) or ["qstat", "-f", job.id]
+
+
+def identified(job: SchedulerJob, shown: str) -> SchedulerJob:
+    """`job` with what `identity_command` showed of this start: Slurm's StartTime; PBS's run count and start
+    time (PBS Pro: `run_count`, `stime`; Torque: `start_count`, `start_time`). What it does not show stays
+    as it was (unknown)."""
+    if job.scheduler == "slurm":
+        return msgspec.structs.replace(job, started=start_time(shown))
+    count = _pbs_attribute(shown, "run_count", "start_count")
+    started = _pbs_attribute(shown, "stime", "start_time")
+    return msgspec.structs.replace(
+        job,
+        restarts=int(count) if count is not None and _COUNT.fullmatch(count) else job.restarts,
+        started=started[:_STARTED_MAX] if started is not None else job.started,
+    )
+
+
+def _pbs_attribute(shown: str, *names: str) -> str | None:
+    """The value `qstat -f` shows for the first of `names` it has (`    run_count = 2`), stripped."""
+    for name in names:
+        if found := re.search(rf"^\s+{name} = (.+)$", shown, re.MULTILINE):
+            return " ".join(found[1].split())
+    return None
 
 
 def _on(job: SchedulerJob) -> str:

@@ -116,6 +116,7 @@ class Supervisor:
         hang_timeout: float | None = None,
         save_signals: Sequence[signal.Signals] = (),
         requeue: bool = False,
+        vouched: bool = False,
     ) -> None:
         """`command` is an attempt's argv on the given hosts; `attempt`: the run's attempt the log opened for
         the first start (1 for a new run), on `hosts`; `opener` opens the next one on the given hosts in the
@@ -127,7 +128,9 @@ class Supervisor:
         hands the workers the warning one); a stop signal reaches the attempt as that warning, and only SIGTERM
         and SIGINT start the grace period (an early warning leaves the time to the scheduler). `requeue`: a
         node lost that the relaunch cannot go on without ends supervision (the job is requeued) instead of
-        waiting for the node in this allocation."""
+        waiting for the node in this allocation. `vouched`: the log held a checkpoint of the run when this
+        supervisor took it (a relaunch), so each attempt's fence is claimed only where the run's location is
+        found (`fencing.claim_opened`); it becomes true once an attempt sealed one."""
         self.run_id = run_id
         self.command = command
         self.hosts = hosts
@@ -147,6 +150,7 @@ class Supervisor:
         self._hang: Hang | None = None
         self.save_signals = tuple(save_signals)
         self.requeue = requeue
+        self.vouched = vouched
 
     def run(self) -> Outcome:
         """Supervise with SIGTERM, SIGINT and the save signals forwarded to the training processes."""
@@ -190,6 +194,7 @@ class Supervisor:
                 render.emit(f"Attempt {self.number} of {last} stopped after {ended - started:.1f} s: {lost}")
                 return Outcome("gave-up", 1, lost, recorded=False)
             step = self._newest()
+            self.vouched = self.vouched or step is not None
             progress = step is not None and (newest is None or step > newest)
             newest = step if progress else newest
             head = f"Attempt {self.number} of {last}"
@@ -289,7 +294,9 @@ class Supervisor:
         marks = attempt_marks(self.run_id, self.number)
         watchdog = None
         try:
-            claim_opened(self.ckpt_dir, self.number)  # from here on no older attempt seals or prunes
+            claim_opened(
+                self.ckpt_dir, self.number, vouched=self.vouched
+            )  # from here on no older attempt seals or prunes
             argv = self.command(self.hosts)
             log.info("attempt_started", run_id=self.run_id, attempt=self.number, argv=argv)
             env = {**self.env, **marks}

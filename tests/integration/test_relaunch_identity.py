@@ -12,7 +12,7 @@ import pytest
 from ftrain.events.schema import SchedulerJob
 from tests.support.cli import Cli
 from tests.support.processes import free_port
-from tests.support.slurm_job import slurm_job, stand_in_scontrol
+from tests.support.slurm_job import pbs_job, slurm_job, stand_in_qstat, stand_in_scontrol
 from tests.support.stand_in_trainer import ONE_GPU, starts
 from tests.support.stand_in_trainer import cli as cli  # the fixtures
 from tests.support.stand_in_trainer import trainer as trainer
@@ -53,6 +53,31 @@ def test_a_new_job_with_a_recycled_id_does_not_resume_the_old_jobs_run(
     assert cli.last_seq() == before
     assert starts(state) == []
     assert set(calls.read_text().splitlines()) == {"show job --oneliner 4242"}  # each start's start time
+
+
+def test_a_pbs_job_is_told_by_qstats_run_count_a_requeue_resumes_and_a_recycled_id_does_not(
+    cli: Cli, trainer: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PBS puts no run count in the environment: `qstat -f` shows it. Job 4242.srvA's first run launched
+    P-pbs-4242 and failed; a new 4242.srvA (a reset server: run 1 again, another start) is refused; the
+    job's own requeue (`qrerun`: run 2) resumes the run."""
+    script, state = trainer
+    calls = stand_in_qstat(tmp_path, monkeypatch)
+    pbs_job(monkeypatch, 1, "Fri Dec  4 10:00:00 2026")
+    cli.ok("launch", "P", *ONE_GPU)
+    cli.ok("fail", "P-pbs-4242")
+    before = cli.last_seq()
+    pbs_job(monkeypatch, 1, "Wed Dec  9 08:00:00 2026")
+    command = ("--", str(script), str(state), "exit0")
+    code, out, err = cli("run", "P", *ONE_GPU, *command)
+    assert (code, out) == (1, "")
+    assert "(restart count 1); this one (restart count 1) is no requeue of it" in err and err.count("\n") == 1
+    assert cli.last_seq() == before and starts(state) == []
+    pbs_job(monkeypatch, 2, "Wed Dec  9 08:00:00 2026")
+    code, out, err = cli("run", "P", *ONE_GPU, *command)
+    assert code == 0, err
+    assert "Relaunching P-pbs-4242" in out and [s["FTRAIN_ATTEMPT"] for s in starts(state)] == ["2"]
+    assert set(calls.read_text().splitlines()) == {"-f 4242.srvA"}
 
 
 def test_another_users_run_is_neither_taken_over_nor_relaunched(

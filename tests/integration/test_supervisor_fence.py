@@ -28,7 +28,9 @@ READ_OWNER = (
 )
 
 
-def _supervise(ckpt: Path | str, attempt: int, command: list[str], recorder: Intents) -> Supervisor:
+def _supervise(
+    ckpt: Path | str, attempt: int, command: list[str], recorder: Intents, *, vouched: bool = False
+) -> Supervisor:
     return Supervisor(
         "r",
         lambda hosts: command,
@@ -39,6 +41,7 @@ def _supervise(ckpt: Path | str, attempt: int, command: list[str], recorder: Int
         attempt=attempt,
         opener=lambda hosts: pytest.fail("nothing to relaunch"),
         hosts=("localhost",),
+        vouched=vouched,
     )
 
 
@@ -70,12 +73,26 @@ def test_the_attempt_is_claimed_before_its_first_process_starts(
 
 
 def test_a_relaunch_whose_storage_is_out_of_reach_is_recorded_failed_and_not_started(tmp_path: Path) -> None:
+    """The log holds a checkpoint of the run (vouched) and its location is gone: out of reach, never made."""
     started = tmp_path / "started"
     recorder = Intents()
     gone = tmp_path / "unmounted" / "r"  # the storage root is not there: claiming must not recreate it
-    outcome = _supervise(gone, 2, [sys.executable, "-c", f"open({str(started)!r}, 'w')"], recorder).run()
+    command = [sys.executable, "-c", f"open({str(started)!r}, 'w')"]
+    outcome = _supervise(gone, 2, command, recorder, vouched=True).run()
     assert (outcome.status, outcome.exit_code, outcome.recorded) == ("gave-up", 1, True)
     [failed] = recorder.intents
     assert isinstance(failed, FailIntent) and (failed.reason, failed.attempt) == ("setup", 2)
     assert failed.message.startswith("StorageUnavailable: "), failed.message
     assert not started.exists() and not gone.parent.exists()
+
+
+def test_a_relaunch_of_a_run_that_never_checkpointed_makes_its_location(tmp_path: Path) -> None:
+    """A run whose first attempt failed before its first save (or was launched by `ftrain launch`, which
+    claims nothing) has no directory yet: its relaunch claims it (and makes it), as a first attempt does."""
+    started = tmp_path / "started"
+    recorder = Intents()
+    fresh = tmp_path / "ckpt" / "r"
+    command = [sys.executable, "-c", f"open({str(started)!r}, 'w')"]
+    outcome = _supervise(fresh, 2, command, recorder).run()
+    assert outcome.status == "completed" and recorder.intents == [CompleteIntent(attempt=2)]
+    assert started.exists() and _store(fresh).owner() == 2

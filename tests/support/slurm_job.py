@@ -1,5 +1,6 @@
-"""A Slurm job start simulated without a scheduler: its environment and a stand-in `scontrol` on PATH that
-shows the job's start time and records every call (no slurmctld: the real one is tests/support/slurm_cluster.py)."""
+"""A Slurm or PBS job start simulated without a scheduler: its environment and a stand-in `scontrol` (or
+`qstat`) on PATH that shows the job's start (and PBS's run count) and records every call (no slurmctld: the
+real one is tests/support/slurm_cluster.py; no PBS server exists here)."""
 
 import os
 from pathlib import Path
@@ -10,6 +11,30 @@ SCONTROL = """#!/bin/sh
 echo "$@" >> "$SCONTROL_LOG"
 if [ "$1" = show ]; then echo "JobId=$4 JobState=RUNNING Reason=None StartTime=$SCONTROL_START EndTime=Unknown"; fi
 """
+
+QSTAT = """#!/bin/sh
+echo "$@" >> "$QSTAT_LOG"
+printf 'Job Id: %s\\n    job_state = R\\n    run_count = %s\\n    stime = %s\\n' "$2" "$QSTAT_RUNS" "$QSTAT_START"
+"""
+
+
+def stand_in_qstat(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A stand-in PBS Pro `qstat` on PATH: `qstat -f ID` shows run_count $QSTAT_RUNS and stime $QSTAT_START,
+    and every call is recorded in the file returned."""
+    bin_dir, log = tmp_path / "bin", tmp_path / "qstat.log"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "qstat").write_text(QSTAT)
+    (bin_dir / "qstat").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("QSTAT_LOG", str(log))
+    return log
+
+
+def pbs_job(monkeypatch: pytest.MonkeyPatch, runs: int, started: str) -> None:
+    """This process is now the `runs`-th run of PBS job 4242.srvA, started at `started`."""
+    for name, value in (("PBS_JOBID", "4242.srvA"), ("QSTAT_RUNS", str(runs)), ("QSTAT_START", started)):
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
 
 
 def stand_in_scontrol(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:

@@ -18,6 +18,8 @@ from ftrain.supervise.scheduler_job import (
     NotAJob,
     current_job,
     ended_by_hand,
+    identified,
+    identity_command,
     job_run_id,
     made_progress,
     may_resume,
@@ -174,6 +176,58 @@ def test_start_time_is_read_from_scontrol_show_job() -> None:
     assert start_time(shown) == "2026-12-04T16:20:50"
     assert start_time("JobId=7 StartTime=Unknown EndTime=Unknown") is None
     assert start_time("slurm_load_jobs error: Invalid job id specified") is None
+
+
+PBS_PRO_SHOWN = """Job Id: 1234.srvA
+    Job_Name = train
+    job_state = R
+    ctime = Fri Dec  4 16:00:00 2026
+    run_count = 2
+    stime = Fri Dec  4 16:20:50 2026
+    Variable_List = PBS_O_HOME=/home/alice,PBS_O_LANG=C.UTF-8,
+\tPBS_O_WORKDIR=/home/alice
+"""
+TORQUE_SHOWN = """Job Id: 1234.srvA
+    Job_Name = train
+    job_state = R
+    start_count = 3
+    start_time = 1764865250
+"""
+
+
+def test_a_pbs_job_start_is_identified_by_qstat_run_count_and_start_time() -> None:
+    """PBS gives no run count in the environment: `qstat -f` does (PBS Pro's run_count/stime, Torque's
+    start_count/start_time); a qstat that shows neither, or an error, leaves the job as it was."""
+    job = SchedulerJob("pbs", "1234.srvA", None)
+    assert identity_command(job) == ["qstat", "-f", "1234.srvA"]
+    assert identity_command(SchedulerJob("slurm", "7", 0)) == ["scontrol", "show", "job", "--oneliner", "7"]
+    assert identified(job, PBS_PRO_SHOWN) == SchedulerJob(
+        "pbs", "1234.srvA", 2, None, "Fri Dec 4 16:20:50 2026"
+    )
+    assert identified(job, TORQUE_SHOWN) == SchedulerJob("pbs", "1234.srvA", 3, None, "1764865250")
+    assert identified(job, "qstat: Unknown Job Id 1234.srvA\n") == job
+    assert identified(job, "    run_count = ²\n    stime = " + "9" * 99 + "\n").restarts is None
+    assert len(identified(job, "    stime = " + "9" * 99 + "\n").started or "") == 32
+    slurm = SchedulerJob("slurm", "7", 0)
+    assert (
+        identified(slurm, "JobId=7 StartTime=2026-12-04T16:20:50 EndTime=x").started == "2026-12-04T16:20:50"
+    )
+
+
+def test_a_pbs_requeue_resumes_and_a_recycled_pbs_id_is_refused() -> None:
+    """qrerun raises the run count: a higher count resumes, the same count and start a second `ftrain run` of
+    the job start resumes, the first count again with another start (a reset server reusing 1234) does not."""
+    first = identified(
+        SchedulerJob("pbs", "1234.srvA", None), PBS_PRO_SHOWN.replace("run_count = 2", "run_count = 1")
+    )
+    assert (
+        may_resume([first], identified(SchedulerJob("pbs", "1234.srvA", None), PBS_PRO_SHOWN), "P-pbs-1234")
+        is None
+    )
+    assert may_resume([first], first, "P-pbs-1234") is None
+    recycled = msgspec.structs.replace(first, started="Mon Dec 14 08:00:00 2026")
+    refusal = may_resume([first], recycled, "P-pbs-1234")
+    assert refusal is not None and "(restart count 1); this one (restart count 1) is no requeue" in refusal
 
 
 JOB = SchedulerJob("slurm", "4242", 0, "c1", "2026-12-04T16:20:50")
