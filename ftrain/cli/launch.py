@@ -27,6 +27,7 @@ from ftrain.events.schema import Completed, InvalidEvent, Launched, SchedulerJob
 from ftrain.projections.lifecycle import IllegalTransition, check_owner, check_relaunch
 from ftrain.service import RunService, checkpoint_storage
 from ftrain.supervise.attempts import attempt_commands, child_env
+from ftrain.supervise.fencing import claim_opened
 from ftrain.supervise.hostlist import HostlistError, resolve_allocation
 from ftrain.supervise.launch_spec import DEFAULT_TRAIN_CMD, LaunchSpec, LaunchSpecError, build_command
 from ftrain.supervise.lease_keeper import LeaseKeeper, this_supervisor
@@ -50,6 +51,7 @@ from ftrain.supervise.supervisor import Relaunches, Supervisor
 from ftrain.supervise.watchdog import progress_root
 from ftrain.workers.checkpoint_dir import uri_path
 from ftrain.workers.layout import run_dir
+from ftrain.workers.storage.errors import Fenced, StorageError, StorageUnavailable
 from ftrain.workers.storage.open import is_object_storage
 
 T = TypeVar("T")
@@ -264,6 +266,13 @@ def prepare_run(args: argparse.Namespace) -> RunPlan:
     )
 
 
+def checkpoint_dir(launched: Launched) -> Path | str:
+    """The run's checkpoint location as the supervisor hands it to the trainer: a directory, or `s3://…`."""
+    if is_object_storage(launched.storage):
+        return f"{launched.storage.rstrip('/')}/{launched.run_id}"
+    return run_dir(uri_path(launched.storage), launched.run_id)
+
+
 class Started(NamedTuple):
     """What `start_run` opened: the launch, the attempt to start, the lease's revision, and whether the log
     held a checkpoint of the run (a relaunch: its location must then be found, never made afresh)."""
@@ -302,10 +311,19 @@ async def start_run(app: RunService, args: argparse.Namespace, plan: RunPlan, ho
                     dataset_revision=wanted.dataset_revision,
                     checkpoint_policy=wanted.checkpoint_policy,
                 )
+                # the fence first: a dead or stopped supervisor's attempt may still be saving, and must seal
+                # nothing from the moment the log opens the next (of two racing relaunches both claim it)
+                vouched = bool(state.valid_checkpoints())
+                claim_opened(checkpoint_dir(state.launch), state.attempt + 1, vouched=vouched)
                 opened = await append_relaunch(app.store, state.run_id, plan.launch.hosts, plan.launch.job)
             except (IllegalTransition, NotOpened) as exc:
                 await app.release(state.run_id, claim.revision)
                 raise Refused(str(exc)) from exc
+            except (StorageUnavailable, StorageError, Fenced, OSError) as exc:
+                await app.release(state.run_id, claim.revision)
+                raise Refused(
+                    f"run {state.run_id} not relaunched: its checkpoints cannot be fenced: {exc}"
+                ) from exc
             render.emit(
                 f"Relaunching {state.run_id} — failure {state.failures} (last: {state.last_failure}), "
                 f"step {state.step}, {state.resume_count} resume(s) so far"
@@ -343,11 +361,7 @@ def supervise(args: argparse.Namespace, ready: Callable[[], None]) -> int:
         _with_app(lambda app: start_run(app, args, plan, holder))
     )
     run_id = launched.run_id
-    ckpt_dir: Path | str = (
-        f"{launched.storage.rstrip('/')}/{run_id}"
-        if is_object_storage(launched.storage)
-        else run_dir(uri_path(launched.storage), run_id)
-    )
+    ckpt_dir = checkpoint_dir(launched)
     command = attempt_commands(
         plan.spec(run_id), plan.torchrun, slurm=plan.slurm, node_exec=args.node_exec, relayed=bool(plan.save)
     )

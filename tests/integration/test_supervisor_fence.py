@@ -18,7 +18,11 @@ from ftrain.workers.storage.location import run_location
 from ftrain.workers.storage.open import open_run
 from ftrain.workers.storage.port import RunStore
 from tests.support.builders import Intents
+from tests.support.cli import Cli
 from tests.support.s3 import Endpoint
+from tests.support.stand_in_trainer import ONE_GPU, starts
+from tests.support.stand_in_trainer import cli as cli  # the fixtures
+from tests.support.stand_in_trainer import trainer as trainer
 
 READ_OWNER = (
     "import sys, tempfile\nfrom pathlib import Path\n"
@@ -96,3 +100,32 @@ def test_a_relaunch_of_a_run_that_never_checkpointed_makes_its_location(tmp_path
     outcome = _supervise(fresh, 2, command, recorder).run()
     assert outcome.status == "completed" and recorder.intents == [CompleteIntent(attempt=2)]
     assert started.exists() and _store(fresh).owner() == 2
+
+
+def test_a_relaunch_claims_the_fence_before_the_log_opens_its_attempt(
+    cli: Cli, trainer: tuple[Path, Path]
+) -> None:
+    """`ftrain run --run-id` of a failed run claims the fence for the attempt it is about to open before it
+    appends the `resumed` (an older attempt still saving is fenced from the moment the log moves on), and a
+    run the log holds a checkpoint of whose location is gone (an unmounted file system) is refused with one
+    line: nothing opened, nothing started, the location never made afresh."""
+    script, state = trainer
+    cli.ok("launch", "P", *ONE_GPU, "--run-id", "r")
+    cli.ok("checkpoint", "r", "--step", "10", "--epoch", "0", "--shards", "1", "--state", "{}")
+    cli.ok("fail", "r")
+    run = cli.storage() / "r"
+    moved = cli.storage().with_name("elsewhere")
+    cli.storage().rename(moved)  # unmounted
+    before = cli.last_seq()
+    command = ("--", str(script), str(state), "exit0")
+    code, out, err = cli("run", "P", *ONE_GPU, "--run-id", "r", *command)
+    assert (code, out) == (1, "") and err.startswith(
+        "ftrain run: run r not relaunched: its checkpoints cannot be"
+    )
+    assert err.count("\n") == 1 and "storage unavailable" in err, err
+    assert cli.last_seq() == before and starts(state) == [] and not cli.storage().exists()
+    moved.rename(cli.storage())  # mounted again
+    assert _store(run).owner() == 0
+    code, out, err = cli("run", "P", *ONE_GPU, "--run-id", "r", *command)
+    assert code == 0, err
+    assert [s["FTRAIN_ATTEMPT"] for s in starts(state)] == ["2"] and _store(run).owner() == 2
