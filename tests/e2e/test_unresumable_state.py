@@ -12,6 +12,8 @@ from tests.support.processes import free_port
 
 SCRIPT = textwrap.dedent(
     """
+    import sys
+
     import torch.distributed as dist
     from torch import nn
 
@@ -38,7 +40,8 @@ SCRIPT = textwrap.dedent(
             ckpt.load()
             ckpt.save(1)
         except UnresumableState as exc:
-            print(f"rank {dist.get_rank()}: {exc}", flush=True)
+            sys.stdout.write(f"rank {dist.get_rank()}: {exc}\\n")  # one write: print's two interleave
+            sys.stdout.flush()
         finally:
             ckpt.close()
             dist.destroy_process_group()
