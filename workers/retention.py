@@ -1,9 +1,10 @@
 """Retention: keep the newest K checkpoints the log vouches for, delete older ones.
 
-`workers.layout.retire` decides, for every backend: a run with a log counts only the steps the log accepted (vouched for at
-start-up, or recorded by this job since); a step sealed on disk that the log never accepted (an older
-attempt's, sealed after the log moved on) is neither counted nor deleted: the next resume sets it aside as
-`unrecorded`, and it can never push an accepted checkpoint out. Without a log the listing is the only truth.
+`workers.layout.retire` decides, for every backend: a run with a log counts only the steps the log
+accepted (vouched for at start-up, or recorded by this job since); a step sealed on disk that the log never
+accepted (an older attempt's, sealed after the log moved on) is neither counted nor deleted: the next resume
+sets it aside as `unrecorded`, and it can never push an accepted checkpoint out. Without a log the listing is
+the only truth.
 The saver decides right after a checkpoint was sealed, names the retired steps in that checkpoint's
 `checkpointed` event, and deletes them only after recording it, so a deletion always follows a newer valid
 checkpoint and the log says which checkpoints are gone; with K ≥ 2 the checkpoint a job resumed from stays
