@@ -50,8 +50,8 @@ async def verify(store: EventStore, run_id: str | None = None) -> AuditReport:
     """Re-verify every chain from the stream itself: hashes, links, sequence, legal transitions, one
     signature per run, and the stream against its anchors. A whole-log audit that finds nothing anchors
     every run's head and the root of what it read."""
-    facts = await store.facts()
     anchors = AnchorCheck.load(store.anchors.paths if store.anchors else [], store.trust, run_id)
+    facts = await store.facts()  # after the anchors: a writer anchoring in between is then no rollback
     walk, events = ChainWalk(trust=store.trust), 0
     if facts is not None:  # a stream that is gone has nothing to read: the anchors report it
         async for records in store.read(1, run_id=run_id):

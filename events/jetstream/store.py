@@ -213,9 +213,11 @@ class EventStore:
 
     async def ensure_stream(self) -> str:
         """Check the stream against the newest anchor (raises LogTampered when it differs), create it when
-        there is neither; returns its creation time, which identifies it to read models."""
-        facts = await self.facts()
+        there is neither; returns its creation time, which identifies it to read models. The anchor is read
+        before the stream: another writer may append and anchor in between, and only this order keeps the
+        anchored seq at or below the seq the stream shows."""
         newest = self.anchors.newest().anchor if self.anchors else None
+        facts = await self.facts()
         if newest is not None and (change := stream_change(newest, facts)) is not None:
             raise LogTampered(
                 f"{change}; nothing was appended (`ftrain server repair` accepts it, on record)"
@@ -239,8 +241,8 @@ class EventStore:
         """Accept the stream as it is now, on record: re-create it if gone and restore ftrain's retention
         settings if changed, then anchor the result with what was found (against the newest note that
         counts: a line no trusted writer vouches for is ignored, and listed)."""
-        facts = await self.facts()
         newest, ignored = self.anchors.newest() if self.anchors else (None, [])
+        facts = await self.facts()  # after the anchor, as in ensure_stream
         change = stream_change(newest, facts) if newest is not None else None
         if facts is None:
             facts = await self._create()

@@ -18,6 +18,7 @@ from nats.aio.client import Client
 
 from ftrain import settings
 from ftrain.events.chain import seal, unseal
+from ftrain.events.jetstream.connection import open_store
 from ftrain.events.jetstream.server import ServerProcess
 from ftrain.events.record import STREAM, StoredRecord, run_subject
 from ftrain.events.schema import AnyEvent, CorruptSkipped, Failed, Resumed, encode_event, event_type, now
@@ -359,6 +360,27 @@ async def test_the_anchor_mirror_catches_a_rollback_of_the_store_and_the_home_to
     assert refused.returncode == 1 and "went back from seq 3 to 2" in refused.stderr
     audit = run(mirrored, "audit", "verify")
     assert audit.returncode == 1 and "its head went back from seq 3" in audit.stdout
+
+
+async def test_a_writer_appending_and_anchoring_while_another_opens_the_store_is_no_rollback(
+    app: RunService, env: dict[str, str]
+) -> None:
+    """Two writers starting at once (two requeues of one job): one appends and anchors the new head between
+    the other's reading of the stream and of the anchors. Read in that order, the anchor was ahead of the
+    stream this process saw, and it refused to append as if the stream had been rolled back."""
+    await launch(app, "first")
+    async with open_store(settings.nats(env)) as store:
+        read_stream, steps = store.facts, iter(range(10, 100, 10))
+
+        async def stream_then_another_writer() -> object:
+            facts = await read_stream()
+            await checkpoint(app, "first", next(steps))  # appended and anchored by the other writer, now
+            return facts
+
+        store.facts = stream_then_another_writer  # type: ignore[method-assign]
+        await store.ensure_stream()
+        await store.repair()
+    assert run(env, "status", "first").returncode == 0
 
 
 def hold_anchor_lock(env: dict[str, str]) -> int:
