@@ -1,6 +1,6 @@
 """The application service: commands become events, queries read the caught-up projection.
 
-Every command is decided against the run's own log (`projections.run_log.RunLog`): the lifecycle's deciders
+Every command is decided against the run's own log (`domain.command_handler.RunLog`): the lifecycle's deciders
 build the event, its judge checks it, and the append names the run's head as the expected position, deciding
 again after a conflict. Queries catch the read model up first (read-your-writes). The CLI is a thin shell
 over this class; tests call it directly.
@@ -19,6 +19,21 @@ import msgspec
 import structlog
 
 from ftrain import settings as ftrain_settings
+from ftrain.domain.chain_walk import Finding
+from ftrain.domain.command_handler import BrokenRun, ContendedRun, RunLog
+from ftrain.domain.lifecycle import (
+    IllegalTransition,
+    ResumePlan,
+    RunState,
+    check,
+    check_open,
+    completed_event,
+    plan_resume,
+    resume_from,
+    skip,
+    supervisor_lost,
+)
+from ftrain.domain.vouching import Unvouched, Vouched
 from ftrain.errors import NotFound, Refused, UsageError
 from ftrain.events.chain import ChainHead
 from ftrain.events.jetstream.connection import NatsSettings, endpoint_name, open_store
@@ -38,24 +53,9 @@ from ftrain.events.schema import (
     now,
 )
 from ftrain.history import AuditReport, TimelineEntry, timeline, verify
-from ftrain.projections.audit import Finding
 from ftrain.projections.goodput import Goodput, measure
-from ftrain.projections.lifecycle import (
-    IllegalTransition,
-    ResumePlan,
-    RunState,
-    check,
-    check_open,
-    completed_event,
-    plan_resume,
-    resume_from,
-    skip,
-    supervisor_lost,
-)
 from ftrain.projections.projector import Projector
 from ftrain.projections.readmodel import ReadModel, StoredRun, damaged
-from ftrain.projections.run_log import BrokenRun, ContendedRun, RunLog
-from ftrain.projections.vouching import Unvouched, Vouched
 from ftrain.workers import progress
 from ftrain.workers.checkpoint_dir import OUTSIDE_RUN
 from ftrain.workers.layout import SetAsideKind

@@ -10,12 +10,12 @@ import msgspec
 import nats.errors
 
 from ftrain.cli import goodput_view, render
+from ftrain.domain.lifecycle import CheckpointRef, RunState
 from ftrain.errors import NotFound
 from ftrain.events.jetstream.lease import LeaseView
 from ftrain.events.jetstream.store import LogUnavailable
 from ftrain.events.lease_record import held_for
 from ftrain.events.schema import now
-from ftrain.projections.lifecycle import CheckpointRef, RunState
 from ftrain.service import RunService, RunView
 
 # -- queries ---------------------------------------------------------------------------------------------------

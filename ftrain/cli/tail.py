@@ -12,9 +12,9 @@ from contextlib import aclosing, suppress
 from typing import Any
 
 from ftrain.cli import render
+from ftrain.domain.chain_walk import ChainWalk
 from ftrain.errors import NotFound
 from ftrain.events.jetstream.store import EventStore
-from ftrain.projections.audit import ChainWalk
 from ftrain.projections.event_verdict import EventVerdict, event_verdict
 from ftrain.service import RunService
 

@@ -28,7 +28,7 @@ import structlog
 
 from ftrain import settings
 from ftrain.cli import render
-from ftrain.projections.lifecycle import CompleteIntent, FailIntent
+from ftrain.domain.lifecycle import CompleteIntent, FailIntent
 from ftrain.supervise.elastic import next_hosts
 from ftrain.supervise.failure_report import FailureReport, describe, failure, signal_name, tee_stderr
 from ftrain.supervise.fencing import claim_opened

@@ -16,7 +16,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
-from ftrain.projections.lifecycle import FailIntent, RunState
+from ftrain.domain.lifecycle import FailIntent, RunState
 from ftrain.train.config import CheckpointConfig
 from ftrain.train.state import TrainState
 from ftrain.workers.dcp_reader import (

@@ -21,6 +21,15 @@ import pytest
 import structlog
 
 from ftrain import settings
+from ftrain.domain import command_handler
+from ftrain.domain.command_handler import ContendedRun, RunLog
+from ftrain.domain.lifecycle import (
+    CompleteIntent,
+    FailIntent,
+    Intent,
+    ResumeIntent,
+    decide_intent,
+)
 from ftrain.events.chain import unseal
 from ftrain.events.jetstream.server import ServerProcess
 from ftrain.events.schema import (
@@ -30,15 +39,6 @@ from ftrain.events.schema import (
     Launched,
     decode_event,
 )
-from ftrain.projections import run_log
-from ftrain.projections.lifecycle import (
-    CompleteIntent,
-    FailIntent,
-    Intent,
-    ResumeIntent,
-    decide_intent,
-)
-from ftrain.projections.run_log import ContendedRun, RunLog
 from ftrain.service import RunService
 from ftrain.workers.outbox import Outbox, outbox_path
 from ftrain.workers.recorder import Recorder, deliver
@@ -181,7 +181,7 @@ CHILD = """
 import os, signal, sys
 from ftrain import settings
 from ftrain.workers.recorder import Recorder
-from ftrain.projections.lifecycle import CheckpointIntent, FailIntent
+from ftrain.domain.lifecycle import CheckpointIntent, FailIntent
 from ftrain.events.schema import Checkpointed
 
 run_id, first, count, then = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
@@ -318,7 +318,7 @@ async def test_a_run_other_writers_keep_appending_to_keeps_its_intents_pending_n
     await launch(app)
     outbox = node_outbox(env)
     ids = [outbox.put(RUN, ckpt(100)), outbox.put(RUN, ckpt(200))]
-    monkeypatch.setattr(run_log, "CONFLICT_RETRIES", 0)  # as if another writer won every race
+    monkeypatch.setattr(command_handler, "CONFLICT_RETRIES", 0)  # as if another writer won every race
     with pytest.raises(ContendedRun):
         await deliver(RunLog(app.store, RUN), outbox)
     assert [row.intent_id for row in outbox.pending(RUN)] == ids and outbox.rejected(RUN) == []
@@ -331,7 +331,7 @@ UNREAD = """
 import os, sys, time
 from ftrain import settings
 from ftrain.logs import configure
-from ftrain.projections.lifecycle import FailIntent
+from ftrain.domain.lifecycle import FailIntent
 from ftrain.workers.recorder import Recorder
 
 configure()  # logging as the trainer sets it up: warnings and errors to stderr

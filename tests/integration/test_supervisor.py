@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from ftrain import settings
-from ftrain.projections.lifecycle import FailIntent
+from ftrain.domain.lifecycle import FailIntent
 from ftrain.supervise.opening import NotOpened
 from ftrain.supervise.procs import attempt_marks, attempt_processes, children, end_attempt
 from ftrain.supervise.supervisor import Relaunches, Supervisor

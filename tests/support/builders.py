@@ -5,10 +5,10 @@ from pathlib import Path
 
 import msgspec
 
+from ftrain.domain.lifecycle import CompleteIntent, FailIntent, RunState, apply
 from ftrain.events.chain import ChainHead
 from ftrain.events.jetstream.store import process_actor
 from ftrain.events.schema import AnyEvent, Checkpointed, Launched
-from ftrain.projections.lifecycle import CompleteIntent, FailIntent, RunState, apply
 from ftrain.workers.checkpoint_dir import write_checkpoint
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)

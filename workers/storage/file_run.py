@@ -15,8 +15,8 @@ from pathlib import Path
 
 import structlog
 
+from ftrain.domain.lifecycle import OnDisk
 from ftrain.events.private import private_dir
-from ftrain.projections.lifecycle import OnDisk
 from ftrain.workers import checkpoint_dir as fs
 from ftrain.workers import fence, retention
 from ftrain.workers.fanout import fan_out

@@ -5,7 +5,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ftrain.projections.lifecycle import OnDisk
+from ftrain.domain.lifecycle import OnDisk
 from ftrain.workers import checkpoint_dir as fs
 from ftrain.workers.layout import SetAsideKind, run_dir
 from ftrain.workers.storage.port import Source, StoredCheckpoint

@@ -1,4 +1,4 @@
-"""One run's own log: its events folded on demand, and appends decided against them.
+"""The command handler: one run's own log, its events folded on demand, and appends decided against them.
 
 The port through which the trainer, the outbox and every command append: it reads the run's own subject
 (`ftrain.run.<id>.*`), never the whole stream and never the read model, so its cost does not grow with other
@@ -8,11 +8,11 @@ the expected position; when another writer got there first, it folds the new eve
 
 from collections.abc import Callable
 
+from ftrain.domain.chain_walk import ChainWalk, Finding
+from ftrain.domain.lifecycle import RunState, check
 from ftrain.events.chain import ChainHead
 from ftrain.events.jetstream.store import AppendConflict, Appended, EventStore
 from ftrain.events.schema import AnyEvent
-from ftrain.projections.audit import ChainWalk, Finding
-from ftrain.projections.lifecycle import RunState, check
 
 CONFLICT_RETRIES = 20
 
