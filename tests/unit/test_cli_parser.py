@@ -62,7 +62,8 @@ def test_every_run_id_argument_takes_the_one_rule() -> None:
     """One rule for run ids (events/run_id.py), no dots (issue 32: `status a.b` was refused for a "run"
     that `list` and `audit` named, now a stray under no run's subject): every argument that names a run or
     a project parses with it, so every command refuses `a.b` alike, `launch --run-id` included."""
-    from ftrain.cli.main import _project, _run_id
+    from ftrain.cli.arguments import project as _project
+    from ftrain.cli.arguments import run_id as _run_id
 
     checked = []
     for path, parser, _ in subcommands(build_parser()):
