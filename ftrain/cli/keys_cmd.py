@@ -75,7 +75,6 @@ def _say(args: argparse.Namespace, doc: dict[str, Any], lines: list[str]) -> int
 def add_parser(sub: Subparsers) -> None:
     """`keys` and its actions."""
     p = command(sub, "keys", "this user's signing key and the trusted writers", ["ftrain keys show"])
-    p.set_defaults(entry=lambda args: keys_command(args, os.environ))
     keys = subcommands(p, "keys_command")
     for action, text, example in (("init", "make the signing key (once)", "ftrain keys init --name alice@lab"),
                                   ("show", "the key and the trust list", "ftrain keys show --json")):  # fmt: skip
@@ -91,6 +90,8 @@ def add_parser(sub: Subparsers) -> None:
     )
     p.add_argument("key", help="ed25519:<64 hex digits>, or a name")
     json_flag(p, "the keys revoked")
+    for action in keys.choices.values():
+        action.set_defaults(entry=lambda args: keys_command(args, os.environ))
 
 
 def _name(text: str) -> str:

@@ -25,7 +25,8 @@ from ftrain.events.jetstream.store import LogUnavailable
 from ftrain.events.lease_record import Holder
 from ftrain.events.run_id import RUN_ID_MAX, InvalidRunId, validate_run_id
 from ftrain.events.schema import Completed, InvalidEvent, Launched, SchedulerJob, encode_event
-from ftrain.service import RunService, checkpoint_storage
+from ftrain.service import RunService
+from ftrain.service.run_commands import checkpoint_storage
 from ftrain.supervise.attempts import attempt_commands, child_env
 from ftrain.supervise.fencing import claim_opened
 from ftrain.supervise.hostlist import HostlistError, resolve_allocation

@@ -1,4 +1,4 @@
-"""The `ftrain` command line: a thin shell over `ftrain.service.RunService`.
+"""The `ftrain` command line: a thin shell over `ftrain.service.RunService` (its commands and queries).
 
 Exit codes: the table in `ftrain.errors` (0 success; 1 refused on the merits or not found; 2 usage or bad
 input; 3 a server's `status`: not running; 128+N stopped by signal N). Errors are one line on stderr and

@@ -16,7 +16,8 @@ from ftrain.events.jetstream.lease import LeaseView
 from ftrain.events.jetstream.store import LogUnavailable
 from ftrain.events.lease_record import held_for
 from ftrain.events.schema import now
-from ftrain.service import RunService, RunView
+from ftrain.service import RunService
+from ftrain.service.run_queries import RunView
 
 # -- queries ---------------------------------------------------------------------------------------------------
 

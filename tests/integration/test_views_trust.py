@@ -17,7 +17,8 @@ from ftrain.domain.lifecycle import completed_event
 from ftrain.events.jetstream.server import ServerProcess
 from ftrain.events.schema import now
 from ftrain.events.signing import Signature, Signer
-from ftrain.service import RunService, readmodel_path
+from ftrain.service import RunService
+from ftrain.service.run_queries import readmodel_path
 from tests.integration.test_failures import checkpoint, launch
 from tests.integration.test_trust import forge
 from tests.support.builders import SIGNER
