@@ -113,13 +113,20 @@ class RunCommands:
         try:
             appended = await run.append(lambda state: decide(_known(run.run_id, state)))
         except BrokenRun as exc:
-            raise Refused(str(exc) if exc.accepted is None else _broken(exc)) from exc
+            raise _not_appending(exc) from exc
         except (IllegalTransition, ContendedRun) as exc:
             raise Refused(str(exc)) from exc
         if appended is None:
             return None
         log.info("appended", run_id=run.run_id, type=event_type(appended.event), seq=appended.event.seq)
         return appended
+
+    async def _state(self, run: RunLog) -> RunState:
+        """The run's state from its own log, to decide an append by (what landed since the last read only)."""
+        try:
+            return _known(run.run_id, await run.state())
+        except BrokenRun as exc:
+            raise _not_appending(exc) from exc
 
     async def _vouched_state(self, run: RunLog) -> RunState:
         """The run's state from its own log, only when its chain holds and a trusted writer vouches for it:
@@ -215,10 +222,7 @@ class RunCommands:
     ) -> Checkpointed:
         """Write the checkpoint directory (manifest and marker last), then append `checkpointed`."""
         run = self._run_log(run_id)
-        try:
-            state = _known(run_id, await run.state())
-        except BrokenRun as exc:
-            raise Refused(str(exc) if exc.accepted is None else _broken(exc)) from exc
+        state = await self._state(run)
 
         def event_for(written: StoredCheckpoint | None, current: RunState = state) -> Checkpointed:
             return Checkpointed(
@@ -248,7 +252,7 @@ class RunCommands:
                     dataset_revision=state.launch.dataset_revision,
                 )
         except CheckpointExists as exc:
-            if any(c.step == step for c in _known(run_id, await run.state()).checkpoints):
+            if any(c.step == step for c in (await self._state(run)).checkpoints):
                 raise Refused(
                     f"run {run_id} already has checkpoint step {step} (another writer got there first)"
                 ) from exc
@@ -363,9 +367,12 @@ def _known(run_id: str, state: RunState | None) -> RunState:
     return state
 
 
-def _broken(exc: BrokenRun) -> str:
-    """The refusal to append to a run whose log is broken after events it accepted."""
-    return f"run {exc.finding.run_id}'s log is broken, refusing to append: {exc.finding.describe()}"
+def _not_appending(exc: BrokenRun) -> Refused:
+    """The refusal to append to a run whose log is broken: the break alone when none of its events was
+    accepted (the run is its break), else what is refused."""
+    if exc.accepted is None:
+        return Refused(str(exc))
+    return Refused(f"run {exc.finding.run_id}'s log is broken, refusing to append: {exc.finding.describe()}")
 
 
 def _held(run_id: str, holder: Holder | None, what: str) -> str:
