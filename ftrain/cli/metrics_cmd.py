@@ -107,16 +107,16 @@ async def _serve(args: argparse.Namespace, env: Mapping[str, str], token_file: P
 
     from ftrain.cli.log_server import log_ready
     from ftrain.cli.metrics_http import MetricsServer
-    from ftrain.metrics.scrape import scrape
+    from ftrain.metrics.scrape import Scraper
     from ftrain.service import RunService
 
     log_ready("metrics", env)
     async with RunService.open(env) as app:
-        lock = asyncio.Lock()
+        lock, scrape = asyncio.Lock(), Scraper(app)
 
         async def one(accept: str | None) -> tuple[bytes, str]:
-            async with lock:  # one catch-up at a time on the one read-model connection
-                return await scrape(app, accept)
+            async with lock:  # one scrape at a time: one read-model connection, one walk of the log
+                return await scrape(accept)
 
         loop = asyncio.get_running_loop()
         try:

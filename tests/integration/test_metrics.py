@@ -22,6 +22,8 @@ from ftrain.events.jetstream.server import ServerProcess
 from ftrain.events.record import run_subject
 from ftrain.events.schema import now
 from ftrain.metrics.exposition import BADPUT_TERMS
+from ftrain.metrics.scrape import Scraper
+from ftrain.service import RunService
 from tests.integration.test_failures import one_line, raw_publish
 from tests.integration.test_goodput_cli import store
 from tests.support.cli import Cli, checkpoint
@@ -82,6 +84,28 @@ def test_bad_input_is_refused_in_one_line_before_anything_listens(
         assert refused.returncode == 2 and refused.stdout == "", refused
         assert says in one_line(refused.stderr)
     assert not (Path(env["FTRAIN_HOME"]) / "metrics.token").exists()
+
+
+async def test_each_scrape_reads_what_was_appended_since_and_counts_it_once(
+    cli: Cli, app: RunService
+) -> None:
+    scrape_ = Scraper(app)
+
+    async def failures() -> dict[str, float]:
+        got = samples((await scrape_())[0])
+        return {dict(k[1])["reason"]: v for k, v in got.items() if k[0] == "ftrain_run_failures_total"}
+
+    await asyncio.to_thread(
+        cli.ok, "launch", "vision", "--run-id", "again", "--nodes", "1", "--gpus-per-node", "1"
+    )
+    await asyncio.to_thread(checkpoint, cli, 10, 1, "again")
+    await asyncio.to_thread(cli.ok, "fail", "again", "--reason", "preempted")
+    assert await failures() == {"preempted": 1}
+    await asyncio.to_thread(cli.ok, "resume", "again")
+    await asyncio.to_thread(cli.ok, "fail", "again", "--reason", "node-failure")
+    assert await failures() == {"preempted": 1, "node-failure": 1}
+    await app.rebuild()  # the model emptied and replayed: the scraper walks the log again, from its start
+    assert await failures() == {"preempted": 1, "node-failure": 1}
 
 
 def build_log(cli: Cli, env: dict[str, str], server: ServerProcess) -> None:
