@@ -35,40 +35,31 @@ WRITERS = 16
 
 
 def run_events(run_id: str) -> list[AnyEvent]:
-    """One run's eight events, stamped a second apart ending now (each with an id: append keeps the time)."""
-    start = now() - timedelta(seconds=60)
+    """One run's eight events over 47 s ending now (each with an id: append keeps its time)."""
+    start = now() - timedelta(seconds=47)
 
-    def at(seconds: float) -> dict[str, object]:
-        return {"time": start + timedelta(seconds=seconds), "id": uuid.uuid4().hex}
-
-    def save(step: int, seconds: float, attempt: int, **measured: float) -> Checkpointed:
+    def save(step: int, attempt: int, **measured: float) -> Checkpointed:
         return Checkpointed(run_id=run_id, step=step, epoch=0, shards=8, uri=f"file:///c/{run_id}/step-{step}",
-                            checkpoint_hash=f"{step:064x}", size_bytes=1 << 30, attempt=attempt,
-                            **measured, **at(seconds))  # type: ignore[arg-type]  # fmt: skip
+                            checkpoint_hash=f"{step:064x}", size_bytes=1 << 30, attempt=attempt, **measured)  # fmt: skip
 
-    launched = Launched(run_id=run_id, project=f"p{hash(run_id) % 10}", strategy="fsdp", nodes=2, gpus_per_node=8,
+    launched = Launched(run_id=run_id, project=f"p{int(run_id[-1]) % 10}", strategy="fsdp", nodes=2, gpus_per_node=8,
                         hosts=("n1", "n2"), allocation_source="slurm", rdzv_endpoint="n1:29500",
-                        command=("train.py",), storage="file:///c", **at(0))  # type: ignore[arg-type]  # fmt: skip
-    third = save(300, 25, 1, stall_seconds=1.0, train_seconds=18.0, loop_seconds=21.0)
+                        command=("train.py",), storage="file:///c")  # fmt: skip
+    third = save(300, 1, stall_seconds=1.0, train_seconds=18.0, loop_seconds=21.0)
+    resumed = Resumed(run_id=run_id, checkpoint_seq=4, step=300, epoch=0, uri=third.uri, resume_count=1, attempt=2,
+                      checkpoint_hash=third.checkpoint_hash)  # fmt: skip
+    timed: list[tuple[float, AnyEvent]] = [
+        (0, launched),
+        (11, save(100, 1, stall_seconds=1.0, train_seconds=6.0, loop_seconds=7.0)),
+        (18, save(200, 1, stall_seconds=1.0, train_seconds=12.0, loop_seconds=14.0)),
+        (25, third),
+        (27, Failed(run_id=run_id, reason="preempted", attempt=1)),
+        (30, resumed),
+        (40, save(400, 2, stall_seconds=1.0, train_seconds=6.0, loop_seconds=7.0, lost_steps=20)),
+        (47, save(500, 2, stall_seconds=1.0, train_seconds=12.0, loop_seconds=14.0)),
+    ]
     return [
-        launched,
-        save(100, 11, 1, stall_seconds=1.0, train_seconds=6.0, loop_seconds=7.0),
-        save(200, 18, 1, stall_seconds=1.0, train_seconds=12.0, loop_seconds=14.0),
-        third,
-        Failed(run_id=run_id, reason="preempted", attempt=1, **at(27)),  # type: ignore[arg-type]
-        Resumed(
-            run_id=run_id,
-            checkpoint_seq=4,
-            step=300,
-            epoch=0,
-            uri=third.uri,
-            resume_count=1,
-            attempt=2,
-            checkpoint_hash=third.checkpoint_hash,
-            **at(30),
-        ),  # type: ignore[arg-type]  # fmt: skip
-        save(400, 40, 2, stall_seconds=1.0, train_seconds=6.0, loop_seconds=7.0, lost_steps=20),
-        save(500, 47, 2, stall_seconds=1.0, train_seconds=12.0, loop_seconds=14.0),
+        msgspec.structs.replace(e, time=start + timedelta(seconds=t), id=uuid.uuid4().hex) for t, e in timed
     ]
 
 
@@ -82,7 +73,7 @@ async def write_runs(env: dict[str, str], runs: int) -> float:
             while queue:
                 head = ChainHead()
                 for event in run_events(queue.pop()):
-                    head = (await app.store.append(msgspec.structs.replace(event), head)).head
+                    head = (await app.store.append(event, head)).head
 
         await asyncio.gather(*(writer() for _ in range(WRITERS)))
     return time.perf_counter() - started

@@ -15,18 +15,20 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ftrain.cli.output import emit, emit_json
+from ftrain.cli.output import emit, emit_json, emit_text
 from ftrain.errors import Refused, UsageError
 
 DEFAULT_LISTEN = "127.0.0.1:9478"
 TOKEN_FILE = "metrics.token"
-MIN_TOKEN = 16
+MIN_TOKEN, MAX_TOKEN = 16, 4096
+RULES, DASHBOARD = "ftrain.rules.yml", "grafana-dashboard.json"
 
 
 def add_parser(sub: Any, command: Any, json: Any) -> None:
     """The `metrics` subcommand (`command` and `json` add a subcommand and its --json, as the CLI's others)."""
     p = command(sub, "metrics", "serve every run's Prometheus metrics (read-only, token required)", [
         "ftrain metrics", "ftrain metrics --listen 127.0.0.1:9478 --token-file ~/.config/ftrain-metrics.token",
+        "ftrain metrics --rules > ftrain.rules.yml", "ftrain metrics --dashboard > ftrain-dashboard.json",
     ], "Prometheus scrapes /metrics with the token: `authorization: {credentials_file: FILE}` "
        "(docs/metrics.md has the scrape config, the alert rules and the dashboard).")  # fmt: skip
     p.add_argument(
@@ -37,6 +39,13 @@ def add_parser(sub: Any, command: Any, json: Any) -> None:
         "--token-file", type=Path, metavar="FILE",
         help=f"the bearer token scrapers send, made (0600) when missing (default $FTRAIN_HOME/{TOKEN_FILE})",
     )  # fmt: skip
+    shipped = p.add_mutually_exclusive_group()
+    shipped.add_argument(
+        "--rules", action="store_true", help="print the shipped Prometheus alert rules, and exit"
+    )
+    shipped.add_argument(
+        "--dashboard", action="store_true", help="print the shipped Grafana dashboard, and exit"
+    )
     json(p, "where it serves and the token file, once listening")
     p.set_defaults(handler=metrics_command)
 
@@ -70,27 +79,42 @@ def token_at(path: Path) -> str:
 
 def _read_token(path: Path) -> str:
     try:
-        info = path.stat()
-        text = path.read_text(encoding="ascii").strip() if stat.S_ISREG(info.st_mode) else ""
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"--token-file {path}: {getattr(exc, 'strerror', None) or exc}") from exc
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # non-blocking: a FIFO must not hang
+        with os.fdopen(fd, "rb") as f:
+            info = os.fstat(fd)
+            data = f.read(MAX_TOKEN + 1) if stat.S_ISREG(info.st_mode) else b""
+    except OSError as exc:
+        raise UsageError(f"--token-file {path}: {exc.strerror or exc}") from exc
     if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid():
         raise UsageError(f"--token-file {path}: not a regular file of this user's")
     if info.st_mode & 0o077:
         raise UsageError(
             f"--token-file {path}: readable or writable by others (mode {info.st_mode & 0o777:o}): chmod 600 it"
         )
-    if len(text) < MIN_TOKEN or not text.isprintable() or any(c.isspace() for c in text):
-        raise UsageError(f"--token-file {path}: holds no token (one line, {MIN_TOKEN}+ printable characters)")
+    text = data.decode("latin-1").strip()  # one byte a character: anything outside ASCII is refused below
+    if not MIN_TOKEN <= len(text) <= MAX_TOKEN or not (text.isascii() and text.isprintable()) or " " in text:
+        raise UsageError(
+            f"--token-file {path}: holds no token (one line of {MIN_TOKEN}-{MAX_TOKEN} printable characters)"
+        )
     return text
 
 
 def metrics_command(args: argparse.Namespace, env: Mapping[str, str]) -> int:
-    """Serve until SIGINT or SIGTERM (exit 0). The token file is read (or made) before anything connects."""
+    """Serve until SIGINT or SIGTERM (exit 0). The token file is read (or made) before anything connects.
+    `--rules`, `--dashboard`: print the file shipped in the package instead (as installed: no repository)."""
+    if args.rules or args.dashboard:
+        from importlib.resources import files
+
+        emit_text(files("ftrain.metrics").joinpath(RULES if args.rules else DASHBOARD).read_text())
+        return 0
     import asyncio
 
     from ftrain import settings
+    from ftrain.cli.log_server import log_ready
 
+    log_ready(
+        "metrics", env
+    )  # a reader: it never starts the embedded server (and writes nothing without one)
     path = args.token_file or settings.home(env) / TOKEN_FILE
     if args.token_file is None:
         from ftrain.events.private import private_dir
@@ -105,12 +129,10 @@ async def _serve(args: argparse.Namespace, env: Mapping[str, str], token_file: P
     import signal
     import threading
 
-    from ftrain.cli.log_server import log_ready
     from ftrain.cli.metrics_http import MetricsServer
     from ftrain.metrics.scrape import Scraper
     from ftrain.service import RunService
 
-    log_ready("metrics", env)
     async with RunService.open(env) as app:
         lock, scrape = asyncio.Lock(), Scraper(app)
 

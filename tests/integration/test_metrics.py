@@ -5,8 +5,8 @@ every panel of the shipped dashboard has data; the shipped rules pass `promtool 
 
 import asyncio
 import json
+import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -28,13 +28,19 @@ from tests.integration.test_failures import one_line, raw_publish
 from tests.integration.test_goodput_cli import store
 from tests.support.cli import Cli, checkpoint
 from tests.support.processes import ftrain_process, modules_imported_by
-from tests.support.prometheus import Labels, Samples, ftrain_metrics, get, prometheus, samples, series_text
+from tests.support.prometheus import (
+    Labels,
+    Samples,
+    ftrain_metrics,
+    get,
+    need_prometheus,
+    prometheus,
+    samples,
+    series_text,
+)
 from tests.unit.test_goodput import failed_and_resumed
 
-pytestmark = [
-    pytest.mark.timeout(240),
-    pytest.mark.skipif(shutil.which("prometheus") is None, reason="Debian's prometheus is not installed"),
-]
+pytestmark = pytest.mark.timeout(240)
 PACKAGE = Path(__file__).parents[2] / "ftrain" / "metrics"
 RULES = PACKAGE / "ftrain.rules.yml"
 DASHBOARD = PACKAGE / "grafana-dashboard.json"
@@ -73,11 +79,14 @@ def test_bad_input_is_refused_in_one_line_before_anything_listens(
     shared.chmod(0o644)
     empty = tmp_path / "empty.token"
     empty.touch(mode=0o600)
+    fifo = tmp_path / "fifo.token"
+    os.mkfifo(fifo, 0o600)
     for args, says in (
         (["--listen", "localhost"], "is not HOST:PORT"),
         (["--listen", "127.0.0.1:70000"], "is not HOST:PORT"),
         (["--token-file", str(shared)], "readable or writable by others (mode 644): chmod 600 it"),
         (["--token-file", str(empty)], "holds no token"),
+        (["--token-file", str(fifo)], "not a regular file of this user's"),
         (["--token-file", str(tmp_path / "absent" / "t")], "No such file or directory"),
     ):
         refused = ftrain_process(["metrics", *args], env)
@@ -178,6 +187,7 @@ def test_the_exposition_says_what_the_log_implies_and_only_to_the_token(
 def test_prometheus_scrapes_it_and_every_dashboard_panel_has_data(
     cli: Cli, env: dict[str, str], server: ServerProcess, tmp_path: Path
 ) -> None:
+    need_prometheus()
     build_log(cli, env, server)
     dashboard = json.loads(DASHBOARD.read_text())
     exprs = [
@@ -204,6 +214,11 @@ def test_prometheus_scrapes_it_and_every_dashboard_panel_has_data(
 def test_the_rules_pass_promtool_and_fire_on_series_from_a_real_run(
     cli: Cli, env: dict[str, str], server: ServerProcess, tmp_path: Path
 ) -> None:
+    need_prometheus()
+    shipped = ftrain_process(["metrics", "--rules"], env)
+    assert (
+        shipped.returncode == 0 and shipped.stdout == RULES.read_text()
+    )  # as installed, not only as checked out
     check = subprocess.run(["promtool", "check", "rules", str(RULES)], capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr
     build_log(cli, env, server)

@@ -4,6 +4,7 @@ with a config the test writes, its HTTP API, and the exposition turned into `pro
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -14,12 +15,25 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.processes import free_port
 
 Labels = tuple[tuple[str, str], ...]
 Samples = dict[tuple[str, Labels], float]
+
+
+def need_prometheus() -> None:
+    """Skip (or, with FTRAIN_REQUIRE_PROMETHEUS=1, as in CI, fail) unless Debian's prometheus and promtool
+    are installed (`apt-get install prometheus`)."""
+    missing = [tool for tool in ("prometheus", "promtool") if shutil.which(tool) is None]
+    if not missing:
+        return
+    why = f"{' and '.join(missing)} not installed (apt-get install prometheus)"
+    if os.environ.get("FTRAIN_REQUIRE_PROMETHEUS") == "1":
+        pytest.fail(f"Prometheus tests required (FTRAIN_REQUIRE_PROMETHEUS=1) but {why}")
+    pytest.skip(why)
 
 
 @contextlib.contextmanager
