@@ -120,7 +120,8 @@ async def test_each_scrape_reads_what_was_appended_since_and_counts_it_once(
 def build_log(cli: Cli, env: dict[str, str], server: ServerProcess) -> None:
     """Three runs: `stuck`, driven through the CLI (two failures, two resumes, running at step 200 with a
     10-minute cadence); `r`, a trainer's run with its measured figures (failed, resumed, running); and
-    `forged`, whose only event no writer of ftrain's would publish."""
+    `forged`, whose only event no writer of ftrain's would publish; and `stranger`, launched by a user this one
+    does not trust (its own signing key, in another home)."""
     cli.ok("launch", "vision", "--run-id", "stuck", "--nodes", "1", "--gpus-per-node", "2",
            "--checkpoint-every", "10min")  # fmt: skip
     checkpoint(cli, 100, 1, run_id="stuck")
@@ -133,6 +134,11 @@ def build_log(cli: Cli, env: dict[str, str], server: ServerProcess) -> None:
     shift = now() - timedelta(seconds=60) - trained[-1].time
     store(env, [msgspec.structs.replace(e, time=e.time + shift) for e in trained])
     asyncio.run(raw_publish(server, run_subject("forged", "launched"), b'{"forged": true}'))
+    elsewhere = {**env, "FTRAIN_HOME": str(Path(env["FTRAIN_HOME"]).with_name("stranger-home"))}
+    launched = ftrain_process(
+        ["launch", "vision", "--run-id", "stranger", "--nodes", "1", "--gpus-per-node", "1"], elsewhere
+    )
+    assert launched.returncode == 0, launched.stderr
 
 
 def scrape(serving: dict[str, str]) -> bytes:
@@ -181,6 +187,9 @@ def test_the_exposition_says_what_the_log_implies_and_only_to_the_token(
     } == set(BADPUT_TERMS)
     assert value(got, "ftrain_run_broken", run_id="forged", project="") == 1
     assert value(got, "ftrain_run_state", run_id="forged", project="", state="broken") == 1
+    stranger = {"run_id": "stranger", "project": "vision"}  # unvouched: shown broken, as `status` shows it
+    assert (value(got, "ftrain_run_broken", **stranger), value(got, "ftrain_run_step", **stranger)) == (1, 0)
+    assert value(got, "ftrain_run_state", **stranger, state="broken") == 1
     assert HOSTILE.encode() not in body and b"<script>" not in body
 
 
@@ -285,14 +294,15 @@ def promtool_tests(scraped: Samples, growing: set[tuple[str, Labels]]) -> dict[s
                                 for k, text in rule["annotations"].items()},
         }  # fmt: skip
 
+    broken = [fired("FtrainRunBroken", "forged", ""), fired("FtrainRunBroken", "stranger", "vision")]
     expected = {
-        # 20 minutes on: only the forged run
-        "20m": {"FtrainRunBroken": [fired("FtrainRunBroken", "forged", "")], "FtrainCheckpointOverdue": [],
+        # 20 minutes on: only the forged and the unvouched run
+        "20m": {"FtrainRunBroken": broken, "FtrainCheckpointOverdue": [],
                 "FtrainGoodputLow": [], "FtrainRunNoProgress": []},
         # 2.5 hours on: `stuck` is 3 cadences (30 min) past its last valid checkpoint, neither running run has
         # moved a step for 2 hours, and `r` trained nothing it kept in the hours seen
         "150m": {
-            "FtrainRunBroken": [fired("FtrainRunBroken", "forged", "")],
+            "FtrainRunBroken": broken,
             "FtrainCheckpointOverdue": [fired("FtrainCheckpointOverdue", "stuck", "vision")],
             "FtrainGoodputLow": [fired("FtrainGoodputLow", "r", "p")],
             "FtrainRunNoProgress": [fired("FtrainRunNoProgress", "r", "p", state="running"),
