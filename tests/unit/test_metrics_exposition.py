@@ -11,17 +11,15 @@ from ftrain.metrics.exposition import label, render
 from ftrain.metrics.figures import REASONS, RunFigures, figures_of
 from ftrain.projections.audit import Finding
 from ftrain.service import RunView
+from tests.support.prometheus import Samples
+from tests.support.prometheus import samples as parse
 from tests.unit.test_goodput import RUN, Log, at, failed_and_resumed, first_attempt
 
 
-def samples(figures: list[RunFigures]) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+def samples(figures: list[RunFigures]) -> Samples:
     body, content_type = render(figures)
     assert content_type.startswith("text/plain; version=")
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(body.decode())
-        for s in family.samples
-    }
+    return parse(body)
 
 
 def launched_with(**changes: object) -> Log:
