@@ -112,9 +112,8 @@ def metrics_command(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     from ftrain import settings
     from ftrain.cli.log_server import log_ready
 
-    log_ready(
-        "metrics", env
-    )  # a reader: it never starts the embedded server (and writes nothing without one)
+    # a reader: it never starts the embedded server, and without one it writes nothing (no token file)
+    log_ready("metrics", env)
     path = args.token_file or settings.home(env) / TOKEN_FILE
     if args.token_file is None:
         from ftrain.events.private import private_dir
