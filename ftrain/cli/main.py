@@ -368,6 +368,9 @@ def build_parser() -> argparse.ArgumentParser:
     from ftrain.cli.keys_cmd import add_keys_parser
 
     add_keys_parser(sub, _Parser, _command, _json)
+    from ftrain.cli import metrics_cmd
+
+    metrics_cmd.add_parser(sub, _command, _json)
 
     p = _command(sub, "demo", "a 2-process CPU training run, SIGKILLed and resumed, checked bit for bit", [
         "ftrain demo", "ftrain demo --log-only",
@@ -502,6 +505,8 @@ def _stdout_to_devnull() -> None:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
+    if handler := getattr(args, "handler", None):  # a command whose module registered its own (`add_parser`)
+        return int(handler(args, os.environ))
     if args.command == "completion":
         from ftrain.cli.completion import print_completion
 
