@@ -14,7 +14,9 @@ import structlog
 
 from ftrain.events.anchor_file import AnchorFiles
 from ftrain.events.jetstream.client import Nats
-from ftrain.events.jetstream.store import EventStore, LogUnavailable, process_actor
+from ftrain.events.jetstream.store import EventStore
+from ftrain.events.log_port import LogUnavailable
+from ftrain.events.signed_log import process_actor
 from ftrain.events.keyring import load_signer, load_trust
 from ftrain.events.redact import redact_text, redact_urls
 

@@ -26,7 +26,8 @@ from ftrain.errors import Refused
 from ftrain.events.chain import GENESIS, ChainHead, link_hash, seal, unseal
 from ftrain.events.jetstream.connection import open_store
 from ftrain.events.jetstream.server import ServerProcess
-from ftrain.events.jetstream.store import WRONG_LAST_SEQUENCE, AppendConflict, Appended, LogUnavailable
+from ftrain.events.jetstream.store import WRONG_LAST_SEQUENCE
+from ftrain.events.log_port import AppendConflict, Appended, LogUnavailable
 from ftrain.events.record import run_subject
 from ftrain.events.schema import (
     Actor,

@@ -11,7 +11,8 @@ import pytest
 from ftrain.events.chain import GENESIS, ChainHead
 from ftrain.events.jetstream.client import Nats
 from ftrain.events.jetstream.server import ServerProcess
-from ftrain.events.jetstream.store import AppendConflict, EventStore
+from ftrain.events.jetstream.store import EventStore
+from ftrain.events.log_port import AppendConflict
 from ftrain.events.record import STREAM
 from tests.support.builders import checkpointed, launched
 from tests.support.processes import free_port
@@ -118,7 +119,8 @@ async def test_stored_headers_cannot_impersonate_the_servers(store: EventStore) 
 RETRY_UNTIL_UNAVAILABLE = """
 import asyncio, sys
 from ftrain.events.jetstream.client import Nats
-from ftrain.events.jetstream.store import EventStore, LogUnavailable
+from ftrain.events.jetstream.store import EventStore
+from ftrain.events.log_port import LogUnavailable
 from ftrain.logs import configure
 
 async def main() -> None:
