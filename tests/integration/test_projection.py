@@ -1,6 +1,6 @@
-"""The SQLite read model against a real server: catch-up that sees another client's appends, a model bound to
-another stream reset, projectors in threads and processes of their own while the stream grows (what needs
-only a log: tests/unit/test_projection.py)."""
+"""The SQLite read model against a real server: exactly-once while projectors in threads and processes of their
+own catch up, the stream grows and the model is bound elsewhere (what needs only a log:
+tests/unit/test_projection.py)."""
 
 import asyncio
 import os
@@ -14,14 +14,10 @@ from contextlib import closing
 from pathlib import Path
 
 from ftrain.events.chain import ChainHead
-from ftrain.events.jetstream.server import throwaway_server
-from ftrain.projections.projector import Projector
 from ftrain.service import RunService
 from tests.support.builders import checkpointed, launched
 from tests.support.paths import ROOT
 from tests.support.projecting import keep_catching_up
-from tests.support.servers import login
-from tests.unit.test_projection import scenario
 
 # The stress test: enough rounds that the check-then-reset race of issue 15 shows up on a loaded 2-core machine.
 STRESS_ROUNDS = 15
@@ -29,38 +25,6 @@ STRESS_APPENDS = 40  # per round; the model is bound elsewhere every STRESS_REBI
 STRESS_REBIND_EVERY = 10
 STRESS_RUNS = 4
 REPLY_TIMEOUT_S = 60
-
-
-async def test_catch_up_is_incremental_and_read_your_writes(app: RunService, env: dict[str, str]) -> None:
-    total = await scenario(app, real=150)
-    assert await app.projector.catch_up() == total
-    assert await app.projector.catch_up() == 0
-    state = await app.state_of("run1")
-    assert (state.status, state.step, len(state.checkpoints), state.failures) == ("failed", 200, 20, 1)
-    async with RunService.open(env) as other:  # another client appends; this one's next query sees it
-        await other.resume("run2")
-    state = await app.state_of("run2")  # the five newer checkpoints were missing: resumed from the real one
-    assert (state.status, state.step, state.resume_count) == ("running", 150, 1)
-    assert [c.step for c in state.checkpoints if c.status == "corrupt"] == [160, 170, 180, 190, 200]
-    assert [s.run_id for s in await app.states("proj0")] == ["run0", "run2"]
-    dump = await app.model.dump()
-    assert len(dump["audit"]) == total + 5 + 1 and {row[8] for row in dump["audit"]} == {"ok"}
-    assert len(dump["checkpoints"]) == 60
-    assert sum(1 for row in dump["checkpoints"] if row[8] == "corrupt") == 5
-
-
-async def test_a_model_bound_to_another_stream_is_reset(
-    app: RunService, env: dict[str, str], tmp_path: Path
-) -> None:
-    await scenario(app, runs=1, checkpoints=2)
-    await app.projector.catch_up()
-    with throwaway_server(tmp_path / "other") as other:
-        async with RunService.open({**env, **login(other)}) as app2:
-            await app2.store.append(launched("elsewhere"), ChainHead())
-            # the same read-model file, another stream: none of the old rows may leak into its views
-            projector = Projector(app2.store, app.model, app2.projector.stream_id)
-            assert await projector.catch_up() == 1
-            assert [s.run_id for s in await app.model.runs()] == ["elsewhere"]
 
 
 class ThreadProjector:

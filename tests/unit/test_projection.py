@@ -1,6 +1,7 @@
-"""The SQLite read model folded from the log: rebuild equality, exactly-once under concurrent projectors, stale
-batches refused (over the in-process log; catch-up against other clients, rebinding, and projectors in threads
-and processes of their own: tests/integration/test_projection.py)."""
+"""The SQLite read model folded from the log, over the in-process one: incremental catch-up that sees another
+client's appends, rebuild equality, exactly-once under concurrent projectors, stale batches refused, a model
+bound to another stream reset (projectors in threads and processes of their own while the stream grows:
+tests/integration/test_projection.py)."""
 
 import asyncio
 from pathlib import Path
@@ -14,6 +15,7 @@ from ftrain.projections.readmodel import Batch, Position, ReadModel
 from ftrain.service import RunService
 from ftrain.workers.storage.file_store import FileStorage
 from tests.support.builders import checkpointed, launched, written_checkpoint
+from tests.support.in_process import OpenService, in_process_service
 
 
 async def scenario(app: RunService, runs: int = 3, checkpoints: int = 20, real: int | None = None) -> int:
@@ -32,6 +34,26 @@ async def scenario(app: RunService, runs: int = 3, checkpoints: int = 20, real: 
             head = (await app.store.append(event, head)).head
         await app.store.append(Failed(run_id=f"run{r}", reason="preempted"), head)
     return runs * (checkpoints + 2)
+
+
+async def test_catch_up_is_incremental_and_read_your_writes(
+    app: RunService, env: dict[str, str], another: OpenService
+) -> None:
+    total = await scenario(app, real=150)
+    assert await app.projector.catch_up() == total
+    assert await app.projector.catch_up() == 0
+    state = await app.state_of("run1")
+    assert (state.status, state.step, len(state.checkpoints), state.failures) == ("failed", 200, 20, 1)
+    async with another() as other:  # another client appends; this one's next query sees it
+        await other.resume("run2")
+    state = await app.state_of("run2")  # the five newer checkpoints were missing: resumed from the real one
+    assert (state.status, state.step, state.resume_count) == ("running", 150, 1)
+    assert [c.step for c in state.checkpoints if c.status == "corrupt"] == [160, 170, 180, 190, 200]
+    assert [s.run_id for s in await app.states("proj0")] == ["run0", "run2"]
+    dump = await app.model.dump()
+    assert len(dump["audit"]) == total + 5 + 1 and {row[8] for row in dump["audit"]} == {"ok"}
+    assert len(dump["checkpoints"]) == 60
+    assert sum(1 for row in dump["checkpoints"] if row[8] == "corrupt") == 5
 
 
 async def test_rebuild_from_sequence_one_equals_the_incremental_model(
@@ -80,3 +102,15 @@ async def test_a_stale_batch_is_refused_whole(app: RunService) -> None:
         assert await app.model.commit(msgspec.structs.replace(at, **stale), 99, Batch()) is False
     assert await app.model.dump() == before
     assert await app.model.last_seq() == 5
+
+
+async def test_a_model_bound_to_another_stream_is_reset(app: RunService, env: dict[str, str]) -> None:
+    await scenario(app, runs=1, checkpoints=2)
+    await app.projector.catch_up()
+    elsewhere = {**env, "FTRAIN_NATS_URL": "nats://127.0.0.1:4999"}  # another log: its anchors, its model
+    async with in_process_service(elsewhere) as app2:  # never connects: its stream is in this process
+        await app2.store.append(launched("elsewhere"), ChainHead())
+        # the same read-model file, another stream: none of the old rows may leak into its views
+        projector = Projector(app2.store, app.model, app2.projector.stream_id)
+        assert await projector.catch_up() == 1
+        assert [s.run_id for s in await app.model.runs()] == ["elsewhere"]
