@@ -23,8 +23,8 @@ from ftrain.errors import NotFound, Refused, UsageError
 from ftrain.events.chain import ChainHead
 from ftrain.events.jetstream.connection import NatsSettings, endpoint_name, open_store
 from ftrain.events.jetstream.lease import LeaseStore, LeaseTaken, LeaseView, open_leases
-from ftrain.events.jetstream.store import AppendConflict, EventStore, LogTampered
 from ftrain.events.lease_record import Holder, held_for
+from ftrain.events.log_port import AppendConflict, EventLog, LogTampered
 from ftrain.events.run_id import InvalidRunId, validate_run_id
 from ftrain.events.schema import (
     AnyEvent,
@@ -122,7 +122,7 @@ class RunService:
 
     def __init__(
         self,
-        store: EventStore,
+        store: EventLog,
         model: ReadModel,
         projector: Projector,
         storage: CheckpointStorage,

@@ -20,8 +20,8 @@ from ftrain import settings
 from ftrain.cadence import parse_checkpoint_every
 from ftrain.cli import documents, render
 from ftrain.errors import Refused, UsageError
-from ftrain.events.jetstream.store import LogUnavailable
 from ftrain.events.lease_record import Holder
+from ftrain.events.log_port import LogUnavailable
 from ftrain.events.run_id import RUN_ID_MAX, InvalidRunId, validate_run_id
 from ftrain.events.schema import Completed, InvalidEvent, Launched, SchedulerJob, encode_event
 from ftrain.projections.lifecycle import IllegalTransition, check_owner, check_relaunch

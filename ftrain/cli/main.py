@@ -451,8 +451,8 @@ _USAGE = (
 )
 _REFUSED = (
     ("ftrain.errors", "Refused"),
-    ("ftrain.events.jetstream.store", "LogUnavailable"),
-    ("ftrain.events.jetstream.store", "LogTampered"),
+    ("ftrain.events.log_port", "LogUnavailable"),
+    ("ftrain.events.log_port", "LogTampered"),
     ("ftrain.events.keyring", "KeyringError"),
     ("ftrain.events.jetstream.server", "NatsServerError"),
 )

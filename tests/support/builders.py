@@ -6,8 +6,8 @@ from pathlib import Path
 import msgspec
 
 from ftrain.events.chain import ChainHead
-from ftrain.events.jetstream.store import process_actor
 from ftrain.events.schema import AnyEvent, Checkpointed, Launched
+from ftrain.events.signed_log import process_actor
 from ftrain.projections.lifecycle import CompleteIntent, FailIntent, RunState, apply
 from ftrain.workers.checkpoint_dir import write_checkpoint
 

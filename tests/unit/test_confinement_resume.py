@@ -1,4 +1,4 @@
-"""A resume against a real log refuses a forged checkpoint URI outside the run's directory, reading and moving
+"""A resume against the run's log refuses a forged checkpoint URI outside the run's directory, reading and moving
 nothing of it (the confinement itself, on real files: tests/unit/test_confinement.py)."""
 
 import hashlib
@@ -12,7 +12,7 @@ from ftrain.workers.checkpoint_dir import (
     OUTSIDE_RUN,
     path_uri,
 )
-from tests.integration.test_failures import checkpoint, launch
+from tests.support.runs import checkpoint, launch
 from tests.unit.test_confinement import RUN, snapshot, victim
 
 
