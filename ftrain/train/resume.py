@@ -1,5 +1,5 @@
 """Automatic resume at trainer start-up: every rank agrees on one checkpoint, verified by all of them, on any
-backend (`workers.storage.port.RunStore`).
+backend (`workers.storage.port.RunStorage`).
 
 Rank 0 plans with the lifecycle's `plan_resume`, the same plan `ftrain resume` executes: the candidates,
 newest first, are the checkpoints the log says are valid (after flushing what the previous attempt left in
@@ -50,7 +50,7 @@ from ftrain.workers.manifest import Manifest
 from ftrain.workers.recorder import Recorder
 from ftrain.workers.storage.errors import OUTSIDE_RUN, Fenced, StorageError, StorageUnavailable
 from ftrain.workers.storage.location import Location, under_root
-from ftrain.workers.storage.port import RunStore
+from ftrain.workers.storage.port import RunStorage
 
 FLUSH_TIMEOUT = 15.0
 LOG_TIMEOUT = 15.0
@@ -101,7 +101,7 @@ def resume(
     state: TrainState,
     recorder: Recorder | None,
     group: dist.ProcessGroup,
-    store: RunStore,
+    store: RunStorage,
 ) -> tuple[ResumePoint | None, int, ResumePlan]:
     """Load the newest valid checkpoint into `state` on every rank; returns where training continues (None:
     from the start), the attempt this job records in (0: no log to say) and the plan (what retention may
@@ -158,7 +158,7 @@ def _no_valid(config: CheckpointConfig, plan: ResumePlan) -> NoValidCheckpoint:
     )
 
 
-def _header(store: RunStore, candidate: Candidate, run_id: str) -> Header:
+def _header(store: RunStorage, candidate: Candidate, run_id: str) -> Header:
     """Rank 0's reading of the candidate's marker and manifest, once its URI is found to name a step of the
     run's own (else nothing is read); storage out of reach is sent, not raised."""
     try:
@@ -184,7 +184,7 @@ def _resumed(candidate: Candidate, state: TrainState, recorder: Recorder | None,
 
 
 def _skip(
-    store: RunStore, candidate: Candidate, uri: str | None, reason: str, recorder: Recorder | None
+    store: RunStorage, candidate: Candidate, uri: str | None, reason: str, recorder: Recorder | None
 ) -> None:
     """Record the refusal and set the checkpoint aside; one outside the run's own (`uri` None) is neither
     read nor moved."""
@@ -200,7 +200,7 @@ def _skip(
     print(skipped_line(candidate.step, reason), flush=True)
 
 
-def _safe_plan(config: CheckpointConfig, recorder: Recorder | None, store: RunStore) -> StartDecision:
+def _safe_plan(config: CheckpointConfig, recorder: Recorder | None, store: RunStorage) -> StartDecision:
     """Rank 0's plan; a refusal travels to every rank (raising here alone would leave the others waiting)."""
     try:
         return _plan(config, recorder, store)
@@ -214,7 +214,7 @@ def _safe_plan(config: CheckpointConfig, recorder: Recorder | None, store: RunSt
         return StartDecision(refused=str(exc))
 
 
-def _plan(config: CheckpointConfig, recorder: Recorder | None, store: RunStore) -> StartDecision:
+def _plan(config: CheckpointConfig, recorder: Recorder | None, store: RunStorage) -> StartDecision:
     """Rank 0: the lifecycle's plan, from the log when it answers, else from the run's sealed steps (and the
     ones set aside as corrupt) alone; the run's stale partial work is removed, its location proven writable,
     the run claimed for the attempt, and what the plan sets aside moved (kept, never deleted).
@@ -255,7 +255,7 @@ def _plan(config: CheckpointConfig, recorder: Recorder | None, store: RunStore) 
     return StartDecision(plan, attempt, start=uuid.uuid4().hex[:12])
 
 
-def _prepare(store: RunStore, plan: ResumePlan, attempt: int) -> None:
+def _prepare(store: RunStorage, plan: ResumePlan, attempt: int) -> None:
     """Rank 0, before the first step: the stale partial work removed before anything is written (on a full
     disk, the dead attempt's partial step is what frees the space), the location proven writable, the run
     claimed for `attempt` (0: a job without a run id claims nothing). A superseded start stops at the fence,
@@ -277,7 +277,7 @@ def _same(a: Location, b: Location) -> bool:
     return a.path.resolve() == b.path.resolve() if a.backend == "file" else a.uri == b.uri
 
 
-def _attempt(state: RunState | None, plan: ResumePlan, store: RunStore) -> int:
+def _attempt(state: RunState | None, plan: ResumePlan, store: RunStorage) -> int:
     """Outside `ftrain run` (which names the attempt it opened): the attempt the run is in, or the next when
     this start resumes (which opens it). The log says which; when it is out of reach, the fence's last
     claim. A job without a run id has no attempts: the location is its only truth."""
@@ -285,7 +285,7 @@ def _attempt(state: RunState | None, plan: ResumePlan, store: RunStore) -> int:
     return current + (1 if plan.candidates or plan.restart else 0)
 
 
-def set_aside_planned(store: RunStore, plan: ResumePlan) -> None:
+def set_aside_planned(store: RunStorage, plan: ResumePlan) -> None:
     """Move what the plan sets aside out of the way (kept as evidence, never deleted): steps the log never
     recorded, and with --no-resume the older checkpoints, so the fresh run owns the step names."""
     stamp = str(int(time.time()))
