@@ -166,8 +166,10 @@ class RunGuard(Protocol):
         ...
 
     def prepare(self, rank: int, *, staged: bool) -> None:
-        """Every rank at start-up: its node-local work space made private (saves that stage, and every save
-        on object storage) and emptied of what an interrupted save or resume of this rank left there."""
+        """Every rank at start-up: its node-local work space made private (the trainer keeps its progress
+        record there) and, where saves stage (and on object storage, where every save and resume works there),
+        emptied of what an interrupted save or resume of this rank left there. UnsafeDirectory when it is not
+        private."""
         ...
 
     def reachable(self) -> None:

@@ -66,9 +66,9 @@ class FileRun:
     # -- guard ---------------------------------------------------------------------------------------------
 
     def prepare(self, rank: int, *, staged: bool) -> None:
+        safe_stage_dir(self._stage)
         if not staged:
             return
-        safe_stage_dir(self._stage)
         remove_leftovers(rank_stage_dir(self._stage, rank))
         self.write_once = same_device(self._stage, self.run)
         log.info("async_saves", write_once=self.write_once, stage_dir=str(self._stage))
