@@ -8,10 +8,8 @@ from pathlib import Path
 from ftrain.events.schema import Checkpointed
 from ftrain.projections.run_log import RunLog
 from ftrain.service import RunService
-from ftrain.workers.checkpoint_dir import (
-    OUTSIDE_RUN,
-    path_uri,
-)
+from ftrain.workers.storage.errors import OUTSIDE_RUN
+from ftrain.workers.storage.location import path_uri
 from tests.support.runs import checkpoint, launch
 from tests.unit.test_confinement import RUN, snapshot, victim
 

@@ -13,7 +13,7 @@ from ftrain.events.schema import Failed
 from ftrain.projections.projector import Projector
 from ftrain.projections.readmodel import Batch, Position, ReadModel
 from ftrain.service import RunService
-from ftrain.workers.storage.file_store import FileStorage
+from ftrain.workers.storage.location import uri_path
 from tests.support.builders import checkpointed, launched, written_checkpoint
 from tests.support.in_process import OpenService, in_process_service
 
@@ -21,8 +21,7 @@ from tests.support.in_process import OpenService, in_process_service
 async def scenario(app: RunService, runs: int = 3, checkpoints: int = 20, real: int | None = None) -> int:
     """Runs with checkpoints and a preemption each; returns the number of events. No files are behind the
     checkpoints but the one at step `real` of each run, written to the app's storage."""
-    assert isinstance(app.storage, FileStorage)
-    storage = app.storage.path
+    storage = uri_path(app.storage)
     for r in range(runs):
         # the run's directory is listable, so its missing checkpoints are corrupt, not storage unavailable
         (storage / f"run{r}").mkdir(parents=True, exist_ok=True)
