@@ -54,7 +54,7 @@ from ftrain.events.chain import ChainHead, SignHash, seal
 from ftrain.events.jetstream.client import Nats
 from ftrain.events.jetstream.connection import NatsSettings, anchor_files
 from ftrain.events.jetstream.server import nats_server_binary, throwaway_server
-from ftrain.events.jetstream.store import EventStore, process_actor
+from ftrain.events.jetstream.store import EventStore
 from ftrain.events.keyring import load_signer, load_trust
 from ftrain.events.record import run_subject
 from ftrain.events.schema import (
@@ -68,6 +68,7 @@ from ftrain.events.schema import (
     encode_event,
     now,
 )
+from ftrain.events.signed_log import process_actor
 from ftrain.logs import configure as configure_logs
 from ftrain.service import RunService
 from ftrain.train.run_log import read_run

@@ -27,8 +27,9 @@ from ftrain.domain.lifecycle import IllegalTransition, Intent, RunState, decide_
 from ftrain.events.chain import unseal
 from ftrain.events.jetstream.connection import NatsSettings, open_store
 from ftrain.events.jetstream.server import NatsServerError
-from ftrain.events.jetstream.store import LogUnavailable, process_actor
+from ftrain.events.log_port import LogUnavailable
 from ftrain.events.schema import AnyEvent
+from ftrain.events.signed_log import process_actor
 from ftrain.workers.outbox import Outbox, PendingIntent, outbox_path
 
 PERIOD_S = 1.0

@@ -22,6 +22,7 @@ from ftrain.cli import (
     events_cmd,
     keys_cmd,
     launch_cmd,
+    metrics_cmd,
     query_cmd,
     record_cmd,
     server_cmd,
@@ -35,7 +36,8 @@ CLOSED_PIPE = 141
 """128 + SIGPIPE: what a shell reports for `git log | head`'s git."""
 
 COMMAND_MODULES = (
-    launch_cmd, record_cmd, query_cmd, events_cmd, server_cmd, storage_cmd, keys_cmd, demo_cmd, completion,
+    launch_cmd, record_cmd, query_cmd, events_cmd, server_cmd, storage_cmd, keys_cmd, metrics_cmd, demo_cmd,
+    completion,
 )  # fmt: skip
 """Each adds its commands with `add_parser(subparsers)`, in the order `--help` lists them, each command with
 its `entry` (the function that runs it, loading what it needs then)."""
@@ -135,8 +137,8 @@ _USAGE = (
 )
 _REFUSED = (
     ("ftrain.errors", "Refused"),
-    ("ftrain.events.jetstream.store", "LogUnavailable"),
-    ("ftrain.events.jetstream.store", "LogTampered"),
+    ("ftrain.events.log_port", "LogUnavailable"),
+    ("ftrain.events.log_port", "LogTampered"),
     ("ftrain.events.keyring", "KeyringError"),
     ("ftrain.events.jetstream.server", "NatsServerError"),
 )

@@ -13,8 +13,8 @@ from ftrain.cli import goodput_view, render
 from ftrain.domain.lifecycle import CheckpointRef, RunState
 from ftrain.errors import NotFound
 from ftrain.events.jetstream.lease import LeaseView
-from ftrain.events.jetstream.store import LogUnavailable
 from ftrain.events.lease_record import held_for
+from ftrain.events.log_port import LogUnavailable
 from ftrain.events.schema import now
 from ftrain.service import RunService
 from ftrain.service.run_queries import RunView

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from ftrain.domain.chain_walk import ChainWalk, Finding
 from ftrain.domain.lifecycle import RunState, apply, check
 from ftrain.events.chain import ChainHead
-from ftrain.events.jetstream.store import AppendConflict, Appended, EventStore
+from ftrain.events.log_port import AppendConflict, Appended, EventLog
 from ftrain.events.schema import AnyEvent
 
 CONFLICT_RETRIES = 20
@@ -37,7 +37,7 @@ class ContendedRun(Exception):
 class RunLog:
     """The log of one run over one event store; remembers how far it has folded."""
 
-    def __init__(self, store: EventStore, run_id: str) -> None:
+    def __init__(self, store: EventLog, run_id: str) -> None:
         self.store = store
         self.run_id = run_id
         self._walk = ChainWalk(trust=store.trust)

@@ -10,12 +10,11 @@ from ftrain import settings as ftrain_settings
 from ftrain.errors import UsageError
 from ftrain.events.jetstream.connection import open_store
 from ftrain.events.jetstream.lease import LeaseStore, open_leases
-from ftrain.events.jetstream.store import EventStore, LogTampered
+from ftrain.events.log_port import EventLog, LogTampered
 from ftrain.projections.projector import Projector
 from ftrain.projections.readmodel import ReadModel
 from ftrain.service.run_commands import RunCommands, checkpoint_storage
 from ftrain.service.run_queries import RunQueries, readmodel_path
-from ftrain.workers.storage.port import CheckpointStorage
 
 
 class RunService(RunCommands, RunQueries):
@@ -23,10 +22,10 @@ class RunService(RunCommands, RunQueries):
 
     def __init__(
         self,
-        store: EventStore,
+        store: EventLog,
         model: ReadModel,
         projector: Projector,
-        storage: CheckpointStorage,
+        storage: str,
         leases: LeaseStore | None = None,
     ) -> None:
         RunCommands.__init__(self, store, storage, leases)

@@ -17,7 +17,7 @@ from ftrain.domain.vouching import Unvouched, Vouched
 from ftrain.errors import NotFound, Refused, UsageError
 from ftrain.events.jetstream.connection import NatsSettings, endpoint_name
 from ftrain.events.jetstream.lease import LeaseStore, LeaseView
-from ftrain.events.jetstream.store import EventStore
+from ftrain.events.log_port import EventLog
 from ftrain.events.run_id import InvalidRunId, validate_run_id
 from ftrain.events.schema import now
 from ftrain.history import AuditReport, TimelineEntry, timeline, verify
@@ -51,7 +51,7 @@ class RunQueries:
     """The queries over one event store and its read model."""
 
     def __init__(
-        self, store: EventStore, model: ReadModel, projector: Projector, leases: LeaseStore | None = None
+        self, store: EventLog, model: ReadModel, projector: Projector, leases: LeaseStore | None = None
     ) -> None:
         self.store = store
         self.model = model

@@ -14,8 +14,8 @@ from ftrain.domain.command_handler import BrokenRun, RunLog
 from ftrain.domain.lifecycle import RunState
 from ftrain.events.jetstream.connection import NatsSettings, open_store
 from ftrain.events.jetstream.server import NatsServerError
-from ftrain.events.jetstream.store import LogTampered, LogUnavailable
 from ftrain.events.keyring import KeyringError
+from ftrain.events.log_port import LogTampered, LogUnavailable
 
 log = structlog.get_logger(__name__)
 

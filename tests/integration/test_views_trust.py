@@ -19,10 +19,10 @@ from ftrain.events.schema import now
 from ftrain.events.signing import Signature, Signer
 from ftrain.service import RunService
 from ftrain.service.run_queries import readmodel_path
-from tests.integration.test_failures import checkpoint, launch
 from tests.integration.test_trust import forge
 from tests.support.builders import SIGNER
 from tests.support.processes import ftrain_process
+from tests.support.runs import checkpoint, launch
 
 FORGED_HOURS = 9999.0
 
