@@ -1,5 +1,5 @@
 """`ftrain launch` and `ftrain run`: check the allocation and the command before anything is written, record
-the launch (or check a relaunch), and for `run` supervise the attempts."""
+the launch (or check a relaunch), and for `run` supervise the attempts. Their parser: `launch_cmd`."""
 
 import argparse
 import asyncio

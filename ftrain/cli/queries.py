@@ -1,5 +1,6 @@
 """The read-only commands: status, list, cost (per project, or one run's goodput), audit verify, replay.
-Each prints lines for a person, or with `--json` one JSON document (its keys in each builder's docstring)."""
+Each prints lines for a person, or with `--json` one JSON document (its keys in each builder's docstring).
+Their parser: `query_cmd`."""
 
 import argparse
 from collections.abc import Iterable

@@ -1,5 +1,5 @@
 """`ftrain events tail`: every stored event, oldest first, each with its chain and signature verdicts; with
-`--follow`, new events as they land, until SIGINT or SIGTERM.
+`--follow`, new events as they land, until SIGINT or SIGTERM. Its parser: `events_cmd`.
 
 Following polls the store's batched direct-get read from the last sequence shown: the same fast read every
 query uses, with nothing on the server (no consumer) to create or clean up.
