@@ -6,7 +6,6 @@ vouched for by a trusted signature; torch is imported only once the export runs.
 """
 
 import argparse
-import asyncio
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,8 @@ FORMATS = ("safetensors", "torch")
 def export_command(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     """Run `ftrain export`. `--json`: `{"run_id", "step", "checkpoint_hash", "format", "dir", "files":
     [{"name", "size", "sha256"}], "digest"}`."""
+    import asyncio
+
     from ftrain.errors import UsageError
     from ftrain.export.target import check_target
 
