@@ -23,7 +23,7 @@ from ftrain.workers.dcp_reader import RestrictedLoadPlanner, VerifiedReader
 
 MODEL: Final = ("app", "model")
 OPTIMIZER: Final = ("app", "optim")
-BATCH_BYTES: Final = 256 << 20
+BATCH_BYTES: Final = 64 << 20
 """How many bytes of tensors one load reads at most (a larger tensor is read alone): the export's memory."""
 
 
