@@ -12,9 +12,10 @@ to its file; a model that fits in one file is `model.safetensors`, without an in
 import json
 import re
 import struct
-from collections.abc import Sequence
-from typing import Final, NamedTuple
+from collections.abc import Callable, Sequence
+from typing import Final, NamedTuple, TypeVar
 
+T = TypeVar("T")
 SINGLE: Final = "model.safetensors"
 INDEX: Final = "model.safetensors.index.json"
 DEFAULT_MAX_SHARD: Final = "5GB"
@@ -48,17 +49,23 @@ def parse_size(text: str) -> int:
     return size
 
 
+def cut(items: Sequence[T], size: Callable[[T], int], limit: int) -> list[list[T]]:
+    """`items` in order, cut into runs of at most `limit` bytes (by `size`) as Hugging Face cuts shards: an
+    item goes to the next run when it would take the current one past the limit; a larger item runs alone."""
+    runs: list[list[T]] = []
+    total = 0
+    for item in items:
+        if not runs or (runs[-1] and total + size(item) > limit):
+            runs.append([])
+            total = 0
+        runs[-1].append(item)
+        total += size(item)
+    return runs
+
+
 def shards(tensors: Sequence[Tensor], max_size: int) -> list[list[Tensor]]:
     """`tensors` in order, cut into files of at most `max_size` data bytes (a larger tensor alone)."""
-    cut: list[list[Tensor]] = []
-    size = 0
-    for tensor in tensors:
-        if not cut or (cut[-1] and size + tensor.nbytes > max_size):
-            cut.append([])
-            size = 0
-        cut[-1].append(tensor)
-        size += tensor.nbytes
-    return cut or [[]]
+    return cut(tensors, lambda t: t.nbytes, max_size) or [[]]
 
 
 def shard_names(count: int) -> list[str]:

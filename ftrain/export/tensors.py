@@ -8,7 +8,7 @@ paths, their names those of `model.state_dict()`, and the optimizer's under `("a
 """
 
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any, Final, NamedTuple
 
 import torch
@@ -17,6 +17,7 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
 from ftrain.errors import Refused
+from ftrain.export.safetensors_format import cut
 from ftrain.export.source import VerifiedCheckpoint
 from ftrain.train.resume_load import ResumeFailed, ResumeStopped, load_failure
 from ftrain.workers.dcp_reader import RestrictedLoadPlanner, VerifiedReader
@@ -56,18 +57,9 @@ def items(source: VerifiedCheckpoint, container: tuple[str, ...]) -> list[Item]:
     return found
 
 
-def batches(wanted: Sequence[Item], budget: int = BATCH_BYTES) -> Iterator[list[Item]]:
+def batches(wanted: Sequence[Item], budget: int = BATCH_BYTES) -> list[list[Item]]:
     """`wanted` in order, cut into runs of at most `budget` tensor bytes (a larger tensor alone)."""
-    batch: list[Item] = []
-    size = 0
-    for item in wanted:
-        if batch and size + item.nbytes > budget:
-            yield batch
-            batch, size = [], 0
-        batch.append(item)
-        size += item.nbytes
-    if batch:
-        yield batch
+    return cut(wanted, lambda item: item.nbytes, budget)
 
 
 def load(source: VerifiedCheckpoint, wanted: Sequence[Item]) -> dict[str, Any]:
