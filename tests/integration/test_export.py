@@ -21,6 +21,7 @@ from tests.support.cli import RUN, Cli, launch
 from tests.support.s3 import Endpoint
 
 STEPS = 4
+NOBODY = 65534
 
 
 def _model() -> nn.Module:
@@ -191,6 +192,13 @@ def test_bad_input_is_refused_before_anything_is_read_or_written(
     os.chmod(open_parent, 0o777)  # anyone could swap the export for their own before it is used
     assert "writable by group or others" in _refused(cli, 2, RUN, "--to", str(open_parent / "w"))
     assert list(open_parent.iterdir()) == [] and list(shared.iterdir()) == []
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o700)
+    os.chown(theirs, NOBODY, NOBODY)  # another user's, empty: whatever they put there later is theirs
+    assert f"owned by uid {NOBODY}" in _refused(cli, 2, RUN, "--to", str(theirs))
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "elsewhere")
+    assert "symbolic link" in _refused(cli, 2, RUN, "--to", str(link))
     target = str(tmp_path / "w")
     assert "--format torch" in _refused(cli, 2, RUN, "--to", target, "--with-optimizer")
     assert "unknown run" in _refused(cli, 1, "no-such-run", "--to", target)
@@ -198,7 +206,8 @@ def test_bad_input_is_refused_before_anything_is_read_or_written(
         cli, 1, RUN, "--step", "7", "--to", target
     )
     assert "not a size" in _refused(cli, 2, RUN, "--to", target, "--max-shard-size", "big")
-    assert not (tmp_path / "w").exists()
+    assert not (tmp_path / "w").exists() and not (tmp_path / "elsewhere").exists()
+    assert not list(tmp_path.glob(".*.export-*"))  # no work directory left beside a target
 
 
 def test_a_checkpoint_on_s3_exports_the_same_weights(
