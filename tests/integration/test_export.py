@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import subprocess
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -210,18 +211,30 @@ def test_bad_input_is_refused_before_anything_is_read_or_written(
     assert not list(tmp_path.glob(".*.export-*"))  # no work directory left beside a target
 
 
-def test_a_checkpoint_on_s3_exports_the_same_weights(
+def test_a_checkpoint_on_s3_exports_the_same_weights_and_a_corrupt_one_is_refused(
     cli: Cli, weed: Endpoint, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     root = f"s3://{weed.new_bucket()}/ckpt"
     for key, value in {**weed.env(), "FTRAIN_STORAGE": root}.items():
         monkeypatch.setenv(key, value)
         cli.env[key] = value
-    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))  # the download's work directory, checked empty after
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))  # the downloads' work directory, checked
     (tmp_path / "tmp").mkdir(mode=0o700)
     launch(cli)
     model, _ = _train(f"{root}/{RUN}")
     out = tmp_path / "weights"
     cli.ok("export", RUN, "--to", str(out))
     assert params_sha256(load_file(out / "model.safetensors")) == params_sha256(_params(model))
-    assert [p.name for p in (tmp_path / "tmp").iterdir() if p.name.startswith("ftrain-export-")] == []
+    assert not list((tmp_path / "tmp").glob("ftrain-export-*"))
+    client, bucket = weed.client(), root.removeprefix("s3://").split("/")[0]
+    key = f"ckpt/{RUN}/step-{STEPS}/__0_0.distcp"
+    data = bytearray(client.get_object(Bucket=bucket, Key=key)["Body"].read())
+    data[len(data) // 2] ^= 0x01
+    client.put_object(Bucket=bucket, Key=key, Body=bytes(data))
+    err = _refused(cli, 1, RUN, "--to", str(tmp_path / "again"))
+    assert "__0_0.distcp" in err, err
+    assert not (tmp_path / "again").exists()
+    assert not list((tmp_path / "tmp").glob("ftrain-export-*"))  # the downloads went with the refusal
+    assert [p.name for p in (tmp_path / "tmp").iterdir()] == [
+        f"ftrain-{os.getuid()}"
+    ]  # the trainer's staging
