@@ -313,7 +313,7 @@ class RunService:
         old holder) before the relaunch opens its attempt. A run never leased keeps the refusal that asks
         for `ftrain fail`. A log or bucket out of reach raises LogUnavailable: nothing is decided then."""
         leases = self._lease_store()
-        state = await self._vouched_state(run_id)
+        state = await self.vouched_state(run_id)
         try:
             check_open(state)
         except IllegalTransition as exc:
@@ -464,7 +464,7 @@ class RunService:
     async def _resume(
         self, run_id: str, force: bool, on_skip: Callable[[CorruptSkipped], Awaitable[None]] | None
     ) -> ResumeOutcome:
-        state = await self._vouched_state(run_id)
+        state = await self.vouched_state(run_id)
         storage = _launched_storage(state)
         plan = self._plan(state, force)
         for unrecorded in plan.unrecorded:
@@ -483,7 +483,7 @@ class RunService:
                         else OUTSIDE_RUN
                     )
             except StorageUnavailable:
-                fresh = await self._vouched_state(run_id)
+                fresh = await self.vouched_state(run_id)
                 if fresh.head == state.head:
                     raise
                 # another resume set this checkpoint aside while it was read: its skip or resume is in the log
@@ -501,11 +501,11 @@ class RunService:
                         _set_aside(storage, uri, "corrupt", str(appended.seq))
                     if on_skip is not None:
                         await on_skip(appended)
-            state = await self._vouched_state(run_id)
+            state = await self.vouched_state(run_id)
             plan = self._plan(state, force)
         return ResumeOutcome(skipped, None, state)
 
-    async def _vouched_state(self, run_id: str) -> RunState:
+    async def vouched_state(self, run_id: str) -> RunState:
         """The run's state from its own log, only when its chain holds and a trusted writer vouches for it:
         what a resume reads checkpoints by (the read model is a view, never a warrant)."""
         try:

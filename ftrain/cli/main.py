@@ -372,6 +372,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     metrics_cmd.add_parser(sub, _command, _json)
 
+    from ftrain.cli.export_cmd import add_export_parser
+
+    add_export_parser(sub, _command, _json, _run_id, _count)
+
     p = _command(sub, "demo", "a 2-process CPU training run, SIGKILLed and resumed, checked bit for bit", [
         "ftrain demo", "ftrain demo --log-only",
     ])  # fmt: skip
@@ -521,6 +525,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from ftrain.cli.keys_cmd import keys_command
 
         return keys_command(args, os.environ)
+    if args.command == "export":
+        from ftrain.cli.export_cmd import export_command
+
+        return export_command(args, os.environ)
     if args.command == "server":
         from ftrain.cli.server_cmd import server_command
 
