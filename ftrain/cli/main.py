@@ -20,6 +20,7 @@ from ftrain.cli import (
     completion,
     demo_cmd,
     events_cmd,
+    export_cmd,
     keys_cmd,
     launch_cmd,
     metrics_cmd,
@@ -36,8 +37,8 @@ CLOSED_PIPE = 141
 """128 + SIGPIPE: what a shell reports for `git log | head`'s git."""
 
 COMMAND_MODULES = (
-    launch_cmd, record_cmd, query_cmd, events_cmd, server_cmd, storage_cmd, keys_cmd, metrics_cmd, demo_cmd,
-    completion,
+    launch_cmd, record_cmd, query_cmd, events_cmd, server_cmd, storage_cmd, keys_cmd, metrics_cmd, export_cmd,
+    demo_cmd, completion,
 )  # fmt: skip
 """Each adds its commands with `add_parser(subparsers)`, in the order `--help` lists them, each command with
 its `entry` (the function that runs it, loading what it needs then)."""

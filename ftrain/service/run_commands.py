@@ -133,6 +133,11 @@ class RunCommands:
         except BrokenRun as exc:
             raise _not_appending(exc) from exc
 
+    async def vouched_state(self, run_id: str) -> RunState:
+        """The run's state from its own log, only when its chain holds and a trusted writer vouches for it:
+        what an export reads a checkpoint by, as a resume does."""
+        return await self._vouched_state(self._run_log(run_id))
+
     async def _vouched_state(self, run: RunLog) -> RunState:
         """The run's state from its own log, only when its chain holds and a trusted writer vouches for it:
         what a relaunch and a resume act on (the read model is a view, never a warrant)."""
