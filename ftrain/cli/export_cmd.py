@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ftrain.cli.output import emit, emit_json
+from ftrain.console.output import emit, emit_json
 
 FORMATS = ("safetensors", "torch")
 

@@ -8,7 +8,7 @@ import argparse
 from collections.abc import Mapping
 from typing import Any
 
-from ftrain.cli.output import emit, emit_json
+from ftrain.console.output import emit, emit_json
 from ftrain.errors import NotFound, UsageError
 
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from ftrain.cli.visible import visible
+from ftrain.console.visible import visible
 from ftrain.errors import EXIT_CODES
 from ftrain.events.lease_record import DEFAULT_TTL, MAX_TTL, MIN_TTL
 from ftrain.events.run_id import InvalidRunId, validate_run_id
@@ -57,7 +57,7 @@ class _Version(argparse.Action):
     def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
         from importlib.metadata import version
 
-        from ftrain.cli.output import emit
+        from ftrain.console.output import emit
 
         emit(f"ftrain {version('ftrain')}")
         parser.exit()
@@ -402,7 +402,7 @@ def _split_train_cmd(argv: Sequence[str]) -> tuple[list[str], list[str]]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `ftrain` console script."""
-    from ftrain.cli import output
+    from ftrain.console import output
 
     args_list, train_cmd = _split_train_cmd(sys.argv[1:] if argv is None else argv)
     try:
@@ -516,7 +516,7 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         return print_completion(build_parser(), args.shell)
     if args.command == "events" and args.events_command == "schema":
-        from ftrain.cli.output import emit_text
+        from ftrain.console.output import emit_text
         from ftrain.events.stored_schema import schema_text
 
         emit_text(schema_text())

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ftrain.cli.output import emit, emit_json, emit_text
+from ftrain.console.output import emit, emit_json, emit_text
 from ftrain.errors import Refused, UsageError
 
 DEFAULT_LISTEN = "127.0.0.1:9478"

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ftrain import settings
-from ftrain.cli.output import emit, emit_json
+from ftrain.console.output import emit, emit_json
 from ftrain.errors import NOT_RUNNING, Refused, UsageError
 from ftrain.events.jetstream.connection import NatsSettings, open_store
 from ftrain.events.jetstream.server import (

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ftrain import settings
-from ftrain.cli.output import emit, emit_json
+from ftrain.console.output import emit, emit_json
 from ftrain.errors import NOT_RUNNING, Refused
 from ftrain.workers.s3.server import (
     DEFAULT_BUCKET,
