@@ -70,7 +70,9 @@ def _expand(name: str, graph: grimp.ImportGraph) -> list[str]:
     """The modules a contract's name stands for: itself, or each module a wildcard (`*`: one part) matches.
     A name outside the tree (an external package, not yet in the graph) stands for itself."""
     if "*" not in name:
-        return [name] if name in graph.modules or name.partition(".")[0] not in SESSION["root_packages"] else []
+        return (
+            [name] if name in graph.modules or name.partition(".")[0] not in SESSION["root_packages"] else []
+        )
     pattern = re.compile(re.escape(name).replace(r"\*", r"[^.]+") + "$")
     return sorted(m for m in graph.modules if pattern.match(m))
 
