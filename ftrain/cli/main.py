@@ -369,6 +369,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_keys_parser(sub, _Parser, _command, _json)
 
+    from ftrain.cli import ui_cmd
+
+    ui_cmd.add_parser(sub, _command)
+
     p = _command(sub, "demo", "a 2-process CPU training run, SIGKILLed and resumed, checked bit for bit", [
         "ftrain demo", "ftrain demo --log-only",
     ])  # fmt: skip
@@ -516,6 +520,12 @@ def _dispatch(args: argparse.Namespace) -> int:
         from ftrain.cli.keys_cmd import keys_command
 
         return keys_command(args, os.environ)
+    if args.command == "ui":
+        from ftrain.cli.log_server import log_ready
+        from ftrain.cli.ui_cmd import ui_command
+
+        log_ready(args.command, os.environ)
+        return ui_command(args, os.environ)
     if args.command == "server":
         from ftrain.cli.server_cmd import server_command
 

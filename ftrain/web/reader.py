@@ -1,0 +1,106 @@
+"""What the pages show, read through the application service: the read model caught up to the log (as every
+query does) for the runs, and the run's own records walked from the stream for its events and verdicts.
+
+Read only: the service's query methods and the store's reads, never an append. A run's records are walked
+once and then only what landed since (as `events tail --follow` does), so a 10,000-event run is not re-read
+and its signatures not re-checked each time the page refreshes; the audit of a run is redone only when the
+stream has grown.
+"""
+
+import asyncio
+import importlib
+from dataclasses import dataclass, field
+
+import msgspec
+
+from ftrain.errors import NotFound
+from ftrain.events.schema import now
+from ftrain.history import AuditReport
+from ftrain.projections.audit import ChainWalk
+from ftrain.projections.event_verdict import EventVerdict, event_verdict
+from ftrain.projections.goodput import attempt_spans, measure
+from ftrain.service import RunService, RunView
+from ftrain.web.pages import RunDetail
+
+
+@dataclass
+class _Walked:
+    """One run's records so far, with the walk that judged them and where the next read starts."""
+
+    walk: ChainWalk = field(default_factory=ChainWalk)
+    next_seq: int = 1
+    verdicts: list[EventVerdict] = field(default_factory=list)
+    audit: tuple[int, AuditReport] | None = None
+
+
+class Reader:
+    """Reads for the pages, one at a time (the server's threads share one connection and one read model)."""
+
+    def __init__(self, app: RunService) -> None:
+        self._app = app
+        self._lock = asyncio.Lock()
+        self._runs: dict[str, _Walked] = {}
+
+    async def last_seq(self) -> int:
+        """The stream's last sequence: what the live updates watch."""
+        return await self._app.store.last_seq()
+
+    async def runs(self) -> list[RunView]:
+        """Every run as `ftrain list` judges it, each with its goodput as of now."""
+        async with self._lock:
+            views = await self._app.views()
+            return [await self._with_goodput(v) for v in views]
+
+    async def run(self, run_id: str) -> RunDetail:
+        """One run's page; NotFound when the log has never heard of it."""
+        async with self._lock:
+            views = {v.run_id: v for v in await self._app.views()}
+            if run_id not in views:
+                raise NotFound(f"unknown run {run_id!r}")
+            view = await self._with_goodput(views[run_id])
+            walked = await self._walked(run_id)
+            last = await self._app.store.last_seq()
+            if walked.audit is None or walked.audit[0] != last:
+                walked.audit = (last, await self._app.verify(run_id))
+            accepted = [v.event for v in walked.verdicts if v.ok and v.event is not None]
+            spans = attempt_spans(accepted) if view.state is not None and accepted else []
+            return RunDetail(view, list(walked.verdicts), spans, walked.audit[1])
+
+    async def event(self, run_id: str, stream_seq: int) -> EventVerdict:
+        """One record of the run, with both verdicts; NotFound when the run has no record there."""
+        async with self._lock:
+            walked = await self._walked(run_id)
+            if not walked.verdicts:
+                del self._runs[run_id]  # a name from a URL is not kept unless the log has it
+        found = next((v for v in walked.verdicts if v.stream_seq == stream_seq), None)
+        if found is None:
+            raise NotFound(f"run {run_id!r} has no event at stream seq {stream_seq}")
+        return found
+
+    async def metrics(self, accept: str | None) -> tuple[bytes, str]:
+        """The Prometheus exposition of every run (`ftrain.metrics.scrape`) and its content type; NotFound
+        where this installation has no metrics module."""
+        try:
+            scrape = importlib.import_module("ftrain.metrics.scrape").scrape
+        except ModuleNotFoundError as exc:
+            raise NotFound("this ftrain serves no metrics") from exc
+        async with self._lock:
+            body, content_type = await scrape(self._app, accept=accept)
+        return bytes(body), str(content_type)
+
+    async def _with_goodput(self, view: RunView) -> RunView:
+        if view.state is None:
+            return view
+        walked = await self._walked(view.run_id)
+        accepted = [v.event for v in walked.verdicts if v.ok and v.event is not None]
+        return msgspec.structs.replace(view, goodput=measure(accepted, now())) if accepted else view
+
+    async def _walked(self, run_id: str) -> _Walked:
+        """The run's records, read on from where the last read stopped."""
+        walked = self._runs.setdefault(run_id, _Walked())
+        trust = self._app.store.trust
+        async for records in self._app.store.read(walked.next_seq, run_id=run_id):
+            for record in records:
+                walked.verdicts.append(event_verdict(walked.walk, record, trust))
+                walked.next_seq = record.stream_seq + 1
+        return walked
