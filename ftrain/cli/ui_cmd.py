@@ -5,13 +5,9 @@ the pages) is imported only when `ui` runs, so no other command loads it. It nev
 """
 
 import argparse
-import asyncio
-import signal
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
-
-from ftrain.cli.output import emit
 
 DEFAULT_PORT = 8265
 
@@ -44,13 +40,19 @@ def ui_command(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         from ftrain.errors import UsageError
 
         raise UsageError(f"--socket {args.socket}: exists (remove it if no `ftrain ui` uses it)")
+    import asyncio
+
     return asyncio.run(_serve(args, env))
 
 
 async def _serve(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    import asyncio
     import secrets
+    import signal
+    import sys
     import threading
 
+    from ftrain.cli.output import emit
     from ftrain.service import RunService
     from ftrain.web.reader import Reader
     from ftrain.web.server import Served, UiServer, UnixUiServer, cookie_name
@@ -78,8 +80,6 @@ async def _serve(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         thread = threading.Thread(target=server.serve_forever, name="ftrain-ui", daemon=True)
         thread.start()
         emit(url)
-        import sys
-
         sys.stderr.write(said + "; Ctrl-C stops it\n")
         sys.stderr.flush()
         try:

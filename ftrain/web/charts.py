@@ -21,6 +21,8 @@ WIDTH = 1000
 LINKED_CHECKPOINTS = 200
 """Up to this many checkpoints each get a mark of their own, a link to their event; more are one path."""
 TAKEOVER, HANG = "lost", "hang"
+_TROUBLE = frozenset({"failed", "takeover", "hang", "rejected", "corrupt_skipped"})
+"""The marks drawn on the upper row, apart from the resumes and completions that follow them closely."""
 
 
 def _svg(height: int, body: str, label: str) -> str:
@@ -77,8 +79,8 @@ def timeline(
     verdicts: Sequence[EventVerdict], spans: Sequence[AttemptSpan], run_id: str, end: datetime
 ) -> str:
     """The run from launch to `end`: its attempts as alternating bands, checkpoints as ticks, and a mark per
-    failure (by reason; a lease takeover and a hang marked as such), resume, corrupt-skip, completion and
-    rejected record, each a link to its event."""
+    failure (by reason; a lease takeover and a hang marked as such), corrupt-skip and rejected record on one
+    row, resume, launch and completion on the next, each a link to its event."""
     timed = [v for v in verdicts if v.event is not None]
     if not timed or not spans:
         return '<p class="muted">no event to draw</p>'
@@ -109,7 +111,7 @@ def timeline(
         shape = (
             f'<rect class="m-{kind}" x="{cx - 1:.2f}" y="22" width="2" height="26"/>'
             if kind == "checkpointed"
-            else f'<circle class="m-{kind}" cx="{cx:.2f}" cy="66" r="5"/>'
+            else f'<circle class="m-{kind}" cx="{cx:.2f}" cy="{64 if kind in _TROUBLE else 78}" r="5"/>'
         )
         title = f"{v.event_type} seq {v.event.seq} at {timestamp(v.event.time)}" + (
             f": {v.event.reason}" if isinstance(v.event, Failed) else ""
@@ -119,4 +121,4 @@ def timeline(
         f'<text class="axis" x="5" y="12">{text(timestamp(start))}</text>'
         f'<text class="axis" x="{WIDTH - 5}" y="12" text-anchor="end">{text(timestamp(end))}</text>'
     )
-    return _svg(80, axis + "".join(body), f"timeline of {len(spans)} attempt(s)")
+    return _svg(88, axis + "".join(body), f"timeline of {len(spans)} attempt(s)")

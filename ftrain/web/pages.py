@@ -65,7 +65,10 @@ def _state_badge(state: str, finding: Any) -> str:
 
 
 def _ratio(g: Goodput | None) -> str:
-    return "—" if g is None or g.ratio is None else f"{g.ratio * 100:.1f} %"
+    """The goodput as a share; `unknown` where its events do not say how long training took (as `status`)."""
+    if g is None:
+        return "—"
+    return goodput_view.UNKNOWN if g.ratio is None else f"{g.ratio * 100:.1f} %"
 
 
 def _checkpoint_cell(doc: dict[str, Any] | None, moment: datetime) -> str:

@@ -15,7 +15,7 @@ from ftrain.events.jetstream.server import ServerProcess
 from ftrain.service import RunService
 from tests.integration.test_failures import checkpoint, launch
 from tests.integration.test_terminal_text import hostile_log
-from tests.support.processes import ftrain_process
+from tests.support.processes import ftrain_process, modules_imported_by
 from tests.support.servers import stream_last_seq
 from tests.support.ui_server import Ui, serving
 
@@ -160,3 +160,14 @@ def test_a_malformed_port_or_an_existing_socket_is_refused_with_one_line(
             result.stderr
         )
         assert result.stdout == ""
+
+
+def test_only_ui_loads_the_web_stack_and_it_never_loads_torch() -> None:
+    others = modules_imported_by(
+        {"ftrain.cli.main", "ftrain.cli.commands", "ftrain.cli.queries", "ftrain.service"}
+    )
+    assert not {m for m in others if m.startswith("ftrain.web") or m in ("http.server", "socketserver")}
+    ui = modules_imported_by(
+        {"ftrain.cli.ui_cmd", "ftrain.web.server", "ftrain.web.reader", "ftrain.web.pages"}
+    )
+    assert not {m for m in ui if m.partition(".")[0] == "torch"}

@@ -1,7 +1,7 @@
 """A long run's log built in a second: `events` signed, correctly chained, legal events of one run published
 pipelined with a plain client (what `ftrain run` would append over weeks: checkpoints with their figures, and
 every `failure_every` events a failure, by turns preempted, a hang and a lease takeover, and the resume from
-the newest checkpoint). Each event is checked by the chain walk's own fold before it is published."""
+the newest checkpoint; then its completion). Each event is checked by the chain walk's own fold before it is published."""
 
 import asyncio
 import os
@@ -16,7 +16,7 @@ from ftrain.events.keyring import load_signer
 from ftrain.events.record import StoredRecord, run_subject
 from ftrain.events.schema import AnyEvent, Checkpointed, Failed, Resumed, encode_event, event_type
 from ftrain.projections.audit import Folded, fold_record
-from ftrain.projections.lifecycle import RunState
+from ftrain.projections.lifecycle import RunState, completed_event
 from tests.support.builders import SIGNER, T0, launched
 from tests.support.servers import plain_connect
 
@@ -42,8 +42,8 @@ def long_run(home: Path, run_id: str, events: int, failure_every: int = 500) -> 
         return folded.state
 
     state = add(launched(run_id, project="long"))
-    while len(out) < events:
-        if len(out) % failure_every == failure_every - 2 and state.checkpoints:
+    while len(out) < events - 1:
+        if len(out) % failure_every == failure_every - 2 and state.checkpoints and len(out) < events - 3:
             reason = REASONS[failures % len(REASONS)]
             failures += 1
             state = add(Failed(run_id=run_id, reason=reason, exit_code=137, attempt=state.attempt))
@@ -54,11 +54,12 @@ def long_run(home: Path, run_id: str, events: int, failure_every: int = 500) -> 
             step, opened, lost = ref.step, len(out), 7
             continue
         step += 10
-        loop = 10.0 * (len(out) - opened) - 5
+        loop = 10.0 * (len(out) - opened) + 5
         state = add(Checkpointed(run_id=run_id, step=step, epoch=step // 1000, shards=1,
                                  uri=f"file:///tmp/absent/{run_id}/step-{step}", checkpoint_hash=f"{step:064x}",
                                  size_bytes=1 << 20, attempt=state.attempt, stall_seconds=0.05 + (step % 70) / 1000,
                                  train_seconds=0.9 * loop, loop_seconds=loop, lost_steps=lost))  # fmt: skip
+    add(completed_event(state, None, state.updated_at))
     return out
 
 
