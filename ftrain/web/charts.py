@@ -108,7 +108,8 @@ def timeline(
     checkpoints = [v.event.time for v in timed if isinstance(v.event, Checkpointed) and v.ok]
     pathed = len(checkpoints) > LINKED_CHECKPOINTS
     if pathed:
-        d = "".join(f"M{at} 22v26" for at in sorted({round(x(moment)) for moment in checkpoints}))  # a tick a pixel
+        pixels = sorted({round(x(moment)) for moment in checkpoints})  # a tick a pixel
+        d = "".join(f"M{at} 22v26" for at in pixels)
         body.append(f'<path class="tick" d="{d}"><title>{len(checkpoints)} checkpoints</title></path>')
     marks = [v for v in timed if not (pathed and v.ok and isinstance(v.event, Checkpointed))]
     for v in marks:

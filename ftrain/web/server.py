@@ -89,8 +89,9 @@ class Handler(BaseHTTPRequestHandler):
         if (offered := query.get("token", [None])[0]) is not None and served.valid(offered):
             rest = urlencode([(k, v) for k, vs in query.items() if k != "token" for v in vs], doseq=False)
             cookie = f"{served.cookie}={served.token}; Path=/; HttpOnly; SameSite=Strict"
+            here = "/" + url.path.lstrip("/")  # never `//host`: a redirect stays on this server
             self._send(HTTPStatus.SEE_OTHER, b"", "text/plain", head,
-                       {"Location": url.path + (f"?{rest}" if rest else ""), "Set-Cookie": cookie})  # fmt: skip
+                       {"Location": here + (f"?{rest}" if rest else ""), "Set-Cookie": cookie})  # fmt: skip
             return
         if not (served.valid(self._cookie()) or served.valid(self._bearer())):
             self._refuse(head, "wrong token" if offered or self._cookie() or self._bearer() else "no token")

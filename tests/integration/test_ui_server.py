@@ -4,7 +4,13 @@ accepted once in the URL and then as an HttpOnly, SameSite=Strict cookie or a be
 
 import http.client
 import json
+import os
 import re
+import signal
+import socket
+import stat
+import subprocess
+import sys
 import urllib.request
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -171,3 +177,39 @@ def test_only_ui_loads_the_web_stack_and_it_never_loads_torch() -> None:
         {"ftrain.cli.ui_cmd", "ftrain.web.server", "ftrain.web.reader", "ftrain.web.pages"}
     )
     assert not {m for m in ui if m.partition(".")[0] == "torch"}
+
+
+class _UnixConnection(http.client.HTTPConnection):
+    def __init__(self, path: Path) -> None:
+        super().__init__("localhost", timeout=30)
+        self.path = path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.connect(str(self.path))
+
+
+@pytest.mark.usefixtures("log")
+def test_on_a_unix_socket_the_view_is_its_users_only_and_still_wants_the_token(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    where = tmp_path / "ui.sock"
+    proc = subprocess.Popen([str(Path(sys.executable).with_name("ftrain")), "ui", "--socket", str(where)],
+                            env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        token = proc.stdout.readline().strip().partition("?token=")[2]
+        assert token and stat.S_IMODE(where.stat().st_mode) == 0o600
+        for headers, status in (({}, 401), ({"Authorization": f"Bearer {token}"}, 200)):
+            conn = _UnixConnection(where)
+            conn.request("GET", "/runs/plain", headers=headers)
+            assert conn.getresponse().status == status
+            conn.close()
+        conn = _UnixConnection(where)
+        conn.request("GET", f"//elsewhere.example/?token={token}")
+        assert conn.getresponse().getheader("Location") == "/elsewhere.example/"
+        conn.close()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=15)
+    assert proc.returncode == 0 and not where.exists()
