@@ -13,7 +13,7 @@ from msgspec import UNSET
 from ftrain.cli.goodput_view import LABELS, duration, share
 from ftrain.cli.render import timestamp
 from ftrain.events.schema import Checkpointed, Failed
-from ftrain.projections.event_verdict import EventVerdict
+from ftrain.projections.event_verdict import Judged
 from ftrain.projections.goodput import TERMS, AttemptSpan, Goodput
 from ftrain.web.markup import event_href, text
 
@@ -73,7 +73,7 @@ def stall_chart(saves: Sequence[Checkpointed]) -> str:
     return _svg(height, f'<path class="stall" d="{path}"/>{axis}', f"stall of {len(stalls)} save(s)")
 
 
-def _kind(v: EventVerdict) -> str:
+def _kind(v: Judged) -> str:
     """The mark an event gets on the timeline."""
     if not v.ok:
         return "rejected"
@@ -82,13 +82,11 @@ def _kind(v: EventVerdict) -> str:
     return v.event_type
 
 
-def timeline(
-    verdicts: Sequence[EventVerdict], spans: Sequence[AttemptSpan], run_id: str, end: datetime
-) -> str:
+def timeline(records: Sequence[Judged], spans: Sequence[AttemptSpan], run_id: str, end: datetime) -> str:
     """The run from launch to `end`: its attempts as alternating bands, checkpoints as ticks, and a mark per
     failure (by reason; a lease takeover and a hang marked as such), corrupt-skip and rejected record on one
     row, resume, launch and completion on the next, each a link to its event."""
-    timed = [v for v in verdicts if v.event is not None]
+    timed = [v for v in records if v.event is not None]
     if not timed or not spans:
         return '<p class="muted">no event to draw</p>'
     start = spans[0].opened

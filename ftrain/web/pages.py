@@ -15,22 +15,24 @@ from ftrain.cli import goodput_view, render
 from ftrain.cli.queries import view_document
 from ftrain.events.schema import Failed
 from ftrain.history import AuditReport
-from ftrain.projections.event_verdict import EventVerdict
+from ftrain.projections.event_verdict import EventVerdict, Judged
 from ftrain.projections.goodput import TERMS, AttemptSpan, Goodput
 from ftrain.service import RunView
 from ftrain.web import charts
 from ftrain.web.markup import event_href, lines, run_href, text
 
 EVENTS_SHOWN = 200
-"""A run's page lists its newest events up to this many (`?all=1`: every one)."""
+"""A run's page lists its newest events up to this many (`?all=1`: every one); the reader picks them."""
 
 
 class RunDetail(msgspec.Struct, frozen=True):
-    """What one run's page shows: its view (as `status`), every record of its subject with both verdicts,
-    its attempts (as goodput folds them) and the audit of its chain."""
+    """What one run's page shows: its view (as `status`), every record of its subject as the chain walk
+    judged it, the records listed (newest first) with their signatures checked too, its attempts (as goodput
+    folds them) and the audit of its chain."""
 
     view: RunView
-    verdicts: list[EventVerdict]
+    records: list[Judged]
+    shown: list[EventVerdict]
     spans: list[AttemptSpan]
     report: AuditReport
 
@@ -174,7 +176,7 @@ def _stalls(spans: Sequence[AttemptSpan]) -> str:
 def _failures(detail: RunDetail, run_id: str) -> str:
     """Each accepted failure with its reason, the step its attempt had saved, and the steps the next
     attempt re-did (lost)."""
-    failed = [v for v in detail.verdicts if v.ok and isinstance(v.event, Failed)]
+    failed = [v for v in detail.records if v.ok and isinstance(v.event, Failed)]
     ended = [n for n, a in enumerate(detail.spans) if a.failed_at is not None]
     rows = []
     for v, n in zip(failed, ended, strict=False):
@@ -223,18 +225,17 @@ def _event_row(v: EventVerdict, run_id: str) -> str:
     )  # fmt: skip
 
 
-def _events(verdicts: Sequence[EventVerdict], run_id: str, every: bool) -> str:
-    shown = list(reversed(verdicts))
+def _events(detail: RunDetail, run_id: str) -> str:
     more = ""
-    if not every and len(shown) > EVENTS_SHOWN:
-        more = f'<p>the newest {EVENTS_SHOWN} of {len(shown)}: <a href="{run_href(run_id)}?all=1">every event</a></p>'
-        shown = shown[:EVENTS_SHOWN]
+    if len(detail.shown) < len(detail.records):
+        more = (f'<p>the newest {len(detail.shown)} of {len(detail.records)}: '
+                f'<a href="{run_href(run_id)}?all=1">every event</a></p>')  # fmt: skip
     head = "".join(f"<th>{h}</th>" for h in ("event", "seq", "time", "type", "what", "chain", "signature"))
-    rows = "".join(_event_row(v, run_id) for v in shown)
+    rows = "".join(_event_row(v, run_id) for v in detail.shown)
     return f'<section><h2>Events</h2>{more}<table class="events"><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table></section>'
 
 
-def run_page(detail: RunDetail, seq: int, moment: datetime, *, every: bool = False) -> str:
+def run_page(detail: RunDetail, seq: int, moment: datetime) -> str:
     """One run: its summary, the audit's verdict, the timeline of its attempts, its goodput, the stall per
     save, its failures with the steps each lost, its attempts and its events (newest first)."""
     view, run_id = detail.view, detail.view.run_id
@@ -251,10 +252,10 @@ def run_page(detail: RunDetail, seq: int, moment: datetime, *, every: bool = Fal
     )  # fmt: skip
     body = (
         f"<h1>{text(run_id)} {_state_badge(status, view.broken)}</h1>{summary}{_audit(detail.report, view)}"
-        f"<section><h2>Timeline</h2>{charts.timeline(detail.verdicts, detail.spans, run_id, end)}"
+        f"<section><h2>Timeline</h2>{charts.timeline(detail.records, detail.spans, run_id, end)}"
         f'<p class="muted">{legend}</p></section>'
         f"{_goodput(view)}{_stalls(detail.spans)}{_failures(detail, run_id)}{_attempts(detail.spans)}"
-        f"{_events(detail.verdicts, run_id, every)}"
+        f"{_events(detail, run_id)}"
     )
     return page(run_id, body, seq)
 

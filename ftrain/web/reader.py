@@ -3,8 +3,8 @@ query does) for the runs, and the run's own records walked from the stream for i
 
 Read only: the service's query methods and the store's reads, never an append. A run's records are walked
 once and then only what landed since (as `events tail --follow` does), so a 10,000-event run is not re-read
-and its signatures not re-checked each time the page refreshes; the audit of a run is redone only when the
-stream has grown.
+each time the page refreshes; each record's own signature is checked only when a page shows it, once; the
+audit of a run is redone only when the stream has grown.
 """
 
 import asyncio
@@ -14,13 +14,13 @@ from dataclasses import dataclass, field
 import msgspec
 
 from ftrain.errors import NotFound
-from ftrain.events.schema import now
+from ftrain.events.schema import AnyEvent, now
 from ftrain.history import AuditReport
 from ftrain.projections.audit import ChainWalk
-from ftrain.projections.event_verdict import EventVerdict, event_verdict
+from ftrain.projections.event_verdict import EventVerdict, Judged, judged, signed
 from ftrain.projections.goodput import attempt_spans, measure
 from ftrain.service import RunService, RunView
-from ftrain.web.pages import RunDetail
+from ftrain.web.pages import EVENTS_SHOWN, RunDetail
 
 
 @dataclass
@@ -29,8 +29,12 @@ class _Walked:
 
     walk: ChainWalk = field(default_factory=ChainWalk)
     next_seq: int = 1
-    verdicts: list[EventVerdict] = field(default_factory=list)
+    records: list[Judged] = field(default_factory=list)
+    signed: dict[int, EventVerdict] = field(default_factory=dict)
     audit: tuple[int, AuditReport] | None = None
+
+    def accepted(self) -> list[AnyEvent]:
+        return [j.event for j in self.records if j.ok and j.event is not None]
 
 
 class Reader:
@@ -51,8 +55,9 @@ class Reader:
             views = await self._app.views()
             return [await self._with_goodput(v) for v in views]
 
-    async def run(self, run_id: str) -> RunDetail:
-        """One run's page; NotFound when the log has never heard of it."""
+    async def run(self, run_id: str, every: bool = False) -> RunDetail:
+        """One run's page (its newest EVENTS_SHOWN events signed, or `every` one); NotFound when the log has
+        never heard of it."""
         async with self._lock:
             views = {v.run_id: v for v in await self._app.views()}
             if run_id not in views:
@@ -62,20 +67,22 @@ class Reader:
             last = await self._app.store.last_seq()
             if walked.audit is None or walked.audit[0] != last:
                 walked.audit = (last, await self._app.verify(run_id))
-            accepted = [v.event for v in walked.verdicts if v.ok and v.event is not None]
+            accepted = walked.accepted()
             spans = attempt_spans(accepted) if view.state is not None and accepted else []
-            return RunDetail(view, list(walked.verdicts), spans, walked.audit[1])
+            newest = walked.records[::-1] if every else walked.records[: -EVENTS_SHOWN - 1 : -1]
+            shown = [self._signed(walked, j) for j in newest]
+            return RunDetail(view, list(walked.records), shown, spans, walked.audit[1])
 
     async def event(self, run_id: str, stream_seq: int) -> EventVerdict:
         """One record of the run, with both verdicts; NotFound when the run has no record there."""
         async with self._lock:
             walked = await self._walked(run_id)
-            if not walked.verdicts:
+            if not walked.records:
                 del self._runs[run_id]  # a name from a URL is not kept unless the log has it
-        found = next((v for v in walked.verdicts if v.stream_seq == stream_seq), None)
-        if found is None:
-            raise NotFound(f"run {run_id!r} has no event at stream seq {stream_seq}")
-        return found
+            found = next((j for j in walked.records if j.stream_seq == stream_seq), None)
+            if found is None:
+                raise NotFound(f"run {run_id!r} has no event at stream seq {stream_seq}")
+            return self._signed(walked, found)
 
     async def metrics(self, accept: str | None) -> tuple[bytes, str]:
         """The Prometheus exposition of every run (`ftrain.metrics.scrape`) and its content type; NotFound
@@ -91,16 +98,21 @@ class Reader:
     async def _with_goodput(self, view: RunView) -> RunView:
         if view.state is None:
             return view
-        walked = await self._walked(view.run_id)
-        accepted = [v.event for v in walked.verdicts if v.ok and v.event is not None]
+        accepted = (await self._walked(view.run_id)).accepted()
         return msgspec.structs.replace(view, goodput=measure(accepted, now())) if accepted else view
 
     async def _walked(self, run_id: str) -> _Walked:
         """The run's records, read on from where the last read stopped."""
         walked = self._runs.setdefault(run_id, _Walked())
-        trust = self._app.store.trust
         async for records in self._app.store.read(walked.next_seq, run_id=run_id):
             for record in records:
-                walked.verdicts.append(event_verdict(walked.walk, record, trust))
+                walked.records.append(judged(walked.walk, record))
                 walked.next_seq = record.stream_seq + 1
         return walked
+
+    def _signed(self, walked: _Walked, record: Judged) -> EventVerdict:
+        """The record with its own signature checked, once."""
+        found = walked.signed.get(record.stream_seq)
+        if found is None:
+            found = walked.signed[record.stream_seq] = signed(record, self._app.store.trust)
+        return found

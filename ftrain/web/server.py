@@ -122,9 +122,9 @@ class Handler(BaseHTTPRequestHandler):
         elif path == "/metrics":
             self._metrics(head)
         elif len(parts) == 2 and parts[0] == "runs":
-            detail = served.call(lambda: served.reader.run(parts[1]))
             every = query.get("all", [""])[0] == "1"
-            self._page(HTTPStatus.OK, pages.run_page(detail, self._seq(), now(), every=every), head)
+            detail = served.call(lambda: served.reader.run(parts[1], every))
+            self._page(HTTPStatus.OK, pages.run_page(detail, self._seq(), now()), head)
         elif len(parts) == 4 and parts[0] == "runs" and parts[2] == "events" and parts[3].isdigit():
             verdict = served.call(lambda: served.reader.event(parts[1], int(parts[3])))
             self._page(HTTPStatus.OK, pages.event_page(verdict, self._seq()), head)

@@ -7,10 +7,11 @@ from datetime import timedelta
 
 import msgspec
 
-from ftrain.events.schema import AnyEvent, Checkpointed, Failed, Resumed
+from ftrain.events.record import StoredRecord
+from ftrain.events.schema import AnyEvent, Checkpointed, Failed, Resumed, event_type
 from ftrain.history import AuditReport
 from ftrain.projections.audit import Finding
-from ftrain.projections.event_verdict import EventVerdict, SignatureVerdict
+from ftrain.projections.event_verdict import EventVerdict, Judged, SignatureVerdict
 from ftrain.projections.goodput import attempt_spans, measure
 from ftrain.projections.lifecycle import RunState
 from ftrain.projections.vouching import Vouched
@@ -29,13 +30,27 @@ def stamped(*events: AnyEvent) -> list[AnyEvent]:
     ]
 
 
-def verdicts(events: list[AnyEvent], rejected: int | None = None) -> list[EventVerdict]:
-    signed = SignatureVerdict("ab" * 32, "alice@lab", "signed by alice@lab")
+def judged(events: list[AnyEvent], rejected: int | None = None) -> list[Judged]:
+    """The events as the chain walk judges them: the `rejected`-th refused."""
     return [
-        EventVerdict(n, e.run_id, type(e).__name__.lower(), e, f"{n:064x}",
-                     "ok" if n != rejected else "prev_hash does not match", signed)
+        Judged(StoredRecord(n, e.run_id, event_type(e), b""), e, f"{n:064x}",
+               "ok" if n != rejected else "prev_hash does not match")
         for n, e in enumerate(events, 1)
     ]  # fmt: skip
+
+
+def verdicts(records: list[Judged]) -> list[EventVerdict]:
+    """Each with its signature checked: alice@lab's."""
+    signed = SignatureVerdict("ab" * 32, "alice@lab", "signed by alice@lab")
+    return [
+        EventVerdict(j.stream_seq, j.record.run_id, j.event_type, j.event, j.hash, j.chain, signed)
+        for j in records
+    ]
+
+
+def detail(view: RunView, records: list[Judged], report: AuditReport) -> pages.RunDetail:
+    events = [j.event for j in records if j.ok and j.event is not None]
+    return pages.RunDetail(view, records, verdicts(records[::-1]), attempt_spans(events), report)
 
 
 def a_run(message: str = HOSTILE) -> tuple[RunState, list[AnyEvent]]:
@@ -81,10 +96,9 @@ def test_a_runs_row_shows_its_figures_and_a_broken_unvouched_run_as_such() -> No
 def test_a_run_page_shows_the_failure_by_reason_the_steps_it_lost_and_escapes_its_message() -> None:
     state, events = a_run()
     view = RunView("r", state, goodput=measure(events, T0 + timedelta(hours=1)), vouched=Vouched("alice@lab"))
-    detail = pages.RunDetail(
-        view, verdicts(events), attempt_spans(events), AuditReport(6, 1, [], {"r": "alice@lab"})
+    html = pages.run_page(
+        detail(view, judged(events), AuditReport(6, 1, [], {"r": "alice@lab"})), 6, T0 + timedelta(hours=1)
     )
-    html = pages.run_page(detail, 6, T0 + timedelta(hours=1))
     failure = re.search(r"<h2>Failures</h2>.*?</table>", html)
     assert failure is not None
     cells = [re.sub("<[^>]+>", "", c) for c in re.findall(r"<td[^>]*>(.*?)</td>", failure.group())]
@@ -100,9 +114,7 @@ def test_a_rejected_record_and_a_broken_audit_read_so() -> None:
     state, events = a_run("fine")
     finding = Finding("r", 4, 4, "failed", "prev_hash does not match")
     view = RunView("r", state, broken=finding)
-    detail = pages.RunDetail(view, verdicts(events, rejected=4), attempt_spans(events),
-                             AuditReport(6, 1, [finding]))  # fmt: skip
-    html = pages.run_page(detail, 6, T0)
+    html = pages.run_page(detail(view, judged(events, rejected=4), AuditReport(6, 1, [finding])), 6, T0)
     assert 'class="verdict bad"' in html and "BROKEN run r: seq 4 (failed, stream seq 4)" in html
     assert '<tr class="rejected">' in html and "REJECTED: prev_hash does not match" in html
     assert 'class="m-rejected"' in html
@@ -110,7 +122,7 @@ def test_a_rejected_record_and_a_broken_audit_read_so() -> None:
 
 def test_the_event_page_shows_the_stored_event_escaped() -> None:
     _, events = a_run('</pre><script>alert("x")</script>')
-    html = pages.event_page(verdicts(events)[3], 6)
+    html = pages.event_page(verdicts(judged(events))[3], 6)
     assert "&lt;/pre&gt;&lt;script&gt;alert(\\&quot;x\\&quot;)&lt;/script&gt;" in html
     assert html.count("<pre>") == html.count("</pre>") == 1
     assert "signed by alice@lab" in html and f"{4:064x}" in html
@@ -118,7 +130,7 @@ def test_the_event_page_shows_the_stored_event_escaped() -> None:
 
 def test_ten_thousand_checkpoints_are_one_path_and_the_rare_marks_stay_links() -> None:
     events = stamped(launched("r"), *(checkpointed("r", 10 * n) for n in range(1, 10_001)))
-    svg = charts.timeline(verdicts(events), attempt_spans(events), "r", T0 + timedelta(days=8))
+    svg = charts.timeline(judged(events), attempt_spans(events), "r", T0 + timedelta(days=8))
     assert svg.count("<path") == 1 and svg.count("<a ") == 1  # the launch
     assert len(svg) < 200_000
 
