@@ -15,7 +15,6 @@ import socket
 import socketserver
 import threading
 from collections.abc import Awaitable, Callable
-from concurrent.futures import TimeoutError as FutureTimeout
 from http import HTTPStatus
 from http.cookies import CookieError, SimpleCookie
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -68,7 +67,7 @@ class Served:
 class Handler(BaseHTTPRequestHandler):
     """One request: authorize, route, render."""
 
-    server: "UiServer"
+    server: "UiServer | UnixUiServer"
     protocol_version = "HTTP/1.1"
     server_version = "ftrain-ui"
     sys_version = ""
@@ -102,8 +101,8 @@ class Handler(BaseHTTPRequestHandler):
             self._page(HTTPStatus.NOT_FOUND, pages.not_found(str(exc), self._seq()), head)
         except (BrokenPipeError, ConnectionResetError):
             pass
-        except (FutureTimeout, OSError, RuntimeError) as exc:
-            log.warning("ui read failed", path=url.path, error=str(exc))
+        except Exception as exc:  # the log out of reach, a read timing out: the view stays up, says so
+            log.warning("ui read failed", path=url.path, error=f"{type(exc).__name__}: {exc}")
             self._send(HTTPStatus.SERVICE_UNAVAILABLE, b"the log could not be read\n", "text/plain", head)
 
     def _route(self, path: str, query: dict[str, list[str]], head: bool) -> None:
@@ -149,7 +148,11 @@ class Handler(BaseHTTPRequestHandler):
             return
         shown, quiet = -1, 0.0
         while not served.stopping.is_set():
-            seq = served.call(served.reader.last_seq)
+            try:
+                seq = served.call(served.reader.last_seq)
+            except Exception as exc:  # headers are sent: end the stream; the browser reconnects
+                log.warning("ui live stream ended", error=f"{type(exc).__name__}: {exc}")
+                return
             if seq != shown:
                 self.wfile.write(f"data: {seq}\n\n".encode())
                 shown, quiet = seq, 0.0
