@@ -76,9 +76,9 @@ class Reader:
     async def event(self, run_id: str, stream_seq: int) -> EventVerdict:
         """One record of the run, with both verdicts; NotFound when the run has no record there."""
         async with self._lock:
+            if run_id not in {v.run_id for v in await self._app.views()}:  # never a subject wildcard
+                raise NotFound(f"unknown run {run_id!r}")
             walked = await self._walked(run_id)
-            if not walked.records:
-                del self._runs[run_id]  # a name from a URL is not kept unless the log has it
             found = next((j for j in walked.records if j.stream_seq == stream_seq), None)
             if found is None:
                 raise NotFound(f"run {run_id!r} has no event at stream seq {stream_seq}")

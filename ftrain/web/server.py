@@ -69,6 +69,7 @@ class Handler(BaseHTTPRequestHandler):
 
     server: "UiServer | UnixUiServer"
     protocol_version = "HTTP/1.1"
+    timeout = 60  # seconds a client may take to send a request: an idle or stalled one frees its thread
     server_version = "ftrain-ui"
     sys_version = ""
 

@@ -121,6 +121,8 @@ async def test_pages_escape_event_text_carry_a_strict_policy_and_an_unknown_run_
         status, _, body = get(ui, "/runs/%3Cscript%3E")
         assert status == 404 and "<script>" not in body.replace('<script src="/static/ui.js" defer>', "")
         assert get(ui, "/runs/plain/events/999999")[0] == 404
+        for wildcard in ("*", "%3E", "plain.*"):  # a run name is never a subject filter over other runs
+            assert get(ui, f"/runs/{wildcard}/events/1")[0] == 404, wildcard
         assert get(ui, "/nowhere")[0] == 404
 
 
