@@ -71,7 +71,8 @@ async def test_the_view_shows_every_kind_of_run_in_a_real_browser(
                 await asyncio.sleep(0.2)
             assert "node-failure" in text_of(browser, "table.events")
             browser.screenshot(shots / "live.png")
-            assert [line for line in browser.logged() if "exception" in line or "Refused" in line] == []
+            said = browser.logged()  # no exception, no policy violation; one failed load: /runs/nope's 404
+            assert len(said) == 1 and "status of 404" in said[0], said
         assert ui.returncode == 0, ui.stderr
     finally:
         browser.close()
