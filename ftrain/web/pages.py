@@ -58,7 +58,9 @@ def not_found(what: str, seq: int) -> str:
 
 
 def _age(then: datetime, moment: datetime) -> str:
-    return goodput_view.duration(max((moment - then).total_seconds(), 0.0)) + " ago"
+    """`12.5 min ago`; past two days in days (`3.2 d ago`)."""
+    seconds = max((moment - then).total_seconds(), 0.0)
+    return (f"{seconds / 86400:.1f} d" if seconds >= 2 * 86400 else goodput_view.duration(seconds)) + " ago"
 
 
 def _state_badge(state: str, finding: Any) -> str:

@@ -154,20 +154,24 @@ async def test_the_live_stream_says_the_stream_sequence_as_it_grows(
         conn.close()
 
 
-def test_a_malformed_port_or_an_existing_socket_is_refused_with_one_line(
+def test_a_malformed_port_an_existing_socket_or_a_port_in_use_is_refused_with_one_line(
     env: dict[str, str], tmp_path: Path
 ) -> None:
     taken = tmp_path / "taken.sock"
     taken.write_text("")
-    for args, said in (
-        (["ui", "--port", "70000"], "is not a port"),
-        (["ui", "--socket", str(taken)], "exists"),
-    ):
-        result = ftrain_process(args, env)
-        assert result.returncode == 2 and said in result.stderr and result.stderr.count("\n") == 1, (
-            result.stderr
-        )
-        assert result.stdout == ""
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        for args, code, said in (
+            (["ui", "--port", "70000"], 2, "is not a port"),
+            (["ui", "--socket", str(taken)], 2, "exists"),
+            (["ui", "--port", str(busy.getsockname()[1])], 1, "ftrain ui: Address already in use"),
+        ):
+            result = ftrain_process(args, env)
+            assert (result.returncode, result.stdout, result.stderr.count("\n")) == (code, "", 1), (
+                result.stderr
+            )
+            assert said in result.stderr
 
 
 def test_only_ui_loads_the_web_stack_and_it_never_loads_torch() -> None:
