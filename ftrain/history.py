@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 
 import msgspec
 
-from ftrain.events.jetstream.store import EventStore
+from ftrain.events.log_port import EventLog
 from ftrain.events.schema import AnyEvent
 from ftrain.projections.audit import ChainWalk, Finding
 from ftrain.projections.log_anchors import AnchorCheck
@@ -46,7 +46,7 @@ class TimelineEntry(msgspec.Struct, frozen=True):
     finding: Finding | None
 
 
-async def verify(store: EventStore, run_id: str | None = None) -> AuditReport:
+async def verify(store: EventLog, run_id: str | None = None) -> AuditReport:
     """Re-verify every chain from the stream itself: hashes, links, sequence, legal transitions, one
     signature per run, and the stream against its anchors. A whole-log audit that finds nothing anchors
     every run's head and the root of what it read."""
@@ -81,7 +81,7 @@ async def verify(store: EventStore, run_id: str | None = None) -> AuditReport:
     return report
 
 
-async def timeline(store: EventStore, run_id: str | None = None) -> AsyncIterator[TimelineEntry]:
+async def timeline(store: EventLog, run_id: str | None = None) -> AsyncIterator[TimelineEntry]:
     """Every event in stream order, each with its verdict."""
     walk = ChainWalk()
     async for records in store.read(1, run_id=run_id):

@@ -23,8 +23,8 @@ from ftrain.errors import NotFound, Refused, UsageError
 from ftrain.events.chain import ChainHead
 from ftrain.events.jetstream.connection import NatsSettings, endpoint_name, open_store
 from ftrain.events.jetstream.lease import LeaseStore, LeaseTaken, LeaseView, open_leases
-from ftrain.events.jetstream.store import AppendConflict, EventStore, LogTampered
 from ftrain.events.lease_record import Holder, held_for
+from ftrain.events.log_port import AppendConflict, EventLog, LogTampered
 from ftrain.events.run_id import InvalidRunId, validate_run_id
 from ftrain.events.schema import (
     AnyEvent,
@@ -57,11 +57,12 @@ from ftrain.projections.readmodel import ReadModel, StoredRun, damaged
 from ftrain.projections.run_log import BrokenRun, ContendedRun, RunLog
 from ftrain.projections.vouching import Unvouched, Vouched
 from ftrain.workers import progress
-from ftrain.workers.checkpoint_dir import OUTSIDE_RUN
 from ftrain.workers.layout import SetAsideKind
-from ftrain.workers.storage.errors import CheckpointExists, StorageError, StorageUnavailable
-from ftrain.workers.storage.open import open_storage
-from ftrain.workers.storage.port import CheckpointStorage, StoredCheckpoint
+from ftrain.workers.storage.errors import OUTSIDE_RUN, CheckpointExists, StorageError, StorageUnavailable
+from ftrain.workers.storage.location import parse_root, under_root
+from ftrain.workers.storage.one_rank import write_step
+from ftrain.workers.storage.open import open_run
+from ftrain.workers.storage.port import RunStorage, StepReader, StoredCheckpoint
 
 CONFLICT_RETRIES = 20
 T = TypeVar("T")
@@ -103,16 +104,21 @@ def readmodel_path(settings: NatsSettings) -> Path:
     return settings.home / endpoint_name(settings, "readmodel", ".sqlite")
 
 
-def checkpoint_storage(env: Mapping[str, str]) -> CheckpointStorage:
-    """Where `ftrain checkpoint` writes: $FTRAIN_STORAGE (a path, `file://` or `s3://` URI), default
-    $FTRAIN_HOME/checkpoints."""
-    return storage_at(ftrain_settings.storage(env))
-
-
-def storage_at(root: str) -> CheckpointStorage:
-    """The storage backend of a root URI; a root ftrain cannot use is a usage error."""
+def checkpoint_storage(env: Mapping[str, str]) -> str:
+    """Where `ftrain checkpoint` writes, as the canonical URI a `launched` event records: $FTRAIN_STORAGE (a
+    path, `file://` or `s3://` URI), default $FTRAIN_HOME/checkpoints. A root ftrain cannot use is a usage
+    error."""
     try:
-        return open_storage(root)
+        return parse_root(ftrain_settings.storage(env))[1]
+    except StorageError as exc:
+        raise UsageError(str(exc)) from exc
+
+
+def run_storage(root: str, run_id: str) -> RunStorage:
+    """Run `run_id`'s checkpoints under the storage root `root`, as one process outside the run's attempts
+    uses them (a one-rank writer, a reader); a root ftrain cannot use is a usage error."""
+    try:
+        return open_run(under_root(root, run_id))
     except StorageError as exc:
         raise UsageError(str(exc)) from exc
 
@@ -122,16 +128,17 @@ class RunService:
 
     def __init__(
         self,
-        store: EventStore,
+        store: EventLog,
         model: ReadModel,
         projector: Projector,
-        storage: CheckpointStorage,
+        storage: str,
         leases: LeaseStore | None = None,
     ) -> None:
         self.store = store
         self.model = model
         self.projector = projector
         self.storage = storage
+        """The storage root `ftrain checkpoint` writes under (canonical URI)."""
         self.leases = leases
         """The supervisor leases (None: opened without them; every lease query and command refuses)."""
 
@@ -384,9 +391,11 @@ class RunService:
             check(state, event_for(None))
         except IllegalTransition as exc:
             raise Refused(str(exc)) from exc
+        writer = run_storage(self.storage, run_id)
         try:
             with progress.shown(f"write step {step}", sum(_size(src) for _, src in sources)):
-                written = self.storage.write(
+                written = write_step(
+                    writer,
                     run_id=run_id,
                     step=step,
                     epoch=epoch,
@@ -409,7 +418,7 @@ class RunService:
         try:
             event = await self._record(run_id, partial(event_for, written))
         except BaseException:
-            self.storage.delete(written.uri)
+            writer.discard(written.uri)
             raise
         assert isinstance(event, Checkpointed)
         return event
@@ -456,7 +465,7 @@ class RunService:
         self, run_id: str, force: bool, on_skip: Callable[[CorruptSkipped], Awaitable[None]] | None
     ) -> ResumeOutcome:
         state = await self._vouched_state(run_id)
-        storage = _run_storage(state)
+        storage = _launched_storage(state)
         plan = self._plan(state, force)
         for unrecorded in plan.unrecorded:
             _set_aside(storage, unrecorded.uri, "unrecorded", str(int(time.time())))
@@ -465,7 +474,7 @@ class RunService:
             candidate = plan.candidates[0]
             assert candidate.ref is not None and candidate.digest is not None
             # a URI elsewhere is refused unread and never moved
-            uri = storage.confined(candidate.uri, run_id)
+            uri = storage.confined(candidate.uri)
             try:
                 with progress.shown(f"verify step {candidate.step}", candidate.ref.recorded.size_bytes):
                     reason = (
@@ -514,7 +523,7 @@ class RunService:
 
     def _plan(self, state: RunState, force: bool) -> ResumePlan:
         try:
-            return plan_resume(state, _run_storage(state).complete(state.run_id), forced=force)
+            return plan_resume(state, _launched_storage(state).complete(), forced=force)
         except IllegalTransition as exc:
             raise Refused(str(exc)) from exc
 
@@ -529,12 +538,13 @@ def _size(src: bytes | Path) -> int:
     return len(src) if isinstance(src, bytes) else src.stat().st_size
 
 
-def _run_storage(state: RunState) -> CheckpointStorage:
-    """The storage root the run's `launched` event configured (never today's FTRAIN_STORAGE)."""
-    return storage_at(state.launch.storage)
+def _launched_storage(state: RunState) -> StepReader:
+    """The run's checkpoints under the storage root its `launched` event configured (never today's
+    FTRAIN_STORAGE)."""
+    return run_storage(state.launch.storage, state.run_id)
 
 
-def _set_aside(storage: CheckpointStorage, uri: str, kind: SetAsideKind, tag: str) -> None:
+def _set_aside(storage: StepReader, uri: str, kind: SetAsideKind, tag: str) -> None:
     """Quarantine a checkpoint; failing to move it never undoes what the log recorded."""
     try:
         storage.quarantine(uri, kind, tag)

@@ -107,7 +107,7 @@ def home(env: Env = os.environ) -> Path:
 
 
 def storage(env: Env = os.environ) -> str:
-    """The checkpoint storage root as written (a path or URI; `workers.checkpoint_dir` judges it): default
+    """The checkpoint storage root as written (a path or URI; `workers.storage.location` judges it): default
     `<home>/checkpoints`."""
     value = _get(env, STORAGE)
     if value is None:

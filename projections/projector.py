@@ -8,7 +8,7 @@ import msgspec
 import structlog
 
 from ftrain.events.chain import unseal
-from ftrain.events.jetstream.store import EventStore
+from ftrain.events.log_port import EventLog
 from ftrain.events.record import StoredRecord
 from ftrain.events.schema import AnyEvent, Checkpointed, CorruptSkipped
 from ftrain.projections.audit import ChainWalk, Finding, Folded
@@ -59,7 +59,7 @@ def _rejected_row(record: StoredRecord, finding: Finding) -> AuditRow:
 class Projector:
     """Keeps one read model caught up with one stream."""
 
-    def __init__(self, store: EventStore, model: ReadModel, stream_id: str) -> None:
+    def __init__(self, store: EventLog, model: ReadModel, stream_id: str) -> None:
         self.store = store
         self.model = model
         self.stream_id = stream_id

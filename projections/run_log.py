@@ -9,7 +9,7 @@ the expected position; when another writer got there first, it folds the new eve
 from collections.abc import Callable
 
 from ftrain.events.chain import ChainHead
-from ftrain.events.jetstream.store import AppendConflict, Appended, EventStore
+from ftrain.events.log_port import AppendConflict, Appended, EventLog
 from ftrain.events.schema import AnyEvent
 from ftrain.projections.audit import ChainWalk, Finding
 from ftrain.projections.lifecycle import RunState, check
@@ -35,7 +35,7 @@ class ContendedRun(Exception):
 class RunLog:
     """The log of one run over one event store; remembers how far it has folded."""
 
-    def __init__(self, store: EventStore, run_id: str) -> None:
+    def __init__(self, store: EventLog, run_id: str) -> None:
         self.store = store
         self.run_id = run_id
         self._walk = ChainWalk(trust=store.trust)

@@ -53,7 +53,7 @@ from ftrain.events.chain import ChainHead, SignHash, seal
 from ftrain.events.jetstream.client import Nats
 from ftrain.events.jetstream.connection import NatsSettings, anchor_files
 from ftrain.events.jetstream.server import nats_server_binary, throwaway_server
-from ftrain.events.jetstream.store import EventStore, process_actor
+from ftrain.events.jetstream.store import EventStore
 from ftrain.events.keyring import load_signer, load_trust
 from ftrain.events.record import run_subject
 from ftrain.events.schema import (
@@ -67,6 +67,7 @@ from ftrain.events.schema import (
     encode_event,
     now,
 )
+from ftrain.events.signed_log import process_actor
 from ftrain.logs import configure as configure_logs
 from ftrain.projections.lifecycle import RunState, apply, corrupt_skipped_event, resumed_event
 from ftrain.service import RunService

@@ -70,11 +70,11 @@ from ftrain.logs import configure as configure_logs
 from ftrain.train.checkpointing import CheckpointManager
 from ftrain.train.config import CheckpointConfig
 from ftrain.train.process_exit import run_then_exit
-from ftrain.workers.s3.bucket import TRANSFER
-from ftrain.workers.s3.client import make_client
 from ftrain.workers.s3.server import REGION, throwaway_storage_server
-from ftrain.workers.storage.location import run_location
-from ftrain.workers.storage.s3_store import VERIFY_THREADS, parse_s3_uri
+from ftrain.workers.storage.location import parse_s3_uri, run_location
+from ftrain.workers.storage.s3.boto_client import make_client
+from ftrain.workers.storage.s3.bucket import TRANSFER
+from ftrain.workers.storage.s3.root_store import VERIFY_THREADS
 
 FT_SAVE, RAW_SAVE, S3TC_SAVE = (
     "ftrain S3 sync (sealed)",

@@ -24,7 +24,7 @@ from ftrain.events.jetstream.server import ServerProcess, throwaway_server
 from ftrain.service import RunService
 from tests.support.cli import Cli
 from tests.support.s3 import S3_KINDS, Endpoint, moto_server, seaweedfs
-from tests.support.servers import login
+from tests.support.servers import login, user_env
 from tests.support.shared_nats import SharedServer
 
 TESTS = Path(__file__).resolve().parent
@@ -110,17 +110,7 @@ def s3(request: pytest.FixtureRequest) -> Endpoint:
 @pytest.fixture
 def env(tmp_path: Path, server: ServerProcess, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     """The environment a user would set to point ftrain at `server`; also applied to this process."""
-    values = {
-        "FTRAIN_HOME": str(tmp_path / "home"),
-        **login(server),
-        "FTRAIN_STORAGE": str(tmp_path / "ckpt"),
-    }
-    for key, value in values.items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.delenv("SLURM_JOB_NODELIST", raising=False)
-    monkeypatch.delenv("SLURM_NODELIST", raising=False)
-    monkeypatch.delenv("PBS_NODEFILE", raising=False)
-    return values
+    return user_env(tmp_path, monkeypatch, login(server))
 
 
 @pytest.fixture

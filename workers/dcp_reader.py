@@ -21,10 +21,9 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem
 from torch.futures import Future
 
-from ftrain.workers.checkpoint_dir import file_verdict
 from ftrain.workers.integrity import Hashed, digest_of
 from ftrain.workers.manifest import FileEntry
-from ftrain.workers.storage.verdict import entry_verdict
+from ftrain.workers.storage.verdict import entry_verdict, file_verdict
 from ftrain.workers.unpickle import RefusedPickle, restricted_loads, torch_load
 
 METADATA = ".metadata"

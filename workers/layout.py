@@ -42,7 +42,7 @@ def check_keep(keep: int) -> int:
 
 
 def retire(sealed: Sequence[int], keep: int, accepted: Collection[int] | None) -> list[int]:
-    """Retention's one rule (`workers.retention`): the steps of `sealed` (a run's sealed steps, newest
+    """Retention's one rule (`workers.storage.file.retention`): the steps of `sealed` (a run's sealed steps, newest
     first) to delete, those beyond the newest `keep` (at least MIN_KEEP) of the steps in `accepted`, the
     steps the log vouches for; a sealed step the log never accepted is neither counted nor deleted. None: no
     log, every sealed step counts. ValueError for a `keep` below MIN_KEEP."""
@@ -51,8 +51,8 @@ def retire(sealed: Sequence[int], keep: int, accepted: Collection[int] | None) -
 
 
 ATTEMPT: Final = ".attempt"
-"""The attempt that owns a run's checkpoints: a file in its directory (`workers.fence`), or an object directly
-under its key prefix (`workers.storage.s3_fence`)."""
+"""The attempt that owns a run's checkpoints: a file in its directory (`workers.storage.file.fence_file`), or an object directly
+under its key prefix (`workers.storage.s3.fence_object`)."""
 PARTIAL: Final = ".partial"
 RESERVED: Final = frozenset({MANIFEST, MARKER})
 """Names a checkpoint's data files may not take."""
@@ -96,7 +96,7 @@ def assembly_dir(run: Path, step: int, writer: str = "") -> Path:
 
 
 def attempt_file(run: Path) -> Path:
-    """The file naming the attempt that owns the run's directory (`workers.fence`)."""
+    """The file naming the attempt that owns the run's directory (`workers.storage.file.fence_file`)."""
     return run / ATTEMPT
 
 

@@ -25,8 +25,9 @@ import structlog
 from ftrain.events.chain import unseal
 from ftrain.events.jetstream.connection import NatsSettings, open_store
 from ftrain.events.jetstream.server import NatsServerError
-from ftrain.events.jetstream.store import LogUnavailable, process_actor
+from ftrain.events.log_port import LogUnavailable
 from ftrain.events.schema import AnyEvent
+from ftrain.events.signed_log import process_actor
 from ftrain.projections.lifecycle import IllegalTransition, Intent, RunState, decide_intent
 from ftrain.projections.run_log import BrokenRun, ContendedRun, RunLog
 from ftrain.workers.outbox import Outbox, PendingIntent, outbox_path

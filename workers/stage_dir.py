@@ -1,4 +1,5 @@
-"""Directories private to this user, for node-local staging of async saves.
+"""Directories private to this user, for node-local staging of async saves (and, on object storage, every
+upload and download), and their removal.
 
 Staging lives on shared nodes' local disks, typically under /tmp, where any user can create a name first:
 a directory planted there (or a link to one elsewhere) would receive the checkpoint's bytes, or have its
@@ -9,11 +10,26 @@ root control (or sticky ones, like /tmp, where others cannot move it).
 
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
-from ftrain.events.private import UnsafeDirectory, check_dir, safe_dir
+import structlog
 
-__all__ = ["UnsafeDirectory", "claim_dir", "default_stage_dir", "safe_stage_dir", "same_device"]
+from ftrain.events.private import UnsafeDirectory, check_dir, private_dir, safe_dir
+from ftrain.workers.nofollow import remove_dir
+from ftrain.workers.storage.port import RankFiles
+
+__all__ = [
+    "UnsafeDirectory",
+    "claim_dir",
+    "default_stage_dir",
+    "local_files",
+    "remove_leftovers",
+    "safe_stage_dir",
+    "same_device",
+]
+log = structlog.get_logger(__name__)
 
 LABEL = "staging directory"
 CHOOSE = "choose another with --ckpt-stage-dir"
@@ -52,3 +68,27 @@ def claim_dir(parent: Path, name: str) -> bool:
         created = False
     check_dir(path, what=f"{LABEL} {path}", choose=CHOOSE)
     return created
+
+
+def remove_leftovers(path: Path) -> bool:
+    """Remove a directory of ours (a link there is removed, never followed: the next save would write
+    through it); whether something was removed. What cannot be removed is logged: the next start retries."""
+    try:
+        removed = remove_dir(path.parent, path.name, unlink_link=True)
+    except OSError as exc:
+        log.warning("stale_staging_not_removed", path=str(path), error=str(exc))
+        return False
+    if removed:
+        log.info("stale_staging_removed", path=str(path))
+    return removed
+
+
+@contextmanager
+def local_files(path: Path) -> Iterator[RankFiles]:
+    """A fresh private node-local directory for one rank's files of one step, removed on exit."""
+    remove_leftovers(path)
+    private_dir(path, tighten=False)
+    try:
+        yield RankFiles(path, final=False)
+    finally:
+        remove_leftovers(path)

@@ -3,10 +3,10 @@
 import asyncio
 import hashlib
 import ssl
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager, suppress
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager, suppress
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 import nats.errors
@@ -14,9 +14,13 @@ import structlog
 
 from ftrain.events.anchor_file import AnchorFiles
 from ftrain.events.jetstream.client import Nats
-from ftrain.events.jetstream.store import EventStore, LogUnavailable, process_actor
+from ftrain.events.jetstream.store import EventStore
 from ftrain.events.keyring import load_signer, load_trust
+from ftrain.events.log_port import LogUnavailable
 from ftrain.events.redact import redact_text, redact_urls
+from ftrain.events.schema import Actor
+from ftrain.events.signed_log import process_actor
+from ftrain.events.signing import Signer, TrustList
 
 log = structlog.get_logger(__name__)
 PING_SECONDS = 2
@@ -61,6 +65,30 @@ def anchor_files(settings: NatsSettings) -> list[Path]:
     """Where this log's anchors go: under home, and in the mirror directory when one is set."""
     name = endpoint_name(settings, "anchors", ".log")
     return [settings.home / name, *([settings.anchor_mirror / name] if settings.anchor_mirror else [])]
+
+
+class LogWriter(NamedTuple):
+    """Who this process writes the log as: the actor its events name, the key that signs them, whose
+    signatures its readers act on, and where it anchors heads."""
+
+    actor: Actor
+    signer: Signer
+    trust: TrustList
+    anchors: AnchorFiles
+
+
+@contextmanager
+def log_writer(settings: NatsSettings, rank: int | None = None) -> Iterator[LogWriter]:
+    """This user's writer of the log the settings name (its key made on first use), the anchor files held
+    open until the end; `rank` when a trainer's rank appends."""
+    actor = process_actor(rank)
+    signer = load_signer(settings.home, f"{actor.user}@{actor.host}")
+    trust = load_trust(settings.home, settings.trusted_keys, accept_unsigned=settings.accept_unsigned)
+    anchors = AnchorFiles(anchor_files(settings), signer, trust)
+    try:
+        yield LogWriter(actor, signer, trust, anchors)
+    finally:
+        anchors.close()
 
 
 def server_endpoint(settings: NatsSettings) -> tuple[list[str], dict[str, Any]]:
@@ -169,22 +197,10 @@ async def open_store(
         )
         shown = redact_text(reason, secrets)
         raise LogUnavailable(f"event log unreachable at {redact_urls(urls)}: {shown}") from failure
-    actor = process_actor(rank)
-    signer = load_signer(settings.home, f"{actor.user}@{actor.host}")
-    trust = load_trust(settings.home, settings.trusted_keys, accept_unsigned=settings.accept_unsigned)
-    anchors = AnchorFiles(anchor_files(settings), signer, trust)
     try:
-        yield EventStore(
-            nc,
-            replicas=settings.replicas,
-            deadline=deadline,
-            actor=actor,
-            signer=signer,
-            anchors=anchors,
-            trust=trust,
-        )
+        with log_writer(settings, rank) as writer:
+            yield EventStore(nc, replicas=settings.replicas, deadline=deadline, **writer._asdict())
     finally:
-        anchors.close()
         try:
             await nc.close()
         except (OSError, nats.errors.Error) as exc:  # the broker died: never mask the error that says so

@@ -36,8 +36,9 @@ from ftrain.events.jetstream.connection import (
     PermissionDenied,
     server_endpoint,
 )
-from ftrain.events.jetstream.store import WRONG_LAST_SEQUENCE, LogUnavailable, retrying
+from ftrain.events.jetstream.store import WRONG_LAST_SEQUENCE, retrying
 from ftrain.events.lease_record import BUCKET, LEASE_STREAM, MAX_TTL, Holder
+from ftrain.events.log_port import LogUnavailable
 from ftrain.events.redact import redact_urls
 from ftrain.events.run_id import validate_run_id
 

@@ -1,4 +1,5 @@
-"""The JetStream event store: append with per-run compare-and-set and deduplication, and bulk reads.
+"""The JetStream event store, the event log every user runs (`events.log_port`): append with per-run
+compare-and-set and deduplication, and bulk reads.
 
 Append is optimistic: the caller passes the run's head it decided on; the server refuses the publish if
 another event landed on the run since (`Nats-Expected-Last-Subject-Sequence` over `ftrain.run.<id>.*`), so a
@@ -6,11 +7,7 @@ chain never forks. `Nats-Msg-Id` makes a retried publish idempotent within the d
 """
 
 import asyncio
-import getpass
-import os
-import socket
 import time
-import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any, NamedTuple, TypeVar
 
@@ -23,15 +20,14 @@ from nats.js.errors import BadRequestError, NotFoundError, ServiceUnavailableErr
 
 from ftrain.events.anchor_file import AnchorFiles
 from ftrain.events.anchors import Anchor, StreamFacts, stream_change
-from ftrain.events.chain import ChainHead, seal, unseal
+from ftrain.events.chain import ChainHead, unseal
 from ftrain.events.jetstream.client import Nats, header_value, is_status
+from ftrain.events.log_port import AppendConflict, LogUnavailable
 from ftrain.events.record import STREAM, SUBJECT_ROOT, StoredRecord, parse_subject, run_subject
-from ftrain.events.run_id import validate_run_id
-from ftrain.events.schema import Actor, AnyEvent, decode_event, encode_event, event_type, now
+from ftrain.events.schema import Actor, AnyEvent, decode_event, event_type
+from ftrain.events.signed_log import SignedLog
 from ftrain.events.signing import Signer, TrustList
 
-ANCHORED_TYPES = frozenset({"checkpointed", "resumed", "failed", "completed"})
-"""Event types whose writer anchors the run's new head outside the stream."""
 RETENTION_FIELDS = (
     "subjects", "retention", "discard", "storage", "max_msgs", "max_bytes", "max_age",
     "max_msgs_per_subject", "max_msg_size", "deny_delete", "deny_purge", "allow_rollup_hdrs", "sealed",
@@ -93,45 +89,6 @@ async def retrying(deadline: float, what: str, call: Callable[[], Awaitable[T]])
             await backoff.wait(what, exc)
 
 
-def process_actor(rank: int | None = None) -> Actor:
-    """The actor stamped on this process's events."""
-    try:
-        user = getpass.getuser()
-    except (KeyError, OSError):
-        user = str(os.getuid())
-    return Actor(user=user, host=socket.gethostname(), pid=os.getpid(), rank=rank)
-
-
-class Appended(msgspec.Struct, frozen=True):
-    """An event that the stream acknowledged."""
-
-    event: AnyEvent
-    hash: str
-    stream_seq: int
-
-    @property
-    def head(self) -> ChainHead:
-        """The run's head after this event."""
-        return ChainHead(self.event.seq, self.hash, self.stream_seq)
-
-
-class AppendConflict(Exception):
-    """Another writer appended to the run first; re-read, re-validate, and retry or give up."""
-
-    def __init__(self, run_id: str, expected: ChainHead) -> None:
-        super().__init__(f"run {run_id}: another writer appended after stream seq {expected.stream_seq}")
-        self.run_id = run_id
-
-
-class LogUnavailable(RuntimeError):
-    """The event log could not be reached within the deadline."""
-
-
-class LogTampered(RuntimeError):
-    """The stream is not the one anchored (gone, re-created, reconfigured, or shorter): nothing is appended
-    until `ftrain server repair` records that the operator accepts it."""
-
-
 class Repaired(NamedTuple):
     """What `repair` found: what differed from the newest note that counts (None: nothing), the stream as
     accepted, and the anchor lines ignored (no trusted writer vouches for them)."""
@@ -151,7 +108,7 @@ def _facts(info: Any) -> StreamFacts:
     return StreamFacts(str(config.name), str(info.created), shown, int(info.state.last_seq))
 
 
-class EventStore:
+class EventStore(SignedLog):
     """The FTRAIN_EVENTS stream seen through one NATS connection."""
 
     def __init__(
@@ -167,18 +124,13 @@ class EventStore:
         anchors: AnchorFiles | None = None,
         trust: TrustList | None = None,
     ) -> None:
+        super().__init__(actor=actor, signer=signer, anchors=anchors, trust=trust)
         self._nc = nc
         self._js: JetStreamContext = nc.jetstream(timeout=timeout)
         self.stream = stream
         self.replicas = replicas
-        self.actor = actor or process_actor()
         self._timeout = timeout
         self._deadline = deadline
-        self._sign = signer.sign_hash if signer else None
-        self.anchors = anchors
-        self.trust = trust or TrustList()
-        """Whose signatures the readers of this store act on."""
-        self._facts: StreamFacts | None = None  # as ensure_stream found it: what appends anchor
 
     async def _retrying(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
         return await retrying(self._deadline, what, call)
@@ -211,24 +163,6 @@ class EventStore:
             allow_direct=True,
         )
 
-    async def ensure_stream(self) -> str:
-        """Check the stream against the newest anchor (raises LogTampered when it differs), create it when
-        there is neither; returns its creation time, which identifies it to read models. The anchor is read
-        before the stream: another writer may append and anchor in between, and only this order keeps the
-        anchored seq at or below the seq the stream shows."""
-        newest = self.anchors.newest().anchor if self.anchors else None
-        facts = await self.facts()
-        if newest is not None and (change := stream_change(newest, facts)) is not None:
-            raise LogTampered(
-                f"{change}; nothing was appended (`ftrain server repair` accepts it, on record)"
-            )
-        if facts is None:
-            facts = await self._create()
-        self._facts = facts
-        if newest is None:
-            self._anchor_or_warn([Anchor(**self._identity(facts), note="first seen")])
-        return facts.created
-
     async def _create(self) -> StreamFacts:
         try:
             info = await self._js.add_stream(self.config())
@@ -256,33 +190,6 @@ class EventStore:
             )
         return Repaired(change, facts, ignored)
 
-    def _identity(self, facts: StreamFacts) -> dict[str, Any]:
-        return {
-            "stream": facts.stream,
-            "created": facts.created,
-            "config": facts.config,
-            "stream_seq": facts.last_seq,
-            "time": now(),
-        }
-
-    def _anchor_or_warn(self, notes: list[Anchor]) -> None:
-        """Append notes that record what already happened: failing to write them (a full disk, the file held
-        by a stopped process) weakens detection by one step, so it is logged, never raised."""
-        if self.anchors is None:
-            return
-        try:
-            self.anchors.append(notes)
-        except OSError as exc:
-            log.warning("anchor_not_written", error=f"{type(exc).__name__}: {exc}", notes=len(notes))
-
-    def anchor_heads(self, heads: dict[str, ChainHead], last_seq: int, root: str | None = None) -> None:
-        """Anchor run heads (and, from an audit, the root of the first `last_seq` records)."""
-        if self.anchors is None or self._facts is None:
-            return
-        identity = {**self._identity(self._facts), "stream_seq": last_seq}
-        notes = [Anchor(**identity, run_id=r, seq=h.seq, head_hash=h.hash) for r, h in sorted(heads.items())]
-        self._anchor_or_warn([*notes, Anchor(**identity, root=root, note="audit")] if root else notes)
-
     async def last_seq(self) -> int:
         """The stream's last sequence, from the leader."""
         return int((await self._retrying("stream info", self._leader_info)).state.last_seq)
@@ -303,24 +210,18 @@ class EventStore:
         msg_id = (msg.headers or {}).get("Nats-Msg-Id")
         return ChainHead(seq, parts[1] if parts else "", int(msg.seq or 0)), msg_id
 
-    async def append(self, event: AnyEvent, head: ChainHead) -> Appended:
-        """Append `event` as the link after `head`; raises AppendConflict if `head` is no longer the head."""
-        validate_run_id(event.run_id)  # it becomes a subject token: never publish an unchecked one
-        stamped = msgspec.structs.replace(
-            event,
-            seq=head.seq + 1,
-            prev_hash=head.hash,
-            id=event.id or uuid.uuid4().hex,
-            time=event.time if event.id else now(),  # a retried event keeps its stamps, so its bytes
-            actor=event.actor or self.actor,
-        )
-        payload, digest = seal(encode_event(stamped), head.hash, self._sign)
+    async def _publish(
+        self, event: AnyEvent, payload: bytes, digest: str, head: ChainHead
+    ) -> tuple[str, int]:
+        """Publish with the run's expected last sequence and the event id as Nats-Msg-Id, retried within the
+        deadline: a retry of a publish that landed is deduplicated, or refused (10071) with our own event at
+        the head, which counts as landed."""
         headers = {
-            "Nats-Msg-Id": stamped.id,
+            "Nats-Msg-Id": event.id,
             "Nats-Expected-Last-Subject-Sequence": str(head.stream_seq),
-            "Nats-Expected-Last-Subject-Sequence-Subject": run_subject(stamped.run_id),
+            "Nats-Expected-Last-Subject-Sequence-Subject": run_subject(event.run_id),
         }
-        subject = run_subject(stamped.run_id, event_type(stamped))
+        subject = run_subject(event.run_id, event_type(event))
         backoff = _Backoff(self._deadline)
         while True:
             try:
@@ -328,23 +229,16 @@ class EventStore:
                     self._js.publish(subject, payload, timeout=self._timeout, headers=headers),
                     self._timeout + 1.0,
                 )
-                return self._landed(stamped, digest, int(ack.seq))
+                return digest, int(ack.seq)
             except BadRequestError as exc:
                 if exc.err_code != WRONG_LAST_SEQUENCE:
                     raise
-                found = await self.head(stamped.run_id)
-                if found is not None and found[1] == stamped.id:  # an earlier try of ours landed
-                    return self._landed(stamped, found[0].hash, found[0].stream_seq)
-                raise AppendConflict(stamped.run_id, head) from exc
+                found = await self.head(event.run_id)
+                if found is not None and found[1] == event.id:  # an earlier try of ours landed
+                    return found[0].hash, found[0].stream_seq
+                raise AppendConflict(event.run_id, head) from exc
             except _RETRYABLE as exc:
-                await backoff.wait(f"append to {stamped.run_id}", exc)
-
-    def _landed(self, event: AnyEvent, digest: str, stream_seq: int) -> Appended:
-        """The acknowledged event; its run's new head is anchored when its type is one that is."""
-        appended = Appended(event, digest, stream_seq)
-        if event_type(event) in ANCHORED_TYPES:
-            self.anchor_heads({event.run_id: appended.head}, stream_seq)
-        return appended
+                await backoff.wait(f"append to {event.run_id}", exc)
 
     async def read(
         self, from_seq: int = 1, *, run_id: str | None = None, batch: int = 2000

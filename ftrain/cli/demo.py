@@ -52,9 +52,9 @@ def _tee(argv: list[str], env: dict[str, str]) -> tuple[int, str]:
 def _embedded_s3() -> tuple[dict[str, str], Callable[[str], list[int]]]:
     """Start (or reuse) the embedded SeaweedFS: the variables that point the job at it, and a lister of a
     run's sealed steps there."""
-    from ftrain.workers.s3.client import make_client
     from ftrain.workers.s3.server import DEFAULT_BUCKET, ensure_storage_server
-    from ftrain.workers.storage.s3_store import S3Storage
+    from ftrain.workers.storage.s3.boto_client import make_client
+    from ftrain.workers.storage.s3.root_store import S3Storage
 
     proc = ensure_storage_server(settings.home(os.environ))
     root = f"s3://{DEFAULT_BUCKET}/{S3_PREFIX}"

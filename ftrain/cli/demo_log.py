@@ -16,7 +16,8 @@ from ftrain.cli.shell import Shell
 from ftrain.errors import UsageError
 from ftrain.service import checkpoint_storage
 from ftrain.workers.layout import checkpoint_path
-from ftrain.workers.storage.file_store import FileStorage
+from ftrain.workers.storage.location import uri_path
+from ftrain.workers.storage.open import is_object_storage
 
 
 def _launch(ftrain: Shell, *argv: str) -> str | None:
@@ -50,9 +51,9 @@ def run_log_demo(ftrain: Shell) -> int:
     if code:
         return code
     storage = checkpoint_storage(os.environ)
-    if not isinstance(storage, FileStorage):
+    if is_object_storage(storage):
         raise UsageError("demo --log-only flips a bit on file:// storage; unset FTRAIN_STORAGE or use a path")
-    victim = checkpoint_path(storage.path, run_id, 1000) / "state.json"
+    victim = checkpoint_path(uri_path(storage), run_id, 1000) / "state.json"
     data = bytearray(victim.read_bytes())
     data[len(data) // 2] ^= 0x01
     victim.write_bytes(bytes(data))

@@ -16,8 +16,8 @@ def keys_command(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     """Run one `keys` action. `--json`: init and show `{"public_key", "keys_dir"}`, show adding `trusted` and
     `revoked` (each `[{"key", "name"}]`); trust `{"key", "name"}`; revoke `{"revoked": [{"key", "name"}]}`."""
     from ftrain import settings
-    from ftrain.events.jetstream.store import process_actor
     from ftrain.events.keyring import keys_dir, load_signer, load_trust, revoke, trust
+    from ftrain.events.signed_log import process_actor
     from ftrain.events.signing import KEY_PREFIX, InvalidKey
 
     home = settings.home(env)

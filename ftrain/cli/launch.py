@@ -20,8 +20,8 @@ from ftrain import settings
 from ftrain.cadence import parse_checkpoint_every
 from ftrain.cli import documents, render
 from ftrain.errors import Refused, UsageError
-from ftrain.events.jetstream.store import LogUnavailable
 from ftrain.events.lease_record import Holder
+from ftrain.events.log_port import LogUnavailable
 from ftrain.events.run_id import RUN_ID_MAX, InvalidRunId, validate_run_id
 from ftrain.events.schema import Completed, InvalidEvent, Launched, SchedulerJob, encode_event
 from ftrain.projections.lifecycle import IllegalTransition, check_owner, check_relaunch
@@ -49,9 +49,9 @@ from ftrain.supervise.scheduler_job import (
 )
 from ftrain.supervise.supervisor import Relaunches, Supervisor
 from ftrain.supervise.watchdog import progress_root
-from ftrain.workers.checkpoint_dir import uri_path
 from ftrain.workers.layout import run_dir
 from ftrain.workers.storage.errors import Fenced, StorageError, StorageUnavailable
+from ftrain.workers.storage.location import uri_path
 from ftrain.workers.storage.open import is_object_storage
 
 T = TypeVar("T")
@@ -100,7 +100,7 @@ def prepare_launch(args: argparse.Namespace) -> LaunchPlan:
         validate_run_id(base_id if explicit else base_id + "-99")
     except InvalidRunId as exc:
         raise UsageError(f"{exc} (shorten the project name or pass --run-id; at most {RUN_ID_MAX})") from exc
-    storage = checkpoint_storage(env).root
+    storage = checkpoint_storage(env)
 
     def spec(run_id: str) -> LaunchSpec:
         return LaunchSpec(

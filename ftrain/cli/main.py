@@ -368,6 +368,9 @@ def build_parser() -> argparse.ArgumentParser:
     from ftrain.cli.keys_cmd import add_keys_parser
 
     add_keys_parser(sub, _Parser, _command, _json)
+    from ftrain.cli import metrics_cmd
+
+    metrics_cmd.add_parser(sub, _command, _json)
 
     from ftrain.cli import ui_cmd
 
@@ -452,8 +455,8 @@ _USAGE = (
 )
 _REFUSED = (
     ("ftrain.errors", "Refused"),
-    ("ftrain.events.jetstream.store", "LogUnavailable"),
-    ("ftrain.events.jetstream.store", "LogTampered"),
+    ("ftrain.events.log_port", "LogUnavailable"),
+    ("ftrain.events.log_port", "LogTampered"),
     ("ftrain.events.keyring", "KeyringError"),
     ("ftrain.events.jetstream.server", "NatsServerError"),
 )
@@ -506,6 +509,8 @@ def _stdout_to_devnull() -> None:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
+    if handler := getattr(args, "handler", None):  # a command whose module registered its own (`add_parser`)
+        return int(handler(args, os.environ))
     if args.command == "completion":
         from ftrain.cli.completion import print_completion
 
@@ -520,12 +525,6 @@ def _dispatch(args: argparse.Namespace) -> int:
         from ftrain.cli.keys_cmd import keys_command
 
         return keys_command(args, os.environ)
-    if args.command == "ui":
-        from ftrain.cli.log_server import log_ready
-        from ftrain.cli.ui_cmd import ui_command
-
-        log_ready(args.command, os.environ)
-        return ui_command(args, os.environ)
     if args.command == "server":
         from ftrain.cli.server_cmd import server_command
 

@@ -12,8 +12,8 @@ import nats.errors
 from ftrain.cli import goodput_view, render
 from ftrain.errors import NotFound
 from ftrain.events.jetstream.lease import LeaseView
-from ftrain.events.jetstream.store import LogUnavailable
 from ftrain.events.lease_record import held_for
+from ftrain.events.log_port import LogUnavailable
 from ftrain.events.schema import now
 from ftrain.projections.lifecycle import CheckpointRef, RunState
 from ftrain.service import RunService, RunView

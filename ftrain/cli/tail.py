@@ -13,7 +13,7 @@ from typing import Any
 
 from ftrain.cli import render
 from ftrain.errors import NotFound
-from ftrain.events.jetstream.store import EventStore
+from ftrain.events.log_port import EventLog
 from ftrain.projections.audit import ChainWalk
 from ftrain.projections.event_verdict import EventVerdict, event_verdict
 from ftrain.service import RunService
@@ -38,7 +38,7 @@ async def run_tail(app: RunService, args: argparse.Namespace, _: None) -> int:
     return 0
 
 
-async def _tail(store: EventStore, args: argparse.Namespace, stop: asyncio.Event) -> int:
+async def _tail(store: EventLog, args: argparse.Namespace, stop: asyncio.Event) -> int:
     """Print records from stream seq 1 until caught up (and, following, until `stop`); how many were shown."""
     walk, next_seq, shown = ChainWalk(), 1, 0
     while not stop.is_set():

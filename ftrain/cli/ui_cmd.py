@@ -26,6 +26,7 @@ def add_parser(sub: Any, command: Any) -> None:
         help=f"the port on 127.0.0.1 (default {DEFAULT_PORT}; 0: any)",
     )
     where.add_argument("--socket", type=Path, metavar="PATH", help="listen on this Unix socket (made 0600)")
+    p.set_defaults(handler=ui_command)
 
 
 def _port(text: str) -> int:
@@ -35,12 +36,16 @@ def _port(text: str) -> int:
 
 
 def ui_command(args: argparse.Namespace, env: Mapping[str, str]) -> int:
-    """Serve until stopped; exit 0."""
+    """Serve until stopped; exit 0. A reader: it never starts the embedded server."""
     if args.socket is not None and args.socket.exists():
         from ftrain.errors import UsageError
 
         raise UsageError(f"--socket {args.socket}: exists (remove it if no `ftrain ui` uses it)")
     import asyncio
+
+    from ftrain.cli.log_server import log_ready
+
+    log_ready("ui", env)
 
     return asyncio.run(_serve(args, env))
 

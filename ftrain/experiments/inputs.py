@@ -20,8 +20,8 @@ from ftrain.experiments.readings import PhaseInput
 from ftrain.experiments.results import ExperimentResult
 from ftrain.service import RunService
 from ftrain.train.metrics import metrics_path, read_records
-from ftrain.workers.checkpoint_dir import uri_path
 from ftrain.workers.layout import run_dir, set_asides
+from ftrain.workers.storage.location import uri_path
 
 RUN_LOG: Final = "run.log"
 

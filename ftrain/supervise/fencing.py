@@ -7,7 +7,6 @@ ones the log vouches for. Claimed here, the old attempt is fenced from the momen
 trainer's rank 0 claims again (plain torchrun has no supervisor); a claim never lowers, so the two agree.
 """
 
-import tempfile
 from pathlib import Path
 
 from ftrain.workers.storage.location import run_location
@@ -20,7 +19,7 @@ def claim_opened(ckpt_dir: Path | str, attempt: int, *, vouched: bool) -> None:
     trainer does: a storage that is not mounted is out of reach, not empty); a run that never checkpointed
     (its first attempt, or one that failed before its first save) may have no directory yet. Raises Fenced,
     StorageUnavailable, StorageError or OSError."""
-    store = open_run(run_location(ckpt_dir), Path(tempfile.gettempdir()))  # the stage directory: unused here
+    store = open_run(run_location(ckpt_dir))
     if vouched:
         store.reachable()
     store.claim(attempt)

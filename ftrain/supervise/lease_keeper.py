@@ -14,9 +14,10 @@ import structlog
 
 from ftrain.events.jetstream.connection import NatsSettings
 from ftrain.events.jetstream.lease import LeaseStore, LeaseTaken, open_leases
-from ftrain.events.jetstream.store import LogUnavailable, process_actor
 from ftrain.events.lease_record import Holder
+from ftrain.events.log_port import LogUnavailable
 from ftrain.events.schema import now
+from ftrain.events.signed_log import process_actor
 
 log = structlog.get_logger(__name__)
 

@@ -13,8 +13,8 @@ from nats.errors import Error as NatsError
 
 from ftrain.events.jetstream.connection import NatsSettings, open_store
 from ftrain.events.jetstream.server import NatsServerError
-from ftrain.events.jetstream.store import EventStore, LogTampered, LogUnavailable
 from ftrain.events.keyring import KeyringError
+from ftrain.events.log_port import EventLog, LogTampered, LogUnavailable
 from ftrain.events.schema import Resumed, SchedulerJob
 from ftrain.projections.lifecycle import IllegalTransition, RunState, relaunch
 from ftrain.projections.run_log import BrokenRun, ContendedRun, RunLog
@@ -28,7 +28,7 @@ class NotOpened(Exception):
 
 
 async def append_relaunch(
-    store: EventStore, run_id: str, hosts: tuple[str, ...], job: SchedulerJob | None = None
+    store: EventLog, run_id: str, hosts: tuple[str, ...], job: SchedulerJob | None = None
 ) -> Resumed:
     """Open the next attempt of `run_id` (a failed run), on `hosts`, from the scheduler's `job` (if in one).
     Raises NotOpened."""

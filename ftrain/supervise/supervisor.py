@@ -42,7 +42,7 @@ from ftrain.train.preemption import PREEMPTED_EXIT
 from ftrain.workers.layout import complete_steps
 from ftrain.workers.storage.errors import Fenced, StorageError, StorageUnavailable
 from ftrain.workers.storage.location import run_location
-from ftrain.workers.storage.open import open_storage
+from ftrain.workers.storage.open import open_run
 
 BACKOFF_CAP: Final = 60.0
 GRACE_SECONDS: Final = 25.0
@@ -397,7 +397,7 @@ class Supervisor:
         if isinstance(self.ckpt_dir, str):
             try:
                 location = run_location(self.ckpt_dir)
-                found = open_storage(location.root).complete(location.run)
+                found = open_run(location).complete()
             except (StorageUnavailable, StorageError):
                 return None
             return found[0].step if found else None

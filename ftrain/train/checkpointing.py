@@ -68,7 +68,7 @@ from ftrain.workers.integrity import digest_of, to_hex
 from ftrain.workers.layout import rank_stage_dir
 from ftrain.workers.manifest import FileEntry, Manifest
 from ftrain.workers.recorder import Recorder
-from ftrain.workers.stage_dir import UnsafeDirectory, default_stage_dir, safe_stage_dir
+from ftrain.workers.stage_dir import UnsafeDirectory, default_stage_dir
 from ftrain.workers.staging import StagingBuffers
 from ftrain.workers.storage.errors import Fenced, StorageError
 from ftrain.workers.storage.location import Location, run_location
@@ -301,7 +301,6 @@ class CheckpointManager:
         location cannot be written (or its run directory is a link) or the start contradicts the log,
         ResumeStopped when the storage or the log is out of reach, UnsafeDirectory when the stage directory
         is not private."""
-        safe_stage_dir(self.config.stage_dir)  # every rank's progress record is there
         self.store.prepare(self.rank, staged=self.config.async_save)
         dist.barrier(group=self.group)
         self.resumed, self.attempt, plan = resume(

@@ -1,5 +1,5 @@
 """Automatic resume at trainer start-up: every rank agrees on one checkpoint, verified by all of them, on any
-backend (`workers.storage.port.RunStore`).
+backend, through the storage port's run guard (rank 0 readies the location) and step reader (every rank).
 
 Rank 0 plans with the lifecycle's `plan_resume`, the same plan `ftrain resume` executes: the candidates,
 newest first, are the checkpoints the log says are valid (after flushing what the previous attempt left in
@@ -26,6 +26,7 @@ import torch.distributed as dist
 from ftrain import settings
 from ftrain.projections.lifecycle import (
     Candidate,
+    FailIntent,
     IllegalTransition,
     ResumeIntent,
     ResumePlan,
@@ -37,20 +38,14 @@ from ftrain.projections.lifecycle import (
 from ftrain.train.config import CheckpointConfig
 from ftrain.train.resume_load import ResumeFailed as ResumeFailed
 from ftrain.train.resume_load import ResumeStopped as ResumeStopped
-from ftrain.train.resume_load import (
-    in_place_restarts,
-    load_verified,
-    owned,
-    record_in_place,
-    stopped,
-)
+from ftrain.train.resume_load import load_verified, owned, stopped
 from ftrain.train.run_log import RunBroken, RunUnknown, read_run
 from ftrain.train.state import TrainState
 from ftrain.workers.manifest import Manifest
 from ftrain.workers.recorder import Recorder
 from ftrain.workers.storage.errors import OUTSIDE_RUN, Fenced, StorageError, StorageUnavailable
 from ftrain.workers.storage.location import Location, under_root
-from ftrain.workers.storage.port import RunStore
+from ftrain.workers.storage.port import RunGuard, RunStorage, StepReader
 
 FLUSH_TIMEOUT = 15.0
 LOG_TIMEOUT = 15.0
@@ -101,7 +96,7 @@ def resume(
     state: TrainState,
     recorder: Recorder | None,
     group: dist.ProcessGroup,
-    store: RunStore,
+    store: RunStorage,
 ) -> tuple[ResumePoint | None, int, ResumePlan]:
     """Load the newest valid checkpoint into `state` on every rank; returns where training continues (None:
     from the start), the attempt this job records in (0: no log to say) and the plan (what retention may
@@ -129,8 +124,8 @@ def resume(
             _skip(store, candidate, header.uri, reason, recorder)
     if plan.had_checkpoints:
         raise _no_valid(config, plan)
-    if plan.restart and recorder is not None:
-        recorder.record(ResumeIntent(checkpoint_hash=None, step=0, attempt=attempt))
+    if plan.restart:
+        _record(recorder, ResumeIntent(checkpoint_hash=None, step=0, attempt=attempt))
     return None, attempt, plan
 
 
@@ -158,14 +153,14 @@ def _no_valid(config: CheckpointConfig, plan: ResumePlan) -> NoValidCheckpoint:
     )
 
 
-def _header(store: RunStore, candidate: Candidate, run_id: str) -> Header:
+def _header(reader: StepReader, candidate: Candidate, run_id: str) -> Header:
     """Rank 0's reading of the candidate's marker and manifest, once its URI is found to name a step of the
     run's own (else nothing is read); storage out of reach is sent, not raised."""
     try:
-        uri = store.confined(candidate.uri)
+        uri = reader.confined(candidate.uri)
         if uri is None:
             return Header(None, OUTSIDE_RUN)
-        return Header(uri, store.read_manifest(uri, candidate.digest, run_id=run_id, step=candidate.step))
+        return Header(uri, reader.read_manifest(uri, candidate.digest, run_id=run_id, step=candidate.step))
     except StorageUnavailable as exc:
         return Header(None, exc)
     except StorageError as exc:
@@ -175,32 +170,28 @@ def _header(store: RunStore, candidate: Candidate, run_id: str) -> Header:
 def _resumed(candidate: Candidate, state: TrainState, recorder: Recorder | None, attempt: int) -> ResumePoint:
     point = ResumePoint(state.step, state.epoch)
     if dist.get_rank() == 0:
-        if recorder is not None:
-            recorder.record(
-                ResumeIntent(checkpoint_hash=candidate.digest or "", step=point.step, attempt=attempt)
-            )
+        _record(
+            recorder, ResumeIntent(checkpoint_hash=candidate.digest or "", step=point.step, attempt=attempt)
+        )
         print(f"RESUMED from step={point.step} (epoch={point.epoch})", flush=True)
     return point
 
 
 def _skip(
-    store: RunStore, candidate: Candidate, uri: str | None, reason: str, recorder: Recorder | None
+    reader: StepReader, candidate: Candidate, uri: str | None, reason: str, recorder: Recorder | None
 ) -> None:
     """Record the refusal and set the checkpoint aside; one outside the run's own (`uri` None) is neither
     read nor moved."""
-    if recorder is not None:
-        recorder.record(
-            SkipIntent(checkpoint_hash=candidate.digest or "", step=candidate.step, reason=reason)
-        )
+    _record(recorder, SkipIntent(checkpoint_hash=candidate.digest or "", step=candidate.step, reason=reason))
     if uri is not None:
         try:
-            store.quarantine(uri, "corrupt", f"{int(time.time())}")
+            reader.quarantine(uri, "corrupt", f"{int(time.time())}")
         except (StorageUnavailable, StorageError, OSError) as exc:
             log.warning("set_aside_failed", uri=uri, error=str(exc))
     print(skipped_line(candidate.step, reason), flush=True)
 
 
-def _safe_plan(config: CheckpointConfig, recorder: Recorder | None, store: RunStore) -> StartDecision:
+def _safe_plan(config: CheckpointConfig, recorder: Recorder | None, store: RunStorage) -> StartDecision:
     """Rank 0's plan; a refusal travels to every rank (raising here alone would leave the others waiting)."""
     try:
         return _plan(config, recorder, store)
@@ -214,7 +205,7 @@ def _safe_plan(config: CheckpointConfig, recorder: Recorder | None, store: RunSt
         return StartDecision(refused=str(exc))
 
 
-def _plan(config: CheckpointConfig, recorder: Recorder | None, store: RunStore) -> StartDecision:
+def _plan(config: CheckpointConfig, recorder: Recorder | None, store: RunStorage) -> StartDecision:
     """Rank 0: the lifecycle's plan, from the log when it answers, else from the run's sealed steps (and the
     ones set aside as corrupt) alone; the run's stale partial work is removed, its location proven writable,
     the run claimed for the attempt, and what the plan sets aside moved (kept, never deleted).
@@ -255,19 +246,19 @@ def _plan(config: CheckpointConfig, recorder: Recorder | None, store: RunStore) 
     return StartDecision(plan, attempt, start=uuid.uuid4().hex[:12])
 
 
-def _prepare(store: RunStore, plan: ResumePlan, attempt: int) -> None:
+def _prepare(guard: RunGuard, plan: ResumePlan, attempt: int) -> None:
     """Rank 0, before the first step: the stale partial work removed before anything is written (on a full
     disk, the dead attempt's partial step is what frees the space), the location proven writable, the run
     claimed for `attempt` (0: a job without a run id claims nothing). A superseded start stops at the fence,
     before it removes anything of the newer attempt's."""
     if plan.candidates:  # checkpoints are expected there: the probe must not recreate a missing root
-        store.reachable()
+        guard.reachable()
     if attempt:
-        store.check(attempt)
-    store.clean()
-    store.probe()
+        guard.check(attempt)
+    guard.clean()
+    guard.probe()
     if attempt:
-        store.claim(attempt)
+        guard.claim(attempt)
 
 
 def _same(a: Location, b: Location) -> bool:
@@ -277,23 +268,51 @@ def _same(a: Location, b: Location) -> bool:
     return a.path.resolve() == b.path.resolve() if a.backend == "file" else a.uri == b.uri
 
 
-def _attempt(state: RunState | None, plan: ResumePlan, store: RunStore) -> int:
+def _attempt(state: RunState | None, plan: ResumePlan, guard: RunGuard) -> int:
     """Outside `ftrain run` (which names the attempt it opened): the attempt the run is in, or the next when
     this start resumes (which opens it). The log says which; when it is out of reach, the fence's last
     claim. A job without a run id has no attempts: the location is its only truth."""
-    current = state.attempt if state is not None else store.owner()
+    current = state.attempt if state is not None else guard.owner()
     return current + (1 if plan.candidates or plan.restart else 0)
 
 
-def set_aside_planned(store: RunStore, plan: ResumePlan) -> None:
+def set_aside_planned(reader: StepReader, plan: ResumePlan) -> None:
     """Move what the plan sets aside out of the way (kept as evidence, never deleted): steps the log never
     recorded, and with --no-resume the older checkpoints, so the fresh run owns the step names."""
     stamp = str(int(time.time()))
     for unrecorded in plan.unrecorded:
         log.warning("unrecorded_checkpoint_set_aside", uri=unrecorded.uri)
-        store.quarantine(unrecorded.uri, "unrecorded", stamp)
+        reader.quarantine(unrecorded.uri, "unrecorded", stamp)
     for old in plan.superseded:
-        store.quarantine(old.uri, "superseded", stamp)
+        reader.quarantine(old.uri, "superseded", stamp)
+
+
+def in_place_restarts(state: RunState | None, config: CheckpointConfig) -> int:
+    """How many times torchrun restarted this running run's workers in place (0: none, or nothing to record)."""
+    restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    running = state is not None and state.status == "running"
+    return restarts if running and restarts > 0 and config.resume else 0
+
+
+def record_in_place(
+    recorder: Recorder | None, state: RunState | None, restarts: int, opened: int | None
+) -> None:
+    """Record the failure torchrun restarted the workers for (the log never heard of it otherwise)."""
+    if restarts and state is not None:
+        _record(
+            recorder,
+            FailIntent(
+                reason="exit-code",
+                message=f"torchrun restarted the workers (TORCHELASTIC_RESTART_COUNT={restarts})",
+                attempt=opened or state.attempt,
+            ),
+        )
+
+
+def _record(recorder: Recorder | None, intent: ResumeIntent | SkipIntent | FailIntent) -> None:
+    """Rank 0: hand `intent` to the outbox (a job without a run id records nothing)."""
+    if recorder is not None:
+        recorder.record(intent)
 
 
 def _run_state(config: CheckpointConfig, recorder: Recorder | None) -> RunState | None:

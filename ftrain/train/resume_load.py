@@ -6,7 +6,6 @@ the job, a defect skips the candidate, and only when every verdict is clean does
 unverified byte, its pickles through the allowlist. Every backend's resume goes through here.
 """
 
-import os
 import re
 from pathlib import Path
 
@@ -16,8 +15,6 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
-from ftrain.projections.lifecycle import FailIntent, RunState
-from ftrain.train.config import CheckpointConfig
 from ftrain.train.state import TrainState
 from ftrain.workers.dcp_reader import (
     METADATA,
@@ -27,7 +24,6 @@ from ftrain.workers.dcp_reader import (
     parse_metadata,
 )
 from ftrain.workers.manifest import FileEntry, Manifest
-from ftrain.workers.recorder import Recorder as Recording
 from ftrain.workers.storage.errors import StorageUnavailable
 from ftrain.workers.storage.port import Readable
 from ftrain.workers.unpickle import RefusedPickle
@@ -137,24 +133,3 @@ def load_failure(path: Path, exc: CheckpointException) -> str:
     raise ResumeFailed(
         f"loading {path} failed, not a corrupt checkpoint: {type(first).__name__}: {first}"
     ) from exc
-
-
-def in_place_restarts(state: RunState | None, config: CheckpointConfig) -> int:
-    """How many times torchrun restarted this running run's workers in place (0: none, or nothing to record)."""
-    restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
-    running = state is not None and state.status == "running"
-    return restarts if running and restarts > 0 and config.resume else 0
-
-
-def record_in_place(
-    recorder: Recording | None, state: RunState | None, restarts: int, opened: int | None
-) -> None:
-    """Record the failure torchrun restarted the workers for (the log never heard of it otherwise)."""
-    if restarts and recorder is not None and state is not None:
-        recorder.record(
-            FailIntent(
-                reason="exit-code",
-                message=f"torchrun restarted the workers (TORCHELASTIC_RESTART_COUNT={restarts})",
-                attempt=opened or state.attempt,
-            )
-        )

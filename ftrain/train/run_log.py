@@ -12,8 +12,8 @@ from nats.errors import Error as NatsError
 
 from ftrain.events.jetstream.connection import NatsSettings, open_store
 from ftrain.events.jetstream.server import NatsServerError
-from ftrain.events.jetstream.store import LogTampered, LogUnavailable
 from ftrain.events.keyring import KeyringError
+from ftrain.events.log_port import LogTampered, LogUnavailable
 from ftrain.projections.lifecycle import RunState
 from ftrain.projections.run_log import BrokenRun, RunLog
 

@@ -1,5 +1,5 @@
 """Saving a checkpoint: one sequence for sync saves (the live state) and async saves (the staged copy, from the
-background thread), on every backend (`workers.storage.port.RunStore`).
+background thread), on every backend (`workers.storage.port.RunStorage`).
 
 Rank 0 begins the step (a file system: the attempt's assembly directory; S3: the claim); every rank writes its
 shards where the store says (hashing as DCP writes them) and delivers them (already in place, fanned out from
@@ -40,7 +40,7 @@ from ftrain.workers.dcp_writer import HashingWriter
 from ftrain.workers.layout import retire
 from ftrain.workers.manifest import FileEntry, Manifest
 from ftrain.workers.storage.errors import Fenced
-from ftrain.workers.storage.port import RunStore
+from ftrain.workers.storage.port import RunStorage
 
 log = structlog.get_logger(__name__)
 REASON_CHARS = 400
@@ -78,7 +78,7 @@ class Saver:
         group: dist.ProcessGroup,
         manifest: ManifestOf,
         record: Record,
-        store: RunStore,
+        store: RunStorage,
     ) -> None:
         self.config, self.group, self.store = config, group, store
         self.rank, self.world = dist.get_rank(), dist.get_world_size()

@@ -8,8 +8,8 @@ audit of a run is redone only when the stream has grown.
 """
 
 import asyncio
-import importlib
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -21,6 +21,9 @@ from ftrain.projections.event_verdict import EventVerdict, Judged, judged, signe
 from ftrain.projections.goodput import attempt_spans, measure
 from ftrain.service import RunService, RunView
 from ftrain.web.pages import EVENTS_SHOWN, RunDetail
+
+if TYPE_CHECKING:
+    from ftrain.metrics.scrape import Scraper
 
 
 @dataclass
@@ -44,6 +47,7 @@ class Reader:
         self._app = app
         self._lock = asyncio.Lock()
         self._runs: dict[str, _Walked] = {}
+        self._scraper: Scraper | None = None
 
     async def last_seq(self) -> int:
         """The stream's last sequence: what the live updates watch."""
@@ -85,15 +89,13 @@ class Reader:
             return self._signed(walked, found)
 
     async def metrics(self, accept: str | None) -> tuple[bytes, str]:
-        """The Prometheus exposition of every run (`ftrain.metrics.scrape`) and its content type; NotFound
-        where this installation has no metrics module."""
-        try:
-            scrape = importlib.import_module("ftrain.metrics.scrape").scrape
-        except ModuleNotFoundError as exc:
-            raise NotFound("this ftrain serves no metrics") from exc
+        """The Prometheus exposition of every run, as `ftrain metrics` serves it, and its content type."""
+        from ftrain.metrics.scrape import Scraper  # prometheus_client: loaded by the first scrape only
+
         async with self._lock:
-            body, content_type = await scrape(self._app, accept=accept)
-        return bytes(body), str(content_type)
+            if self._scraper is None:
+                self._scraper = Scraper(self._app)
+            return await self._scraper(accept)
 
     async def _with_goodput(self, view: RunView) -> RunView:
         if view.state is None:

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from ftrain.supervise.procs import children, signal_job
-from ftrain.workers.fence import owner
 from ftrain.workers.layout import MARKER, complete_steps
 from ftrain.workers.manifest import decode_marker
+from ftrain.workers.storage.file.fence_file import owner
 from tests.support.processes import ftrain_process
 from tests.support.training import (
     alive,

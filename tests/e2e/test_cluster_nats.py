@@ -171,7 +171,7 @@ async def until_leaderless(nodes: "harness.Cluster", node: str) -> int:
 READER = """
 import asyncio, os, sys
 from ftrain.events.jetstream.connection import open_store
-from ftrain.events.jetstream.store import LogTampered, LogUnavailable
+from ftrain.events.log_port import LogTampered, LogUnavailable
 from ftrain import settings
 from ftrain.projections.run_log import RunLog
 

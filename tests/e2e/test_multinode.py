@@ -20,10 +20,10 @@ import pytest
 
 from ftrain.projections.lifecycle import CheckpointIntent
 from ftrain.supervise.procs import attempt_processes, end_attempt
-from ftrain.workers.fence import owner
 from ftrain.workers.layout import MARKER, complete_steps, set_asides
 from ftrain.workers.manifest import decode_marker
 from ftrain.workers.outbox import Outbox, outbox_path
+from ftrain.workers.storage.file.fence_file import owner
 from tests.support.netns import FTRAIN, stream_leader
 from tests.support.processes import run_marks
 from tests.support.training import alive, final_digest, is_relay, stopped, torchrun, wait_for

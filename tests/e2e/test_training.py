@@ -15,11 +15,11 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from ftrain.workers.checkpoint_dir import marker_hash, read_manifest, verify_checkpoint
 from ftrain.workers.integrity import Digest
 from ftrain.workers.layout import MANIFEST, MARKER, complete_steps
 from ftrain.workers.manifest import FileEntry, Marker, decode_manifest, encode_manifest
 from ftrain.workers.stage_dir import same_device
+from ftrain.workers.storage.file.checkpoint_dir import marker_hash, read_manifest, verify_checkpoint
 from tests.support.training import final_digest, metrics, resumed_step, torchrun
 
 pytestmark = pytest.mark.timeout(600)

@@ -18,8 +18,8 @@ from ftrain.events.keyring import load_signer
 from ftrain.events.record import STREAM
 from ftrain.events.schema import now
 from ftrain.service import RunService
-from tests.integration.test_failures import checkpoint, launch
 from tests.integration.test_trust import intruder, run
+from tests.support.runs import checkpoint, launch
 from tests.unit.test_anchor_trust import MALLORY, append, forged_line, note
 
 STORE_NOT_CREATED = 10049

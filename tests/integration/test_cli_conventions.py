@@ -177,6 +177,7 @@ def test_read_only_commands_never_start_the_embedded_server_and_writers_say_they
             ["audit", "verify"],
             ["cost"],
             ["replay"],
+            ["metrics"],
             ["ui"],
         ):
             done = ftrain_process(argv, env)
@@ -185,7 +186,7 @@ def test_read_only_commands_never_start_the_embedded_server_and_writers_say_they
                 f"ftrain {argv[0]}: the embedded nats-server is not running (its log: {home}/nats/store); "
                 "start it with `ftrain server start`, or point FTRAIN_NATS_URL at a running one\n"
             )
-        assert server_status(home) is None
+        assert server_status(home) is None and not (home / "metrics.token").exists()
         first = ftrain_process(
             ["launch", "P", "--nodes", "1", "--gpus-per-node", "1", "--nodelist", "n1"], env
         )

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -23,29 +23,32 @@ from nats.js.errors import BadRequestError
 
 from ftrain import settings
 from ftrain.errors import Refused
-from ftrain.events.chain import GENESIS, ChainHead, link_hash, seal, unseal
+from ftrain.events.chain import ChainHead, link_hash, seal, unseal
 from ftrain.events.jetstream.connection import open_store
 from ftrain.events.jetstream.server import ServerProcess
-from ftrain.events.jetstream.store import WRONG_LAST_SEQUENCE, AppendConflict, Appended, LogUnavailable
+from ftrain.events.jetstream.store import WRONG_LAST_SEQUENCE
+from ftrain.events.log_port import AppendConflict, Appended, LogUnavailable
 from ftrain.events.record import run_subject
 from ftrain.events.schema import (
     Actor,
     AnyEvent,
     Checkpointed,
-    CorruptSkipped,
     Failed,
-    Launched,
     Resumed,
-    decode_event,
     encode_event,
     now,
 )
 from ftrain.projections.projector import Projector
 from ftrain.projections.readmodel import ReadModel
-from ftrain.service import ResumeOutcome, RunService, checkpoint_storage, readmodel_path
+from ftrain.service import RunService, checkpoint_storage, readmodel_path
 from tests.support.builders import SIGNER
 from tests.support.processes import ftrain_process
+from tests.support.runs import checkpoint, launch, launch_maker, stored
 from tests.support.servers import kill_server, plain_connect, restart_server, stream_last_seq
+from tests.unit.test_racing_services import (
+    assert_one_skip_then_one_resume,
+    failed_run_with_corrupt_newest_checkpoint,
+)
 
 MALLORY = Actor(user="mallory", host="elsewhere", pid=666)
 SHORT_DEADLINE_S = 3.0
@@ -74,45 +77,6 @@ def run_ftrain(
 async def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     """`run_ftrain` off the event loop, so the in-process service's connection stays served meanwhile."""
     return await asyncio.to_thread(run_ftrain, list(args), env)
-
-
-def launch_maker(project: str = "P") -> Callable[[str], Launched]:
-    def make(run_id: str) -> Launched:
-        return Launched(
-            run_id=run_id,
-            project=project,
-            strategy="fsdp",
-            nodes=1,
-            gpus_per_node=1,
-            hosts=("localhost",),
-            allocation_source="localhost",
-            rdzv_endpoint="localhost:29500",
-            command=("torchrun", "-m", "train"),
-            storage=Path(os.environ["FTRAIN_STORAGE"]).as_uri(),  # where `checkpoint` writes
-        )
-
-    return make
-
-
-async def launch(app: RunService, run_id: str) -> Launched:
-    return await app.launch(launch_maker(), lambda: [run_id])
-
-
-async def checkpoint(app: RunService, run_id: str, step: int, state: bytes = b'{"a":1}') -> Checkpointed:
-    return await app.checkpoint(
-        run_id, step=step, epoch=step // 100, shards=1, sources=[("state.json", state)]
-    )
-
-
-async def stored(app: RunService, run_id: str | None = None) -> list[tuple[int, AnyEvent, str]]:
-    """(stream seq, decoded event, stored hash) of every record of the stream, or of one run."""
-    out = []
-    async for records in app.store.read(1, run_id=run_id):
-        for record in records:
-            parts = unseal(record.payload)
-            assert parts is not None
-            out.append((record.stream_seq, decode_event(parts[0]), parts[1]))
-    return out
 
 
 async def raw_publish(server: ServerProcess, subject: str, payload: bytes) -> int:
@@ -491,38 +455,11 @@ async def test_a_corrupt_read_model_file_is_set_aside_and_rebuilt_from_the_log(e
 # -- 4. races ------------------------------------------------------------------------------------------------
 
 
-async def _failed_run_with_corrupt_newest_checkpoint(app: RunService, storage: Path, run: str) -> None:
-    await launch(app, run)
-    await checkpoint(app, run, 10)
-    await checkpoint(app, run, 20)
-    (storage / run / "step-20" / "state.json").write_bytes(b'{"a":2}')  # same size, other bytes
-    await app.fail(run, reason="node-failure", exit_code=137)
-
-
-def _assert_one_skip_then_one_resume(
-    records: list[tuple[int, AnyEvent, str]], storage: Path, run: str
-) -> None:
-    events = [e for _, e, _ in records]
-    assert [type(e).__name__ for e in events] == [
-        "Launched",
-        "Checkpointed",
-        "Checkpointed",
-        "Failed",
-        "CorruptSkipped",
-        "Resumed",
-    ]
-    skip, resumed = events[4], events[5]
-    assert isinstance(skip, CorruptSkipped) and isinstance(resumed, Resumed)
-    assert (skip.checkpoint_seq, skip.step, skip.reason) == (3, 20, "file state.json hash mismatch")
-    assert (resumed.checkpoint_seq, resumed.step, resumed.resume_count, resumed.forced) == (2, 10, 1, False)
-    assert sorted(p.name for p in (storage / run).iterdir()) == ["step-10", "step-20.corrupt-5"]
-
-
 async def test_two_cli_resumes_race_one_skip_one_resume_and_a_one_line_refusal(
     app: RunService, env: dict[str, str]
 ) -> None:
     run, storage = "race-resume", Path(env["FTRAIN_STORAGE"])
-    await _failed_run_with_corrupt_newest_checkpoint(app, storage, run)
+    await failed_run_with_corrupt_newest_checkpoint(app, storage, run)
     barrier = threading.Barrier(2)
 
     def resume() -> subprocess.CompletedProcess[str]:
@@ -543,7 +480,7 @@ async def test_two_cli_resumes_race_one_skip_one_resume_and_a_one_line_refusal(
     assert "Resuming" not in loser.stdout
     skip_line = "checkpoint step 20 file state.json hash mismatch → skipped"
     assert sum(r.stdout.splitlines().count(skip_line) for r in results) == 1
-    _assert_one_skip_then_one_resume(await stored(app, run), storage, run)
+    assert_one_skip_then_one_resume(await stored(app, run), storage, run)
     audit = await cli(env, "audit", "verify", run)
     assert audit.returncode == 0, audit.stdout
     assert audit.stdout.splitlines() == [
@@ -595,25 +532,6 @@ async def test_a_projector_that_loses_the_catch_up_race_reports_no_chain_break(
     assert (await app.verify(run)).ok
 
 
-async def test_two_services_racing_resume_never_fork_the_chain(app: RunService, env: dict[str, str]) -> None:
-    storage = Path(env["FTRAIN_STORAGE"])
-    runs = [f"race-{n}" for n in range(3)]
-    for run in runs:
-        await _failed_run_with_corrupt_newest_checkpoint(app, storage, run)
-    async with RunService.open(env) as one, RunService.open(env) as two:
-        for run in runs:
-            outcomes = await asyncio.gather(one.resume(run), two.resume(run), return_exceptions=True)
-            won = [o for o in outcomes if isinstance(o, ResumeOutcome)]
-            lost = [o for o in outcomes if not isinstance(o, ResumeOutcome)]
-            assert len(won) == 1 and len(lost) == 1, outcomes
-            assert won[0].resumed is not None and won[0].resumed.checkpoint_seq == 2
-            assert isinstance(lost[0], Refused)
-            assert str(lost[0]) == f"run {run} is running; resume follows a failure (or use --force)"
-            _assert_one_skip_then_one_resume(await stored(app, run), storage, run)
-    report = await app.verify()
-    assert (report.ok, report.events, report.runs) == (True, 6 * len(runs), len(runs))
-
-
 async def test_two_cli_launches_race_to_distinct_run_ids(env: dict[str, str], server: ServerProcess) -> None:
     barrier = threading.Barrier(2)
 
@@ -631,45 +549,6 @@ async def test_two_cli_launches_race_to_distinct_run_ids(env: dict[str, str], se
     assert audit.stdout.splitlines() == [
         f"Verified 2 event(s) in 2 run(s): every chain intact and anchored; signed by {SIGNER} (2 run(s))"
     ]
-
-
-async def test_three_services_racing_launch_take_three_run_ids(app: RunService, env: dict[str, str]) -> None:
-    base = "dist-P-1x1-fsdp"
-
-    def candidates() -> list[str]:
-        return [base] + [f"{base}-{n}" for n in range(2, 100)]
-
-    async with RunService.open(env) as one, RunService.open(env) as two, RunService.open(env) as three:
-        events = await asyncio.gather(*(s.launch(launch_maker(), candidates) for s in (one, two, three)))
-    assert sorted(e.run_id for e in events) == [base, f"{base}-2", f"{base}-3"]
-    records = await stored(app)
-    assert sorted((e.run_id, e.seq, e.prev_hash) for _, e, _ in records) == [
-        (base, 1, GENESIS),
-        (f"{base}-2", 1, GENESIS),
-        (f"{base}-3", 1, GENESIS),
-    ]
-    assert (await app.verify()).ok
-
-
-async def test_two_services_racing_fail_exactly_one_lands(app: RunService, env: dict[str, str]) -> None:
-    run = "race-fail"
-    await launch(app, run)
-    async with RunService.open(env) as one, RunService.open(env) as two:
-        outcomes = await asyncio.gather(
-            one.fail(run, reason="oom", exit_code=137),
-            two.fail(run, reason="node-failure", exit_code=1),
-            return_exceptions=True,
-        )
-    landed = [o for o in outcomes if isinstance(o, Failed)]
-    refused = [o for o in outcomes if isinstance(o, Refused)]
-    assert len(landed) == 1 and len(refused) == 1, outcomes
-    assert str(refused[0]) == f"run {run} is failed; it cannot be failed (resume it first)"
-    events = [e for _, e, _ in await stored(app, run)]
-    assert [type(e).__name__ for e in events] == ["Launched", "Failed"]
-    assert events[1].id == landed[0].id
-    state = await app.state_of(run)
-    assert (state.status, state.failures, state.last_failure) == ("failed", 1, landed[0].reason)
-    assert (await app.verify(run)).ok
 
 
 # -- 5. the retry of a publish whose ack was lost -----------------------------------------------------------

@@ -12,8 +12,8 @@ import pytest
 from ftrain.errors import Refused
 from ftrain.events.jetstream.lease import LeaseTaken, open_leases
 from ftrain.events.jetstream.server import ServerProcess, stop_server
-from ftrain.events.jetstream.store import LogUnavailable
 from ftrain.events.lease_record import Holder
+from ftrain.events.log_port import LogUnavailable
 from ftrain.events.schema import Failed, Launched
 from ftrain.service import RunService
 from ftrain.settings import nats as nats_settings

@@ -22,7 +22,7 @@ from torch import nn
 from ftrain.events.schema import Checkpointed
 from ftrain.service import RunService
 from ftrain.train.checkpointing import CheckpointManager, UnresumableState, allow_pickled
-from tests.integration.test_failures import launch, stored
+from tests.support.runs import launch, stored
 
 UTC_PLUS_2 = datetime.timezone(datetime.timedelta(hours=2), "CEST")
 KEPT: dict[str, Any] = {

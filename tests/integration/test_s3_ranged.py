@@ -1,4 +1,4 @@
-"""Parallel ranged downloads (`workers.s3.ranged`) against two real S3 implementations, SeaweedFS and moto: the
+"""Parallel ranged downloads (`workers.storage.s3.ranged`) against two real S3 implementations, SeaweedFS and moto: the
 digest of a file fetched in many ranges is the digest of its bytes; an object longer or shorter than its
 manifest entry, a flipped byte and a missing object are verdicts; a store killed mid-download is
 StorageUnavailable, never corruption."""
@@ -14,8 +14,8 @@ import pytest
 
 from ftrain.workers.integrity import digest_of
 from ftrain.workers.manifest import FileEntry
-from ftrain.workers.s3.ranged import Ranges, fetch_file, fetch_files
 from ftrain.workers.storage.errors import StorageUnavailable
+from ftrain.workers.storage.s3.ranged import Ranges, fetch_file, fetch_files
 from tests.support.s3 import S3_KINDS, Endpoint, endpoint
 
 KINDS = list(S3_KINDS)

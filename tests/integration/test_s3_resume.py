@@ -9,8 +9,8 @@ import pytest
 
 from ftrain.workers.dcp_reader import Rejected
 from ftrain.workers.storage.errors import StorageUnavailable
-from ftrain.workers.storage.s3_run import FetchForLoad
-from tests.support.s3 import Endpoint
+from ftrain.workers.storage.s3.run_prefix import FetchForLoad
+from tests.support.s3 import Endpoint, write_whole
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -20,7 +20,8 @@ def test_a_file_fetched_for_the_load_is_verified_before_it_enters_the_cache(
 ) -> None:
     bucket = weed.new_bucket()
     storage = weed.storage(bucket)
-    written = storage.write(
+    written = write_whole(
+        storage,
         run_id="r1",
         step=3,
         epoch=0,

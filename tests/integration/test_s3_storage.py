@@ -11,9 +11,9 @@ import pytest
 from ftrain.workers.integrity import Hashed, hash_file
 from ftrain.workers.layout import MARKER, WRITER_CLAIM
 from ftrain.workers.storage.errors import CheckpointExists, StorageError, StorageUnavailable
-from ftrain.workers.storage.s3_partial import Claim
-from ftrain.workers.storage.s3_store import S3Storage
-from tests.support.s3 import S3_KINDS, Endpoint, endpoint
+from ftrain.workers.storage.s3.partial import Claim
+from ftrain.workers.storage.s3.root_store import S3Storage
+from tests.support.s3 import S3_KINDS, Endpoint, endpoint, write_whole
 
 KINDS = list(S3_KINDS)
 
@@ -29,7 +29,8 @@ def storage(s3: Endpoint, bucket: str) -> S3Storage:
 
 
 def _write(storage: S3Storage, step: int, sources: list[tuple[str, bytes | Path]] | None = None) -> str:
-    written = storage.write(
+    written = write_whole(
+        storage,
         run_id="r1",
         step=step,
         epoch=step // 10,
@@ -49,8 +50,13 @@ def test_write_seal_list_verify_delete_round_trip(
 ) -> None:
     big = tmp_path / "__0_0.distcp"
     big.write_bytes(bytes(range(256)) * (66 << 12))  # 66 MiB + : over the multipart threshold
-    written = storage.write(
-        run_id="r1", step=10, epoch=1, shards=1, sources=[("state.json", b"{}"), ("__0_0.distcp", big)]
+    written = write_whole(
+        storage,
+        run_id="r1",
+        step=10,
+        epoch=1,
+        shards=1,
+        sources=[("state.json", b"{}"), ("__0_0.distcp", big)],
     )
     assert written.uri == f"s3://{bucket}/ckpt/r1/step-10"
     assert storage.root == f"s3://{bucket}/ckpt"
@@ -68,7 +74,7 @@ def test_write_seal_list_verify_delete_round_trip(
     assert storage.verify(written.uri, written.checkpoint_hash, run_id="r1", step=10) is None
     assert storage.verify(written.uri, "0" * 64) == "hash mismatch"
     assert storage.verify(written.uri, written.checkpoint_hash, run_id="r1", step=20) is not None
-    storage.delete(written.uri)
+    storage.discard(written.uri)
     assert _objects(s3, bucket) == []
     assert storage.complete("r1") == []
 
@@ -227,14 +233,19 @@ def test_checksums_go_on_the_wire_and_both_stores_keep_them(
     arrival); both stores accept and keep it."""
     big = tmp_path / "__0_0.distcp"
     big.write_bytes(bytes(range(256)) * (66 << 12))  # multipart
-    uri = storage.write(
-        run_id="r1", step=10, epoch=1, shards=1, sources=[("state.json", b"{}"), ("__0_0.distcp", big)]
+    uri = write_whole(
+        storage,
+        run_id="r1",
+        step=10,
+        epoch=1,
+        shards=1,
+        sources=[("state.json", b"{}"), ("__0_0.distcp", big)],
     ).uri
     client = s3.client()
     for name in ("state.json", "__0_0.distcp", "manifest.json", MARKER):
         head = client.head_object(Bucket=bucket, Key=f"ckpt/r1/step-10/{name}", ChecksumMode="ENABLED")
         assert head.get("ChecksumCRC32"), name
-    storage.delete(uri)
+    storage.discard(uri)
     assert _objects(s3, bucket) == []
 
 
@@ -249,7 +260,7 @@ def test_the_standard_switch_turns_wire_checksums_off(
     uri = _write(storage, 10)
     head = s3.client().head_object(Bucket=bucket, Key="ckpt/r1/step-10/state.json", ChecksumMode="ENABLED")
     assert not head.get("ChecksumCRC32")
-    storage.delete(uri)
+    storage.discard(uri)
     assert _objects(s3, bucket) == []
 
 

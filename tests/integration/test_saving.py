@@ -20,9 +20,9 @@ from ftrain.train.config import CheckpointConfig
 from ftrain.train.saving import Saver, SavesFailing
 from ftrain.workers.manifest import FileEntry, Manifest
 from ftrain.workers.storage.errors import Fenced
-from ftrain.workers.storage.file_run import FileRunStore
+from ftrain.workers.storage.file.run_dir import FileRun
 from ftrain.workers.storage.location import run_location
-from ftrain.workers.storage.port import RunStore
+from ftrain.workers.storage.port import RunStorage
 from tests.integration.test_storage_conformance import RUN, Backend, s3_backend
 from tests.integration.test_storage_conformance import save as seal_elsewhere
 
@@ -57,7 +57,7 @@ def manifest_of(step: int, epoch: int, entries: list[FileEntry]) -> Manifest:
 
 
 def saver(
-    store: RunStore,
+    store: RunStorage,
     recorded: list[tuple[int, str]],
     *,
     keep: int = 3,
@@ -139,7 +139,7 @@ def test_a_full_disk_fails_the_save_closed_and_past_the_limit_stops_the_job(
     pos"), a delivery from node-local staging with OSError ENOSPC. Either fails the save closed: one warning
     line naming the type, the partial step removed, nothing recorded, and training goes on until
     `max_failed_saves` failures in a row stop it."""
-    store = FileRunStore(run_location(small_disk / RUN), tmp_path / "stage")
+    store = FileRun(run_location(small_disk / RUN), tmp_path / "stage")
     recorded = list[tuple[int, str]]()
     saves = saver(store, recorded, max_failed_saves=2)
     big = {"w": torch.ones(200_000)}  # 800 KB
@@ -226,7 +226,7 @@ def test_one_record_retires_at_most_retired_max_steps_the_oldest_first(backend: 
     assert sorted(retired[1]) == old[RETIRED_MAX:-1], "the rest with the next save (69 is now beyond keep)"
 
 
-def _settled(saves: Saver, store: RunStore) -> list[OnDisk]:
+def _settled(saves: Saver, store: RunStorage) -> list[OnDisk]:
     """The run's sealed steps once the prune in flight is done."""
     saves._pruner.submit(lambda: None).result(timeout=60)
     return store.complete()

@@ -1,4 +1,4 @@
-"""One suite of cases for the storage port's run store (`workers.storage.port.RunStore`), run against every
+"""One suite of cases for the storage port's run store (`workers.storage.port.RunStorage`), run against every
 backend the trainer saves to: the file system, SeaweedFS and moto (as the eventsourcing library's recorder
 tests do: one base class of cases, one subclass per backend). No mocks: the S3 cases talk HTTP to real
 servers, and a writer killed mid-write is a real process sent SIGKILL."""
@@ -18,12 +18,13 @@ from ftrain.projections.lifecycle import OnDisk
 from ftrain.workers.integrity import digest_of, to_hex
 from ftrain.workers.layout import MANIFEST
 from ftrain.workers.manifest import FileEntry, Manifest
-from ftrain.workers.storage.errors import Fenced, StorageError, StorageUnavailable
-from ftrain.workers.storage.file_run import FileRunStore
+from ftrain.workers.storage.errors import CheckpointExists, Fenced, StorageError, StorageUnavailable
+from ftrain.workers.storage.file.run_dir import FileRun
 from ftrain.workers.storage.location import Location, run_location
+from ftrain.workers.storage.one_rank import write_step
 from ftrain.workers.storage.open import open_run
-from ftrain.workers.storage.port import RunStore, StoredCheckpoint
-from ftrain.workers.storage.s3_run import S3RunStore
+from ftrain.workers.storage.port import RunStorage, StoredCheckpoint
+from ftrain.workers.storage.s3.run_prefix import S3Run
 from tests.support.s3 import Endpoint
 
 RUN = "conf-run"
@@ -40,10 +41,10 @@ class Backend:
     def location(self, run: str = RUN) -> Location:
         return run_location(f"{self.root}/{run}")
 
-    def store(self, run: str = RUN) -> RunStore:
+    def store(self, run: str = RUN) -> RunStorage:
         if self.endpoint is None:
-            return FileRunStore(self.location(run), self.stage)
-        return S3RunStore(self.location(run), self.stage, self.endpoint.client())
+            return FileRun(self.location(run), self.stage)
+        return S3Run(self.location(run), self.stage, self.endpoint.client())
 
     def overwrite(self, uri: str, name: str, data: bytes) -> None:
         """Replace one stored file of the step at `uri` with `data` (damage from outside ftrain)."""
@@ -64,23 +65,23 @@ class Backend:
             {o["Key"][len(prefix) + len(run) + 2 :].split("/")[0] for o in listed.get("Contents", [])}
         )
 
-    def unwritable(self) -> RunStore | None:
+    def unwritable(self) -> RunStorage | None:
         """A store of the run this job can never write: under /proc, or with a secret the store refuses
         (None: moto admits any)."""
         if self.endpoint is None:
-            return FileRunStore(run_location(f"/proc/nope/{RUN}"), self.stage)
+            return FileRun(run_location(f"/proc/nope/{RUN}"), self.stage)
         if not self.endpoint.checks_credentials:
             return None
-        return S3RunStore(self.location(), self.stage, self.endpoint.client(secret_key="wrong"))
+        return S3Run(self.location(), self.stage, self.endpoint.client(secret_key="wrong"))
 
-    def out_of_reach(self) -> RunStore:
+    def out_of_reach(self) -> RunStorage:
         """A store of the run where the storage cannot answer: a file system path through a regular file
         (ENOTDIR, as an unmounted or stale mount answers), a bucket that does not exist."""
         if self.endpoint is None:
             blocker = self.stage.parent / "not-a-directory"
             blocker.write_bytes(b"")
-            return FileRunStore(run_location(blocker / RUN), self.stage)
-        return S3RunStore(
+            return FileRun(run_location(blocker / RUN), self.stage)
+        return S3Run(
             run_location(f"s3://no-such-bucket-{os.getpid()}/ckpt/{RUN}"), self.stage, self.endpoint.client()
         )
 
@@ -98,7 +99,7 @@ def manifest(step: int, entries: list[FileEntry]) -> Manifest:
     )
 
 
-def save(store: RunStore, step: int, attempt: int = 0, *, staged: bool = False) -> StoredCheckpoint:
+def save(store: RunStorage, step: int, attempt: int = 0, *, staged: bool = False) -> StoredCheckpoint:
     """What the trainer's ranks do, as one process: begin, each rank's files written and delivered, seal."""
     uri = store.begin(step, attempt)
     entries = []
@@ -116,12 +117,12 @@ class StoreCases:
     """The cases every backend passes; a subclass supplies `backend`."""
 
     @pytest.fixture
-    def store(self, backend: Backend) -> RunStore:
+    def store(self, backend: Backend) -> RunStorage:
         return backend.store()
 
     @pytest.mark.parametrize("staged", [False, True])
     def test_a_saved_step_is_complete_confined_and_its_manifest_checks_out(
-        self, store: RunStore, staged: bool
+        self, store: RunStorage, staged: bool
     ) -> None:
         written = save(store, 10, staged=staged)
 
@@ -136,7 +137,7 @@ class StoreCases:
         assert isinstance(store.read_manifest(written.uri, None, run_id=RUN, step=11), str), "another step's"
 
     def test_each_ranks_files_are_readable_locally_verified_and_the_rest_fetched(
-        self, store: RunStore, backend: Backend
+        self, store: RunStorage, backend: Backend
     ) -> None:
         written = save(store, 10)
         mine = [e for e in written.manifest.files if e.name != "__1_0.distcp"]
@@ -149,7 +150,7 @@ class StoreCases:
             assert (local.path / "__1_0.distcp").read_bytes() == FILES["__1_0.distcp"]
         assert not [p for p in backend.stage.rglob("*") if p.is_file()], "nothing left in the work space"
 
-    def test_damaged_bytes_are_a_verdict_naming_the_file(self, store: RunStore, backend: Backend) -> None:
+    def test_damaged_bytes_are_a_verdict_naming_the_file(self, store: RunStorage, backend: Backend) -> None:
         written = save(store, 10)
         backend.overwrite(written.uri, "__0_0.distcp", b"x" * len(FILES["__0_0.distcp"]))
         store.prepare(0, staged=True)
@@ -174,13 +175,13 @@ class StoreCases:
             with pytest.raises(StorageUnavailable):
                 call()
 
-    def test_prune_deletes_the_retired_steps_and_nothing_else(self, store: RunStore) -> None:
+    def test_prune_deletes_the_retired_steps_and_nothing_else(self, store: RunStorage) -> None:
         for step in (10, 20, 30, 40):
             save(store, step)
         assert store.prune([20, 10, 5], 0) == [20, 10], "a step not there is not deleted"
         assert [d.step for d in store.complete()] == [40, 30]
 
-    def test_the_fence_stops_an_older_attempt_from_sealing_or_pruning(self, store: RunStore) -> None:
+    def test_the_fence_stops_an_older_attempt_from_sealing_or_pruning(self, store: RunStorage) -> None:
         assert store.owner() == 0
         store.claim(2)
         assert store.owner() == 2
@@ -196,13 +197,15 @@ class StoreCases:
             store.prune([10], 1)
         assert [d.step for d in store.complete()] == [30, 20, 10] and store.owner() == 2
 
-    def test_an_older_attempts_step_of_the_same_name_is_set_aside_not_trusted(self, store: RunStore) -> None:
+    def test_an_older_attempts_step_of_the_same_name_is_set_aside_not_trusted(
+        self, store: RunStorage
+    ) -> None:
         old = save(store, 10, attempt=1)
         new = save(store, 10, attempt=2)
         assert store.complete() == [OnDisk(10, new.uri, new.checkpoint_hash)]
         assert new.checkpoint_hash != old.checkpoint_hash
 
-    def test_quarantine_frees_the_steps_name_and_keeps_the_bytes(self, store: RunStore) -> None:
+    def test_quarantine_frees_the_steps_name_and_keeps_the_bytes(self, store: RunStorage) -> None:
         written = save(store, 10)
         moved = store.quarantine(written.uri, "corrupt", "7")
         assert moved is not None and moved.rstrip("/").endswith("step-10.corrupt-7")
@@ -211,7 +214,7 @@ class StoreCases:
         save(store, 10)
         assert [d.step for d in store.complete()] == [10]
 
-    def test_a_discarded_save_leaves_nothing_and_the_step_can_be_saved_again(self, store: RunStore) -> None:
+    def test_a_discarded_save_leaves_nothing_and_the_step_can_be_saved_again(self, store: RunStorage) -> None:
         uri = store.begin(10, 0)
         with store.rank_files(uri, 10, 0, staged=False) as target:
             (target.path / "__0_0.distcp").write_bytes(b"half")
@@ -222,7 +225,7 @@ class StoreCases:
         assert [d.step for d in store.complete()] == [10]
 
     def test_confined_refuses_every_uri_outside_the_runs_own_steps(
-        self, store: RunStore, backend: Backend
+        self, store: RunStorage, backend: Backend
     ) -> None:
         written = save(store, 10)
         other = save(backend.store("other-run"), 10)
@@ -271,7 +274,7 @@ class StoreCases:
         assert [d.step for d in store.complete()] == [10]
 
     def test_the_start_up_probe_writes_reads_back_and_leaves_nothing(
-        self, store: RunStore, backend: Backend
+        self, store: RunStorage, backend: Backend
     ) -> None:
         store.probe()  # a first start: the run's location is made
         save(store, 10)
@@ -289,7 +292,7 @@ class StoreCases:
             with pytest.raises(StorageError, match=r"^checkpoint location \S+ cannot be written: \S+"):
                 wrong.probe()
 
-    def test_quarantined_lists_the_steps_set_aside_as_corrupt_only(self, store: RunStore) -> None:
+    def test_quarantined_lists_the_steps_set_aside_as_corrupt_only(self, store: RunStorage) -> None:
         assert store.quarantined() == []
         corrupt = store.quarantine(save(store, 10).uri, "corrupt", "7")
         store.quarantine(save(store, 20).uri, "superseded", "8")
@@ -297,7 +300,31 @@ class StoreCases:
         save(store, 40)
         assert store.quarantined() == [corrupt]
 
-    def test_the_factory_opens_this_backend_from_a_location(self, store: RunStore, backend: Backend) -> None:
+    def test_a_one_rank_writer_puts_its_files_and_a_taken_step_refuses_it(
+        self, backend: Backend, tmp_path: Path
+    ) -> None:
+        """The CLI's writer: outside the attempts, with no work space, its files put from where they are; a
+        step already there is refused, never set aside; `verify` judges every file where it lies."""
+        store = open_run(backend.location())
+        local = tmp_path / "shard"
+        local.write_bytes(FILES["__0_0.distcp"])
+        sources: list[tuple[str, bytes | Path]] = [("state.json", b"{}"), ("__0_0.distcp", local)]
+        written = write_step(store, run_id=RUN, step=10, epoch=1, shards=1, sources=sources)
+        assert store.complete() == [OnDisk(10, written.uri, written.checkpoint_hash)]
+        assert store.verify(written.uri, written.checkpoint_hash, run_id=RUN, step=10) is None
+        assert store.verify(written.uri, to_hex(digest_of(b"other"))) == "hash mismatch"
+        with pytest.raises(CheckpointExists):
+            write_step(store, run_id=RUN, step=10, epoch=1, shards=1, sources=[("state.json", b"[]")])
+        backend.overwrite(written.uri, "__0_0.distcp", b"x" * len(FILES["__0_0.distcp"]))
+        assert store.verify(written.uri, written.checkpoint_hash) == "file __0_0.distcp hash mismatch"
+        with pytest.raises(StorageError):
+            write_step(store, run_id=RUN, step=20, epoch=1, shards=1, sources=[(MANIFEST, b"{}")])
+        store.discard(written.uri)
+        assert store.complete() == [] and backend.names() == []
+
+    def test_the_factory_opens_this_backend_from_a_location(
+        self, store: RunStorage, backend: Backend
+    ) -> None:
         opened = open_run(backend.location(), backend.stage)
         assert type(opened) is type(store) and opened.location == store.location
 

@@ -1,6 +1,7 @@
-"""The JetStream event store against a real nats-server: stream config, CAS appends, heads, batched reads."""
+"""The JetStream event store against a real nats-server, in what only it does: its stream config, heads with
+their Nats-Msg-Id, deduplicated retries, direct-get headers, retries while unavailable (what every event log
+does: tests/integration/test_log_conformance.py)."""
 
-import asyncio
 import os
 import subprocess
 import sys
@@ -11,7 +12,7 @@ import pytest
 from ftrain.events.chain import GENESIS, ChainHead
 from ftrain.events.jetstream.client import Nats
 from ftrain.events.jetstream.server import ServerProcess
-from ftrain.events.jetstream.store import AppendConflict, EventStore
+from ftrain.events.jetstream.store import EventStore
 from ftrain.events.record import STREAM
 from tests.support.builders import checkpointed, launched
 from tests.support.processes import free_port
@@ -48,27 +49,6 @@ async def test_append_stamps_and_chains_and_head_reads_it_back(store: EventStore
     assert await store.head("nobody") is None
 
 
-async def test_stale_head_is_a_conflict_and_nothing_is_stored(store: EventStore) -> None:
-    first = await store.append(launched("r1"), ChainHead())
-    await store.append(checkpointed("r1", 10), first.head)
-    with pytest.raises(AppendConflict):
-        await store.append(checkpointed("r1", 20), first.head)
-    with pytest.raises(AppendConflict):  # a new run id that already exists
-        await store.append(launched("r1"), ChainHead())
-    assert await store.last_seq() == 2
-
-
-async def test_racing_writers_on_one_run_exactly_one_wins(store: EventStore) -> None:
-    head = (await store.append(launched("r1"), ChainHead())).head
-    results = await asyncio.gather(
-        *(store.append(checkpointed("r1", 10 + i), head) for i in range(8)), return_exceptions=True
-    )
-    winners = [r for r in results if not isinstance(r, BaseException)]
-    assert len(winners) == 1
-    assert all(isinstance(r, AppendConflict) for r in results if isinstance(r, BaseException))
-    assert await store.last_seq() == 2
-
-
 async def test_retry_of_a_landed_publish_returns_the_original(store: EventStore) -> None:
     head = (await store.append(launched("r1"), ChainHead())).head
     first = await store.append(checkpointed("r1", 10), head)
@@ -76,30 +56,6 @@ async def test_retry_of_a_landed_publish_returns_the_original(store: EventStore)
     again = await store.append(first.event, head)
     assert (again.stream_seq, again.hash) == (first.stream_seq, first.hash)
     assert await store.last_seq() == 2
-
-
-async def test_read_batches_cover_the_stream_and_filter_by_run(store: EventStore) -> None:
-    heads = {r: (await store.append(launched(r), ChainHead())).head for r in ("a", "b")}
-    for step in range(1, 60):
-        for run_id in ("a", "b"):
-            heads[run_id] = (await store.append(checkpointed(run_id, step), heads[run_id])).head
-    batches = [b async for b in store.read(1, batch=25)]
-    records = [r for b in batches for r in b]
-    assert [r.stream_seq for r in records] == list(range(1, 121))
-    assert max(len(b) for b in batches) == 25
-    only_b = [r async for b in store.read(1, run_id="b") for r in b]
-    assert [r.run_id for r in only_b] == ["b"] * 60
-    assert only_b[0].event_type == "launched" and only_b[-1].event_type == "checkpointed"
-    assert [r async for b in store.read(121) for r in b] == []
-
-
-async def test_an_invalid_run_id_is_never_published(store: EventStore) -> None:
-    from ftrain.events.run_id import InvalidRunId
-
-    for bad in ("a.b", "*", ">", "", "x" * 129):
-        with pytest.raises(InvalidRunId):
-            await store.append(launched(bad), ChainHead())
-    assert await store.last_seq() == 0
 
 
 async def test_stored_headers_cannot_impersonate_the_servers(store: EventStore) -> None:
@@ -118,7 +74,8 @@ async def test_stored_headers_cannot_impersonate_the_servers(store: EventStore) 
 RETRY_UNTIL_UNAVAILABLE = """
 import asyncio, sys
 from ftrain.events.jetstream.client import Nats
-from ftrain.events.jetstream.store import EventStore, LogUnavailable
+from ftrain.events.jetstream.store import EventStore
+from ftrain.events.log_port import LogUnavailable
 from ftrain.logs import configure
 
 async def main() -> None:

@@ -16,7 +16,7 @@ from ftrain.supervise.supervisor import Relaunches, Supervisor
 from ftrain.workers.storage.errors import Fenced
 from ftrain.workers.storage.location import run_location
 from ftrain.workers.storage.open import open_run
-from ftrain.workers.storage.port import RunStore
+from ftrain.workers.storage.port import RunStorage
 from tests.support.builders import Intents
 from tests.support.cli import Cli
 from tests.support.s3 import Endpoint
@@ -49,7 +49,7 @@ def _supervise(
     )
 
 
-def _store(ckpt: Path | str) -> RunStore:
+def _store(ckpt: Path | str) -> RunStorage:
     return open_run(run_location(ckpt), Path(tempfile.gettempdir()))
 
 

@@ -16,9 +16,10 @@ from ftrain.events.jetstream.server import ServerProcess
 from ftrain.events.record import run_subject
 from ftrain.events.schema import Failed, Launched, encode_event, now
 from ftrain.service import RunService
-from tests.integration.test_failures import MALLORY, checkpoint, launch, launch_maker
+from tests.integration.test_failures import MALLORY
 from tests.integration.test_progress import ftrain as on_a_terminal
 from tests.integration.test_trust import forge, intruder
+from tests.support.runs import checkpoint, launch, launch_maker
 
 FORGED_LINE = (
     "#9      2026-12-02 00:00:00  victim  seq 9    failed           preempted  [ok; signed by root@vm]"

@@ -27,9 +27,10 @@ from ftrain.projections.audit import Folded, fold_record
 from ftrain.projections.lifecycle import RunState, completed_event
 from ftrain.service import RunService
 from ftrain.train.run_log import RunBroken, read_run
-from tests.integration.test_failures import MALLORY, checkpoint, launch
+from tests.integration.test_failures import MALLORY
 from tests.support.builders import SIGNER
 from tests.support.processes import ftrain_process
+from tests.support.runs import checkpoint, launch
 from tests.support.servers import kill_server, plain_connect, restart_server
 
 MARKER = "pwned"

@@ -127,6 +127,16 @@ async def test_pages_escape_event_text_carry_a_strict_policy_and_an_unknown_run_
 
 
 @pytest.mark.usefixtures("log")
+async def test_metrics_are_served_behind_the_same_token(env: dict[str, str]) -> None:
+    with serving(env) as ui:
+        assert get(ui, "/metrics", token=False)[0] == 401
+        status, headers, body = get(ui, "/metrics")
+        assert status == 200 and headers["content-type"].startswith("text/plain"), body[:300]
+        assert re.search(r'^ftrain_\w+\{[^}]*run_id="plain"', body, re.M), body[:2000]
+        assert "<script>" not in body
+
+
+@pytest.mark.usefixtures("log")
 async def test_there_is_no_write_path(env: dict[str, str], server: ServerProcess) -> None:
     before = await stream_last_seq(server)
     with serving(env) as ui:

@@ -18,10 +18,10 @@ from ftrain.events.schema import now
 from ftrain.events.signing import Signature, Signer
 from ftrain.projections.lifecycle import completed_event
 from ftrain.service import RunService, readmodel_path
-from tests.integration.test_failures import checkpoint, launch
 from tests.integration.test_trust import forge
 from tests.support.builders import SIGNER
 from tests.support.processes import ftrain_process
+from tests.support.runs import checkpoint, launch
 
 FORGED_HOURS = 9999.0
 

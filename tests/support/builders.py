@@ -1,19 +1,52 @@
 """Event builders shared by tests."""
 
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
 from ftrain.events.chain import ChainHead
-from ftrain.events.jetstream.store import process_actor
 from ftrain.events.schema import AnyEvent, Checkpointed, Launched
+from ftrain.events.signed_log import process_actor
 from ftrain.projections.lifecycle import CompleteIntent, FailIntent, RunState, apply
-from ftrain.workers.checkpoint_dir import write_checkpoint
+from ftrain.workers.manifest import Manifest
+from ftrain.workers.storage.file.run_dir import FileRun
+from ftrain.workers.storage.location import Location, path_uri, uri_path
+from ftrain.workers.storage.one_rank import write_step
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 SIGNER = "{0.user}@{0.host}".format(process_actor())
 """The name a test's own signing key is trusted under (made on first use, as for a user)."""
+
+
+class WrittenCheckpoint(msgspec.Struct, frozen=True):
+    """A checkpoint written whole on a file system: its directory too."""
+
+    path: Path
+    uri: str
+    manifest: Manifest
+    checkpoint_hash: str
+
+
+def write_checkpoint(
+    root: Path,
+    *,
+    run_id: str,
+    step: int,
+    epoch: int,
+    shards: int,
+    sources: Sequence[tuple[str, bytes | Path]],
+    **manifest: Any,
+) -> WrittenCheckpoint:
+    """The checkpoint of `run_id` at `step` under the storage root `root`, written as `ftrain checkpoint`
+    writes it (the port's one-rank writer on the file system)."""
+    writer = FileRun(Location("file", path_uri(root), run_id))
+    stored = write_step(
+        writer, run_id=run_id, step=step, epoch=epoch, shards=shards, sources=sources, **manifest
+    )
+    return WrittenCheckpoint(uri_path(stored.uri), stored.uri, stored.manifest, stored.checkpoint_hash)
 
 
 def launched(run_id: str, project: str = "p") -> Launched:

@@ -13,14 +13,18 @@ from typing import Any
 
 import msgspec
 
-from ftrain.workers.s3.client import make_client
 from ftrain.workers.s3.server import (
     SeaweedProcess,
     ensure_storage_server,
     kill_storage_server,
     throwaway_storage_server,
 )
-from ftrain.workers.storage.s3_store import S3Storage
+from ftrain.workers.storage.location import Location
+from ftrain.workers.storage.one_rank import write_step
+from ftrain.workers.storage.port import StoredCheckpoint
+from ftrain.workers.storage.s3.boto_client import make_client
+from ftrain.workers.storage.s3.root_store import S3Storage
+from ftrain.workers.storage.s3.run_prefix import S3Run
 
 S3_KINDS = {"seaweedfs": "weed", "moto": "moto"}
 """The S3 implementations the portability suites run on, each with its session fixture's name
@@ -60,6 +64,14 @@ class Endpoint(msgspec.Struct, frozen=True):
     def storage(self, bucket: str, prefix: str = "ckpt", **kwargs: Any) -> S3Storage:
         """ftrain's S3 backend on `bucket`."""
         return S3Storage(bucket, prefix, self.client(**kwargs))
+
+
+def write_whole(storage: S3Storage, *, run_id: str, **step: Any) -> StoredCheckpoint:
+    """A step of run `run_id` under `storage`'s root, written as `ftrain checkpoint` writes it (the port's
+    one-rank writer, on the same client)."""
+    return write_step(
+        S3Run(Location("s3", storage.root, run_id), client=storage.client), run_id=run_id, **step
+    )
 
 
 @functools.cache

@@ -6,9 +6,11 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import nats
+import pytest
 import structlog
 
 from ftrain.events.jetstream.server import NatsServerError, ServerProcess, nats_server_binary, start_server
@@ -24,6 +26,23 @@ SHARED_PIDS: set[int] = set()
 def login(server: ServerProcess) -> dict[str, str]:
     """The settings a user sets to reach `server`: its URL and the nkey seed file it admits."""
     return {"FTRAIN_NATS_URL": server.url, "FTRAIN_NATS_NKEY": server.nkey_file}
+
+
+def user_env(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, server_login: Mapping[str, str]
+) -> dict[str, str]:
+    """The environment a user would set, `server_login` naming the log's server; also applied to this process,
+    outside any scheduler's allocation."""
+    values = {
+        "FTRAIN_HOME": str(tmp_path / "home"),
+        **server_login,
+        "FTRAIN_STORAGE": str(tmp_path / "ckpt"),
+    }
+    for key, value in values.items():
+        monkeypatch.setenv(key, value)
+    for name in ("SLURM_JOB_NODELIST", "SLURM_NODELIST", "PBS_NODEFILE"):
+        monkeypatch.delenv(name, raising=False)
+    return values
 
 
 async def plain_connect(url: str, nkey: str) -> nats.NATS:

@@ -35,18 +35,7 @@ from ftrain.projections.lifecycle import apply, plan_resume
 from ftrain.train.checkpointing import CheckpointManager
 from ftrain.train.resume import set_aside_planned
 from ftrain.train.resume_load import owned
-from ftrain.workers import retention
-from ftrain.workers.checkpoint_dir import (
-    WrittenCheckpoint,
-    marker_hash,
-    on_disk,
-    read_manifest,
-    set_aside,
-    verify_checkpoint,
-    write_checkpoint,
-)
 from ftrain.workers.dcp_writer import HashingFileSystem, HashingWriter
-from ftrain.workers.fanout import FanOutError, fan_out
 from ftrain.workers.integrity import Digest, Hashed, hash_file
 from ftrain.workers.layout import (
     MANIFEST,
@@ -61,11 +50,20 @@ from ftrain.workers.layout import (
     set_asides,
 )
 from ftrain.workers.manifest import FileEntry, Manifest
-from ftrain.workers.retention import prune
 from ftrain.workers.staging import StagingBuffers
-from ftrain.workers.storage.file_run import FileRunStore
+from ftrain.workers.storage.file import retention
+from ftrain.workers.storage.file.checkpoint_dir import (
+    marker_hash,
+    on_disk,
+    read_manifest,
+    set_aside,
+    verify_checkpoint,
+)
+from ftrain.workers.storage.file.fanout import FanOutError, fan_out
+from ftrain.workers.storage.file.retention import prune
+from ftrain.workers.storage.file.run_dir import FileRun
 from ftrain.workers.storage.location import run_location
-from tests.support.builders import checkpointed, launched
+from tests.support.builders import WrittenCheckpoint, checkpointed, launched, write_checkpoint
 
 
 def tree(root: Path) -> set[str]:
@@ -434,7 +432,7 @@ def test_cleanup_stale_removes_interrupted_saves_and_nothing_else(tmp_path: Path
         (stage / f"rank-{rank}" / "step-10" / f"__{rank}_0.distcp").write_bytes(b"staged")
     everything = tree(tmp_path)
 
-    store = FileRunStore(run_location(ckpt), stage)
+    store = FileRun(run_location(ckpt), stage)
     store.prepare(1, staged=True)
     assert tree(tmp_path) == {p for p in everything if not p.startswith("stage/rank-1")}
 
@@ -444,7 +442,7 @@ def test_cleanup_stale_removes_interrupted_saves_and_nothing_else(tmp_path: Path
         p for p in everything if not p.startswith(("stage/rank-", "ckpt/run/.step-10", "ckpt/run/.step-15"))
     }
 
-    FileRunStore(run_location(tmp_path / "fresh-run"), stage).clean()  # a first start: nothing to do
+    FileRun(run_location(tmp_path / "fresh-run"), stage).clean()  # a first start: nothing to do
     assert not (tmp_path / "fresh-run").exists()
 
 
@@ -460,7 +458,7 @@ def test_a_checkpoint_the_trainer_sets_aside_as_unrecorded_is_one_the_experiment
     state = apply(state, event, ChainHead(2))
     run = run_dir(tmp_path, RUN)
 
-    store = FileRunStore(run_location(run), tmp_path / "stage")
+    store = FileRun(run_location(run), tmp_path / "stage")
     set_aside_planned(store, plan_resume(state, on_disk(run), forced=True))  # as the trainer's start-up does
 
     assert complete_steps(run) == [10]
@@ -474,7 +472,7 @@ def test_set_asides_lists_every_kind_the_writers_produce_and_nothing_else(tmp_pa
     for name in ("step-50.corrupt", "step-x.corrupt-1", "step-60.broken-1", ".step-70.tmp", "metrics"):
         make_checkpoint_dir(run / name)
     sealed(tmp_path, 10)
-    store = FileRunStore(run_location(run), tmp_path / "stage")
+    store = FileRun(run_location(run), tmp_path / "stage")
     set_aside_planned(
         store, plan_resume(None, on_disk(run), fresh=True)
     )  # --no-resume, no log: 10 superseded

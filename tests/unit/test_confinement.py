@@ -8,20 +8,19 @@ from pathlib import Path
 
 import pytest
 
-from ftrain.workers.checkpoint_dir import (
-    StorageUnavailable,
+from ftrain.workers.layout import MARKER, assembly_dir, complete_steps, process_writer, retire
+from ftrain.workers.storage.errors import StorageUnavailable
+from ftrain.workers.storage.file.checkpoint_dir import (
     confined,
     on_disk,
-    path_uri,
     remove_dead_assemblies,
     set_aside,
     verify_checkpoint,
-    write_checkpoint,
 )
-from ftrain.workers.layout import MARKER, assembly_dir, complete_steps, process_writer, retire
-from ftrain.workers.retention import prune
-from ftrain.workers.storage.file_run import FileRunStore
-from ftrain.workers.storage.location import run_location
+from ftrain.workers.storage.file.retention import prune
+from ftrain.workers.storage.file.run_dir import FileRun
+from ftrain.workers.storage.location import path_uri, run_location
+from tests.support.builders import write_checkpoint
 
 RUN = "conf-run"
 
@@ -99,7 +98,7 @@ def test_prune_set_aside_and_cleanup_never_follow_a_planted_link(tmp_path: Path)
     assert [d.step for d in on_disk(run)] == [40, 30, 20, 10]
     assert prune(run, retire(complete_steps(run), 2, None)) == [20, 10]
     assert remove_dead_assemblies(run) == [dead]
-    FileRunStore(run_location(run), tmp_path / "stage").clean()  # the trainer's start-up
+    FileRun(run_location(run), tmp_path / "stage").clean()  # the trainer's start-up
     moved = set_aside(run / "step-5", "corrupt", "1")  # only the link moves
 
     assert moved is not None and moved.is_symlink() and not (run / "step-5").exists()

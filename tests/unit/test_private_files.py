@@ -11,8 +11,8 @@ import pytest
 
 from ftrain.events.atomic_file import write_atomic
 from ftrain.events.private import private_dir
-from ftrain.workers.checkpoint_dir import write_checkpoint
-from ftrain.workers.fence import claim
+from ftrain.workers.storage.file.fence_file import claim
+from tests.support.builders import write_checkpoint
 
 
 def mode(path: Path) -> int:

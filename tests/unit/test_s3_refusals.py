@@ -5,7 +5,7 @@ tests/integration/test_s3_storage.py)."""
 import pytest
 from botocore.exceptions import ClientError
 
-from ftrain.workers.s3.client import reason
+from ftrain.workers.storage.s3.boto_client import reason
 
 
 @pytest.mark.parametrize(

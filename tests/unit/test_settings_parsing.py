@@ -13,7 +13,9 @@ import pytest
 from ftrain import settings
 from ftrain.events.jetstream.connection import NatsSettings
 from ftrain.settings import InvalidSetting
-from ftrain.workers.checkpoint_dir import StorageError, confined, storage_root
+from ftrain.workers.storage.errors import StorageError
+from ftrain.workers.storage.file.checkpoint_dir import confined
+from ftrain.workers.storage.location import storage_root
 
 DEFAULT_HOME = Path.home() / ".local/share/ftrain"
 

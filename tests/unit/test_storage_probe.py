@@ -10,12 +10,12 @@ import pytest
 
 from ftrain.workers.layout import assembly_writer, parse_set_aside, parse_step, probe_name
 from ftrain.workers.storage.errors import StorageError, StorageUnavailable
-from ftrain.workers.storage.probe import file_verdict
+from ftrain.workers.storage.file.probe_dir import probe_verdict
 
 
 @pytest.mark.parametrize("code", [errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOENT, errno.ELOOP])
 def test_a_location_that_cannot_be_ours_is_wrong(code: int) -> None:
-    verdict = file_verdict("file:///x/run", OSError(code, os.strerror(code)))
+    verdict = probe_verdict("file:///x/run", OSError(code, os.strerror(code)))
     assert isinstance(verdict, StorageError)
     assert str(verdict) == f"checkpoint location file:///x/run cannot be written: {os.strerror(code)}"
 
@@ -24,7 +24,7 @@ def test_a_location_that_cannot_be_ours_is_wrong(code: int) -> None:
     "code", [errno.EIO, errno.ESTALE, errno.ETIMEDOUT, errno.ENOSPC, errno.EDQUOT, errno.ENOTDIR]
 )
 def test_storage_out_of_reach_is_unavailable(code: int) -> None:
-    verdict = file_verdict("file:///x/run", OSError(code, os.strerror(code)))
+    verdict = probe_verdict("file:///x/run", OSError(code, os.strerror(code)))
     assert isinstance(verdict, StorageUnavailable)
     assert str(verdict) == f"storage unavailable: file:///x/run: {os.strerror(code)}"
 

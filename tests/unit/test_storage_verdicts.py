@@ -7,14 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from ftrain.workers.checkpoint_dir import (
-    StorageUnavailable,
-    file_verdict,
-    verify_checkpoint,
-    write_checkpoint,
-)
 from ftrain.workers.integrity import digest_of
 from ftrain.workers.manifest import FileEntry
+from ftrain.workers.storage.errors import StorageUnavailable
+from ftrain.workers.storage.file.checkpoint_dir import verify_checkpoint
+from ftrain.workers.storage.verdict import file_verdict
+from tests.support.builders import write_checkpoint
 
 
 def test_only_absence_under_a_listable_directory_or_wrong_bytes_are_corrupt(tmp_path: Path) -> None:

@@ -19,9 +19,9 @@ import torch
 
 from ftrain.train.save_check import refusal
 from ftrain.train.state import rng_state, set_rng_state
-from ftrain.workers.checkpoint_dir import write_checkpoint
 from ftrain.workers.dcp_reader import load_metadata
 from ftrain.workers.unpickle import ForbiddenPickle, allow_pickled, restricted_loads, torch_load
+from tests.support.builders import write_checkpoint
 
 
 class Touch:

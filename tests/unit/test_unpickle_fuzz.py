@@ -33,9 +33,9 @@ from torch.distributed.checkpoint.metadata import (
 
 from ftrain.train.resume_load import load_failure
 from ftrain.workers import unpickle
-from ftrain.workers.checkpoint_dir import write_checkpoint
 from ftrain.workers.dcp_reader import load_metadata
 from ftrain.workers.unpickle import ForbiddenPickle, RefusedPickle, restricted_loads, torch_load
+from tests.support.builders import write_checkpoint
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -210,7 +210,7 @@ def _is_our_weed(pid: int, data_dir: str) -> bool:
 
 def s3_ready(proc: SeaweedProcess, timeout: float = 2.0) -> bool:
     """The S3 gateway answers a signed ListBuckets with our key (the filer behind it is up)."""
-    from ftrain.workers.s3.client import make_client
+    from ftrain.workers.storage.s3.boto_client import make_client
 
     client = make_client(
         endpoint=proc.endpoint,
@@ -227,7 +227,7 @@ def s3_ready(proc: SeaweedProcess, timeout: float = 2.0) -> bool:
 
 
 def _ensure_bucket(proc: SeaweedProcess, bucket: str, deadline: float) -> None:
-    from ftrain.workers.s3.client import make_client
+    from ftrain.workers.storage.s3.boto_client import make_client
 
     client = make_client(endpoint=proc.endpoint, access_key=proc.access_key, secret_key=proc.secret_key)
     while True:

@@ -1,5 +1,5 @@
 """What any storage backend raises: a location ftrain cannot use, storage out of reach, a step already there,
-a newer attempt; and the one verdict every backend gives a URI outside the run."""
+a newer attempt (and the one test for it); and the one verdict every backend gives a URI outside the run."""
 
 from typing import Final
 
@@ -24,3 +24,9 @@ class CheckpointExists(FileExistsError):
 
 class Fenced(RuntimeError):
     """A newer attempt owns the run's checkpoints: this one must write nothing more."""
+
+
+def refuse(attempt: int, held: int, run: str) -> None:
+    """Raise Fenced when `held`, the attempt that last claimed the run, is newer than `attempt` (any backend)."""
+    if held > attempt:
+        raise Fenced(f"attempt {attempt} is superseded by attempt {held} of {run}; writing nothing")

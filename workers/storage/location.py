@@ -7,11 +7,10 @@ root (`/lustre/ckpt`, `file:///lustre/ckpt`, `s3://bucket/prefix`); a run's chec
 
 from pathlib import Path
 from typing import Literal
-from urllib.parse import urlparse
+from urllib.parse import unquote, urlparse
 
 import msgspec
 
-from ftrain.workers.checkpoint_dir import path_uri, storage_root
 from ftrain.workers.storage.errors import StorageError
 
 Backend = Literal["file", "s3"]
@@ -55,13 +54,54 @@ def parse_root(text: str | Path) -> tuple[Backend, str]:
         raise StorageError(f"storage {text!r}: empty (use a path, file:// or s3://)")
     scheme = urlparse(text).scheme
     if scheme == "s3":
-        from ftrain.workers.storage.s3_store import parse_s3_uri
-
         bucket, prefix = parse_s3_uri(text)
         return "s3", f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}"
     if scheme in ("", "file"):
         return "file", path_uri(storage_root(text))
     raise StorageError(f"storage {text!r}: scheme {scheme!r} is not supported (use a path, file:// or s3://)")
+
+
+def storage_root(text: str) -> Path:
+    """The directory behind a storage location: a path or a `file://` URI."""
+    parsed = urlparse(text)
+    if parsed.scheme == "file" and parsed.netloc not in ("", "localhost"):  # never drop a host silently
+        raise StorageError(
+            f"storage {text!r}: file:// on host {parsed.netloc!r} is not supported (use file:///path)"
+        )
+    if parsed.scheme in ("", "file"):
+        try:  # a path the log cannot record as text, or whose escapes would decode to another path, is none
+            name = unquote(parsed.path, errors="strict") if parsed.scheme else text
+            name.encode()
+        except UnicodeError:
+            raise StorageError(f"storage {text!r}: not UTF-8 once its %-escapes are decoded") from None
+        path = Path(name).expanduser()
+        if not path.is_absolute():
+            path = Path.cwd() / path
+        return path
+    raise StorageError(f"storage {text!r}: scheme {parsed.scheme!r} is not supported (use a path or file://)")
+
+
+def path_uri(path: Path) -> str:
+    """The `file://` URI of a path."""
+    return path.absolute().as_uri()
+
+
+def uri_path(uri: str) -> Path:
+    """The path behind a `file://` URI."""
+    return storage_root(uri)
+
+
+def parse_s3_uri(text: str) -> tuple[str, str]:
+    """(bucket, prefix without surrounding slashes) of `s3://bucket[/prefix]`."""
+    parsed = urlparse(text)
+    bucket, prefix = parsed.netloc, parsed.path.strip("/")
+    if parsed.scheme != "s3" or len(bucket) < 3 or parsed.query or parsed.fragment:
+        raise StorageError(
+            f"storage {text!r}: expected s3://bucket[/prefix] (a bucket name has 3+ characters)"
+        )
+    if any(part in ("", ".", "..") for part in prefix.split("/")) and prefix:
+        raise StorageError(f"storage {text!r}: the prefix has an empty, '.' or '..' segment")
+    return bucket, prefix
 
 
 def run_location(text: str | Path) -> Location:

@@ -1,23 +1,21 @@
-"""The storage port: what the CLI and resume do with checkpoints, addressed by URI, whatever holds them.
+"""The storage port: one run's checkpoints, whatever holds them, cut by role as DCP cuts its storage layer.
 
-A storage root is a URI (`file:///lustre/ckpt`, `s3://bucket/prefix`); a run's checkpoints live under
-`<root>/<run_id>/step-<N>`. Every backend gives the same guarantees: a step is absent or complete (data files,
-then the manifest, then the completion marker, sealed last and never overwritten); a checkpoint URI is trusted
-only when it names a step directly under the run's own location (`confined`); verification reads each byte
-once, hashing it, and never parses a byte before its hash matched; "storage unavailable" (raised as
-`StorageUnavailable`) is never reported as corruption. Backends are chosen by scheme in `workers.storage.open`.
+A run's checkpoints live at `<root>/<run>/step-<N>` (`Location`). Every backend gives the same guarantees: a
+step is absent or complete (data files, then the manifest, then the completion marker, sealed last and never
+overwritten); a checkpoint URI is trusted only when it names a step directly under the run's own location
+(`confined`); verification reads each byte once, hashing it, and never parses a byte before its hash matched;
+"storage unavailable" (`StorageUnavailable`) is never reported as corruption. A backend is one class that
+plays the three roles below; `workers.storage.open` picks it by scheme, and nothing else knows the backends.
 
-`CheckpointStorage` is one storage root as the CLI sees it (whole checkpoints, any run); `RunStore` is one run's
-location as the trainer's ranks see it: a step written in parts by many processes (begun by rank 0, each rank's
-files moved in, sealed by rank 0), the attempt fence, retention, and each rank's owned files of a candidate made
-readable locally, verified, for a resume.
+Every method raises StorageUnavailable when the storage is out of reach, StorageError for a location it cannot
+use. The trainer's ranks and the CLI (one rank: `workers.storage.one_rank`) call the same methods.
 """
 
 from collections.abc import Callable, Collection, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import msgspec
 
@@ -40,61 +38,10 @@ Source = tuple[str, bytes | Path]
 """A data file of a checkpoint: its name, and its bytes or a local file to upload or copy."""
 
 
-class CheckpointStorage(Protocol):
-    """One storage root."""
-
-    @property
-    def root(self) -> str:
-        """The root's canonical URI (what a `launched` event records)."""
-        ...
-
-    def write(
-        self,
-        *,
-        run_id: str,
-        step: int,
-        epoch: int,
-        shards: int,
-        sources: Sequence[Source],
-        world_size: int = 1,
-        dataset_revision: str | None = None,
-        extra: dict[str, Any] | None = None,
-    ) -> StoredCheckpoint:
-        """Write the data files, the manifest, and last the marker. CheckpointExists when the step is taken
-        (another writer sealed it, or an interrupted write is in the way); nothing is left behind on failure."""
-        ...
-
-    def complete(self, run_id: str) -> list[OnDisk]:
-        """The run's marked steps, newest first, each with the hash its marker claims (unverified)."""
-        ...
-
-    def confined(self, uri: str, run_id: str) -> str | None:
-        """`uri` when it names a step location directly under the run's own, else None (refused unread)."""
-        ...
-
-    def verify(
-        self, uri: str, expected_hash: str, *, run_id: str | None = None, step: int | None = None
-    ) -> str | None:
-        """None when the checkpoint at `uri` is valid for the log's hash, else why not."""
-        ...
-
-    def quarantine(self, uri: str, kind: SetAsideKind, tag: str) -> str | None:
-        """Move the checkpoint out of its step's name, kept as evidence; its new URI, None if it was gone."""
-        ...
-
-    def delete(self, uri: str) -> None:
-        """Delete a checkpoint this process wrote and could not record."""
-        ...
-
-    def clean(self, run_id: str) -> list[str]:
-        """Remove stale partial work of the run that no live writer owns; what was removed."""
-        ...
-
-
 class RankFiles(msgspec.Struct, frozen=True):
     """Where one rank writes its files of a step being saved: `final` when that is the step's assembly
     itself (each file made durable as it is written), else a private node-local directory they are moved
-    from (`RunStore.deliver`)."""
+    from (`StepWriter.deliver`)."""
 
     path: Path
     final: bool
@@ -110,33 +57,60 @@ class Readable:
     fetch: Callable[[str], None] | None = None
 
 
-class RunStore(Protocol):
-    """One run's checkpoints on one backend, as every rank of a training job uses them. A step is begun
-    (`begin`, rank 0: the URI the ranks write to), each rank writes into `rank_files` and `deliver`s there,
-    and rank 0 `seal`s it (or `discard`s it); the store also holds the attempt fence, retention, and a
-    resume's reads. Raises StorageUnavailable when the storage is out of reach, StorageError for a location it
-    cannot use."""
+class StepWriter(Protocol):
+    """Writes one step of the run. Call order:
 
-    @property
-    def location(self) -> Location:
-        """The run's location."""
+    1. (rank 0) `begin`: the step's URI, sent to every rank;
+    2. (every rank) `rank_files`, written into, then `deliver`ed to the URI; a writer of one process with its
+       files at hand (the CLI) `put`s each instead;
+    3. (rank 0, once every rank delivered) `seal`, or on any failure `discard`.
+
+    `attempt` None is a writer outside the run's attempts (the CLI): a step already there refuses it
+    (CheckpointExists) and nothing is fenced; an attempt's writer sets an older attempt's step aside instead.
+    """
+
+    def begin(self, step: int, attempt: int | None) -> str:
+        """Start saving `step`; the URI every rank delivers to. CheckpointExists (attempt None) when the step
+        is sealed or another writer claimed it; for an attempt, an older attempt's sealed step of that name
+        (never recorded by this one) is set aside, here or at `seal`."""
         ...
 
-    def prepare(self, rank: int, *, staged: bool) -> None:
-        """Every rank at start-up: its node-local work space made private (saves that stage, and every save
-        on object storage) and emptied of what an interrupted save or resume of this rank left there."""
+    def rank_files(
+        self, uri: str, step: int, rank: int, *, staged: bool
+    ) -> AbstractContextManager[RankFiles]:
+        """Where this rank writes its files of the step begun at `uri` (`staged`: from a staged copy, in the
+        background); a private local directory is removed on exit."""
         ...
 
-    def reachable(self) -> None:
-        """Raise StorageUnavailable unless the run's location can be listed (never creates it)."""
+    def deliver(self, uri: str, written: RankFiles, entries: Sequence[FileEntry]) -> None:
+        """Move this rank's written files (their digests known from the write) into the step at `uri`."""
         ...
 
-    def probe(self) -> None:
-        """Rank 0 at start-up, before the first step: write a small private file (object) in the run's
-        location, read it back and remove it (a missing run directory is created). StorageError when the
-        location is wrong (cannot be written or read back, the run's directory a link, a write refused to
-        these credentials), StorageUnavailable when it is out of reach right now."""
+    def put(self, uri: str, name: str, source: bytes | Path) -> FileEntry:
+        """Write one data file straight into the step at `uri`, hashed as it goes (one read); StorageError
+        for a name a checkpoint's data file may not take."""
         ...
+
+    def seal(self, uri: str, manifest: Manifest, attempt: int | None) -> StoredCheckpoint:
+        """Manifest, then marker: the step is complete. Fenced when a newer attempt holds the run (nothing
+        sealed); CheckpointExists when another writer sealed the step first."""
+        ...
+
+    def discard(self, uri: str) -> None:
+        """Remove what a failed save left at `uri`, or a sealed step this process could not record (best
+        effort: `RunGuard.clean` finishes the rest)."""
+        ...
+
+
+class StepReader(Protocol):
+    """Reads the run's steps for a resume. Call order:
+
+    1. (rank 0) `complete` (and, without a log, `quarantined`): the candidates;
+    2. (rank 0) per candidate, `confined` then `read_manifest`, sent to every rank;
+    3. (every rank) `readable`: its owned files local and judged, for DCP; a reader of one process that only
+       judges (the CLI) calls `verify` instead of 2-3;
+    4. (rank 0) `quarantine` a candidate that failed.
+    """
 
     def complete(self) -> list[OnDisk]:
         """The run's sealed steps, newest first, each with the hash its marker claims (unverified)."""
@@ -144,6 +118,68 @@ class RunStore(Protocol):
 
     def quarantined(self) -> list[str]:
         """The URIs of the run's steps set aside as corrupt (kept as evidence)."""
+        ...
+
+    def confined(self, uri: str) -> str | None:
+        """`uri` when it names a step location directly under the run's own, else None (refused unread)."""
+        ...
+
+    def read_manifest(
+        self, uri: str, expected_hash: str | None, *, run_id: str | None = None, step: int | None = None
+    ) -> Manifest | str:
+        """The manifest of the (confined) step at `uri` when its marker and digest check out (against
+        `expected_hash`, or the marker's own when None: the log is out of reach) and it names `run_id` and
+        `step` (when given), else why not. No data file is read."""
+        ...
+
+    def readable(
+        self, uri: str, manifest: Manifest, files: Sequence[FileEntry], *, start: str, rank: int
+    ) -> AbstractContextManager[Readable]:
+        """This rank's `files` of the step at `uri` readable locally and judged (each byte read once, hashed);
+        `start` names this start's downloads. What it made local is removed on exit."""
+        ...
+
+    def verify(
+        self, uri: str, expected_hash: str, *, run_id: str | None = None, step: int | None = None
+    ) -> str | None:
+        """None when the (confined) step at `uri` is valid for the log's hash, every file hashed where it
+        lies and nothing kept; else why not."""
+        ...
+
+    def quarantine(self, uri: str, kind: SetAsideKind, tag: str) -> str | None:
+        """Move the step out of its name, kept as evidence; its new URI, None if it was gone."""
+        ...
+
+
+class RunGuard(Protocol):
+    """Keeps the run's location fit to write to. Call order:
+
+    1. (every rank, at start-up) `prepare`;
+    2. (rank 0, before the first step) `reachable` where checkpoints are expected, `check`, `clean`, `probe`,
+       then `claim` (`owner` says the last claim when the log cannot);
+    3. (rank 0, after a step is sealed and recorded) `prune`.
+    """
+
+    @property
+    def location(self) -> Location:
+        """The run's location."""
+        ...
+
+    def prepare(self, rank: int, *, staged: bool) -> None:
+        """Every rank at start-up: its node-local work space made private (the trainer keeps its progress
+        record there) and, where saves stage (and on object storage, where every save and resume works there),
+        emptied of what an interrupted save or resume of this rank left there. UnsafeDirectory when it is not
+        private."""
+        ...
+
+    def reachable(self) -> None:
+        """Raise StorageUnavailable unless the run's location can be listed (never creates it)."""
+        ...
+
+    def probe(self) -> None:
+        """Write a small private file (object) in the run's location, read it back and remove it (a missing
+        run directory is created). StorageError when the location is wrong (cannot be written or read back,
+        the run's directory a link, a write refused to these credentials)."""
         ...
 
     def owner(self) -> int:
@@ -159,54 +195,14 @@ class RunStore(Protocol):
         ...
 
     def clean(self) -> list[str]:
-        """Rank 0 at start-up: remove the run's stale partial steps (no live writer owns them); what went."""
-        ...
-
-    def confined(self, uri: str) -> str | None:
-        """`uri` when it names a step location directly under the run's own, else None (refused unread)."""
-        ...
-
-    def read_manifest(self, uri: str, expected_hash: str | None, *, run_id: str, step: int) -> Manifest | str:
-        """The manifest of the (confined) step at `uri` when its marker and digest check out, else why not."""
-        ...
-
-    def readable(
-        self, uri: str, manifest: Manifest, files: Sequence[FileEntry], *, start: str, rank: int
-    ) -> AbstractContextManager[Readable]:
-        """This rank's `files` of the step at `uri` readable locally and judged (each byte read once, hashed);
-        `start` names this start's downloads. What it made local is removed on exit."""
-        ...
-
-    def quarantine(self, uri: str, kind: SetAsideKind, tag: str) -> str | None:
-        """Move the step out of its name, kept as evidence; its new URI, None if it was gone."""
-        ...
-
-    def begin(self, step: int, attempt: int) -> str:
-        """Rank 0: start saving `step` for `attempt`; the URI every rank delivers to. An older attempt's
-        sealed step of that name (never recorded by this one) is set aside, here or at `seal`."""
-        ...
-
-    def rank_files(
-        self, uri: str, step: int, rank: int, *, staged: bool
-    ) -> AbstractContextManager[RankFiles]:
-        """Where this rank writes its files of the step begun at `uri` (`staged`: from a staged copy, in the
-        background); a private local directory is removed on exit."""
-        ...
-
-    def deliver(self, uri: str, written: RankFiles, entries: Sequence[FileEntry]) -> None:
-        """Move this rank's written files (their digests known from the write) into the step at `uri`."""
-        ...
-
-    def seal(self, uri: str, manifest: Manifest, attempt: int) -> StoredCheckpoint:
-        """Rank 0, once every rank delivered: manifest, then marker; the step is complete. Fenced when a newer
-        attempt holds the run (nothing sealed)."""
-        ...
-
-    def discard(self, uri: str) -> None:
-        """Remove what a failed save left at `uri` (best effort: `clean` finishes the rest)."""
+        """Remove the run's stale partial steps (no live writer owns them); what went."""
         ...
 
     def prune(self, steps: Collection[int], attempt: int) -> list[int]:
         """Delete the sealed steps of `steps` (retention's decision: `workers.layout.retire`); those found
         and deleted. Fenced when a newer attempt holds the run: it prunes for itself."""
         ...
+
+
+class RunStorage(StepWriter, StepReader, RunGuard, Protocol):
+    """One backend's run: the three roles, as `workers.storage.open.open_run` returns them."""

@@ -1,10 +1,16 @@
 """Whether a checkpoint's stored bytes are the ones its log event and manifest name: one judgement for every
-backend, so a file system and an object store give the same reasons for the same damage."""
+backend, so a file system and an object store give the same reasons for the same damage; and, for a file read
+from a local directory (a file system's step, a node's download cache), whether its absence is a defect or the
+storage out of reach."""
+
+import os
+from pathlib import Path
 
 import msgspec
 
 from ftrain.workers.integrity import Hashed, digest_of, from_hex
 from ftrain.workers.manifest import FileEntry, Manifest, Marker, decode_manifest
+from ftrain.workers.storage.errors import StorageUnavailable
 
 
 def judge_manifest(
@@ -33,3 +39,33 @@ def entry_verdict(entry: FileEntry, found: Hashed) -> str | None:
     if found.digest != entry.digest:
         return f"file {entry.name} hash mismatch"
     return None
+
+
+def unavailable(path: Path, exc: OSError) -> StorageUnavailable:
+    """The storage out of reach, as a local path's error says."""
+    return StorageUnavailable(f"storage unavailable: {path}: {exc.strerror or exc}")
+
+
+def _listable(directory: Path) -> bool:
+    try:
+        with os.scandir(directory):
+            return True
+    except OSError:
+        return False
+
+
+def absent(path: Path, anchor: Path, exc: OSError, verdict: str) -> str:
+    """`verdict` when `path` is missing under `anchor`, a directory that can be listed (the checkpoint is
+    incomplete); when `anchor` itself is out of reach, or the error is anything but absence (EIO, EACCES,
+    ESTALE, a timeout), the storage is unavailable and StorageUnavailable is raised."""
+    if isinstance(exc, FileNotFoundError | NotADirectoryError) and _listable(anchor):
+        return verdict
+    raise unavailable(path, exc) from exc
+
+
+def file_verdict(path: Path, entry: FileEntry, found: Hashed | OSError) -> str | None:
+    """Why a file of the checkpoint at `path` does not match its manifest entry; None if it does. Raises
+    StorageUnavailable for an error that is not the file's absence."""
+    if isinstance(found, OSError):
+        return absent(path / entry.name, path, found, f"file {entry.name} missing")
+    return entry_verdict(entry, found)

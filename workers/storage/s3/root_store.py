@@ -1,4 +1,5 @@
-"""The S3 backend of the storage port (AWS S3 or any S3-compatible store), through boto3.
+"""Checkpoints under a storage root on S3 (AWS S3 or any S3-compatible store), through boto3: the bucket-side
+work of the S3 backend (`run_prefix.S3Run`).
 
 There is no rename, so a step is sealed in place under `<prefix>/<run_id>/step-<N>/` (names: `workers.layout`):
 
@@ -23,7 +24,6 @@ else — an unreachable endpoint, a timeout, 5xx, AccessDenied, bad credentials,
 
 from collections.abc import Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
 from urllib.parse import urlparse
@@ -52,29 +52,16 @@ from ftrain.workers.manifest import (
     decode_marker,
     encode_manifest,
 )
-from ftrain.workers.s3.bucket import Bucket, ObjectMissing
-from ftrain.workers.s3.ranged import fetch_files
 from ftrain.workers.storage.errors import CheckpointExists, StorageError, StorageUnavailable
-from ftrain.workers.storage.port import Source, StoredCheckpoint
-from ftrain.workers.storage.s3_partial import claim_body, clean
+from ftrain.workers.storage.port import StoredCheckpoint
+from ftrain.workers.storage.s3.bucket import Bucket, ObjectMissing
+from ftrain.workers.storage.s3.partial import claim_body, clean
+from ftrain.workers.storage.s3.ranged import fetch_files
 from ftrain.workers.storage.verdict import entry_verdict, judge_manifest
 
 log = structlog.get_logger(__name__)
 
 VERIFY_THREADS: Final = 8
-
-
-def parse_s3_uri(text: str) -> tuple[str, str]:
-    """(bucket, prefix without surrounding slashes) of `s3://bucket[/prefix]`."""
-    parsed = urlparse(text)
-    bucket, prefix = parsed.netloc, parsed.path.strip("/")
-    if parsed.scheme != "s3" or len(bucket) < 3 or parsed.query or parsed.fragment:
-        raise StorageError(
-            f"storage {text!r}: expected s3://bucket[/prefix] (a bucket name has 3+ characters)"
-        )
-    if any(part in ("", ".", "..") for part in prefix.split("/")) and prefix:
-        raise StorageError(f"storage {text!r}: the prefix has an empty, '.' or '..' segment")
-    return bucket, prefix
 
 
 class S3Storage:
@@ -111,46 +98,6 @@ class S3Storage:
         return parsed.path.strip("/") + "/"
 
     # -- write ---------------------------------------------------------------------------------------------
-
-    def write(
-        self,
-        *,
-        run_id: str,
-        step: int,
-        epoch: int,
-        shards: int,
-        sources: Sequence[Source],
-        world_size: int = 1,
-        dataset_revision: str | None = None,
-        extra: dict[str, Any] | None = None,
-    ) -> StoredCheckpoint:
-        for name, _ in sources:
-            if name.startswith("/") or ".." in name.split("/") or name in RESERVED or name == WRITER_CLAIM:
-                raise StorageError(f"checkpoint file name {name!r} is not allowed")
-        uri = self.begin(run_id, step)
-        try:
-            entries = [self.upload(uri, name, src) for name, src in sources]
-            manifest = Manifest(
-                run_id=run_id,
-                step=step,
-                epoch=epoch,
-                shards=shards,
-                world_size=world_size,
-                dataset_revision=dataset_revision,
-                created_at=datetime.now(UTC),
-                files=tuple(entries),
-                extra=extra or {},
-            )
-        except BaseException:
-            self.discard(uri)
-            raise
-        try:
-            return self.seal(uri, manifest)
-        except CheckpointExists:  # what is there now is another writer's: leave it
-            raise
-        except BaseException:
-            self.discard(uri)
-            raise
 
     # The write in parts, for a writer whose data files come from several processes (the trainer's ranks):
     # one process claims the step (`begin`), each uploads its own files (`upload`), one seals (`seal`) once
@@ -295,7 +242,7 @@ class S3Storage:
 
     def fetch(self, uri: str, files: Sequence[FileEntry], into: Path) -> str | None:
         """Download `files` of the checkpoint at `uri` into the private directory `into` in parallel ranged
-        reads (`workers.s3.ranged`), each file hashed in order as its bytes arrive and written as they pass
+        reads (`workers.storage.s3.ranged`), each file hashed in order as its bytes arrive and written as they pass
         (never read twice); None when every file matches its manifest entry, else the first reason one does
         not. No byte is parsed here. Raises StorageUnavailable."""
         return fetch_files(self.client, self.bucket, self._step_key(uri), files, into)
@@ -323,12 +270,6 @@ class S3Storage:
             self.objects.copy(key, target + key[len(step_key) :])
         self.objects.delete(keys)
         return self.objects.uri(target)
-
-    def delete(self, uri: str) -> None:
-        try:
-            self.objects.delete(self.objects.keys(self._step_key(uri)))
-        except StorageUnavailable as exc:
-            log.warning("checkpoint_not_removed", uri=uri, error=str(exc))
 
     def clean(self, run_id: str) -> list[str]:
         return clean(self.objects, self._run_key(run_id))

@@ -1,4 +1,4 @@
-"""The attempt fence on object storage: `workers.fence` for a run whose checkpoints live on S3.
+"""The attempt fence on object storage: `workers.storage.file.fence_file` for a run whose checkpoints live on S3.
 
 The log refuses a superseded attempt's events, not its writes: an old attempt that wakes up (a process stopped
 and continued, a node cut off and back) could still seal steps the run never asked for. So the attempt's rank
@@ -8,10 +8,10 @@ superseded. Read, then write, as on a file system: it stops an attempt that was 
 once (the log's conditional append refuses those).
 """
 
-from ftrain.workers.fence import refuse
 from ftrain.workers.layout import attempt_key
-from ftrain.workers.s3.bucket import ObjectMissing
-from ftrain.workers.storage.s3_store import S3Storage
+from ftrain.workers.storage.errors import refuse
+from ftrain.workers.storage.s3.bucket import ObjectMissing
+from ftrain.workers.storage.s3.root_store import S3Storage
 
 
 def owner(storage: S3Storage, run_id: str) -> int:

@@ -24,8 +24,8 @@ from botocore.exceptions import BotoCoreError, ClientError
 from ftrain.events.private import open_private
 from ftrain.workers.integrity import Hasher
 from ftrain.workers.manifest import FileEntry
-from ftrain.workers.s3.client import error_code, is_missing, reason
 from ftrain.workers.storage.errors import StorageUnavailable
+from ftrain.workers.storage.s3.boto_client import error_code, is_missing, reason
 from ftrain.workers.storage.verdict import entry_verdict
 
 RANGE: Final = 16 << 20

@@ -13,7 +13,8 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from ftrain.workers.integrity import CHUNK, Hashed, Hasher
 from ftrain.workers.layout import MARKER
-from ftrain.workers.s3.client import (
+from ftrain.workers.storage.errors import StorageUnavailable
+from ftrain.workers.storage.s3.boto_client import (
     CONFLICT,
     PRECONDITION_FAILED,
     error_code,
@@ -21,7 +22,6 @@ from ftrain.workers.s3.client import (
     make_client,
     reason,
 )
-from ftrain.workers.storage.errors import StorageUnavailable
 
 T = TypeVar("T")
 DELETE_BATCH: Final = 1000

@@ -1,9 +1,9 @@
-"""One run's checkpoints on object storage (S3), as the trainer's ranks write and resume them (`port.RunStore`).
+"""The S3 backend of the storage port: one run's key prefix, in the three roles of `workers.storage.port`.
 
 Saving: rank 0 claims the step (`S3Storage.begin`); each rank writes its shards to a private directory of this
 node's stage directory (hashing as DCP writes them) and uploads its own files with those digests; rank 0 seals
 the step (manifest, then the conditional marker) once every upload is in and no newer attempt holds the fence
-(`s3_fence`).
+(`fence_object`). A writer outside the attempts (the CLI) uploads its files straight from where they are.
 
 Resuming: a candidate is downloaded into one cache per node, shared by the node's ranks: each rank fetches only
 the files it owns, in parallel ranged reads hashed as they arrive, so every byte crosses the network and is
@@ -27,16 +27,15 @@ from ftrain.workers.dcp_reader import Rejected
 from ftrain.workers.integrity import Hashed
 from ftrain.workers.layout import SetAsideKind, parse_set_aside, rank_stage_dir, run_key, step_dir
 from ftrain.workers.manifest import FileEntry, Manifest
-from ftrain.workers.s3.bucket import ObjectMissing
-from ftrain.workers.s3.client import error_code, reason, shared_client
-from ftrain.workers.stage_dir import claim_dir, safe_stage_dir
-from ftrain.workers.storage import s3_fence
+from ftrain.workers.stage_dir import claim_dir, local_files, remove_leftovers, safe_stage_dir
 from ftrain.workers.storage.errors import CheckpointExists, StorageUnavailable
-from ftrain.workers.storage.file_run import local_files, remove_leftovers
 from ftrain.workers.storage.location import Location
 from ftrain.workers.storage.port import RankFiles, Readable, StoredCheckpoint
 from ftrain.workers.storage.probe import probe_body, unreadable, unwritable
-from ftrain.workers.storage.s3_store import S3Storage
+from ftrain.workers.storage.s3 import fence_object
+from ftrain.workers.storage.s3.boto_client import error_code, reason, shared_client
+from ftrain.workers.storage.s3.bucket import ObjectMissing
+from ftrain.workers.storage.s3.root_store import S3Storage
 
 log = structlog.get_logger(__name__)
 _CACHE = "download-"
@@ -48,10 +47,11 @@ credentials): it will answer the same next time. A bucket that does not answer (
 out of reach, as for every read."""
 
 
-class S3RunStore:
-    """A run's prefix in a bucket, and this node's work directory for uploads and downloads."""
+class S3Run:
+    """A run's prefix in a bucket, and this node's work directory for uploads and downloads (None: a process
+    that saves and resumes nothing of its own, as the CLI)."""
 
-    def __init__(self, location: Location, stage_dir: Path, client: Any = None) -> None:
+    def __init__(self, location: Location, stage_dir: Path | None = None, client: Any = None) -> None:
         bucket, prefix = location.bucket_prefix
         self._location = location
         self.storage = S3Storage(bucket, prefix, client or shared_client())
@@ -62,12 +62,17 @@ class S3RunStore:
     def location(self) -> Location:
         return self._location
 
-    # -- start-up and resume -------------------------------------------------------------------------------
+    @property
+    def _stage(self) -> Path:
+        assert self.stage_dir is not None, "a store opened without a stage directory uploads nothing staged"
+        return self.stage_dir
+
+    # -- guard ---------------------------------------------------------------------------------------------
 
     def prepare(self, rank: int, *, staged: bool) -> None:
         """Every save and resume works in the stage directory, staged or not."""
-        safe_stage_dir(self.stage_dir)
-        remove_leftovers(rank_stage_dir(self.stage_dir, rank))
+        safe_stage_dir(self._stage)
+        remove_leftovers(rank_stage_dir(self._stage, rank))
 
     def reachable(self) -> None:
         self.storage.objects.reach(run_key(self.storage.prefix, self.run))
@@ -93,6 +98,24 @@ class S3RunStore:
         if read != body:
             raise unreadable(self._location.uri)
 
+    def owner(self) -> int:
+        return fence_object.owner(self.storage, self.run)
+
+    def claim(self, attempt: int) -> None:
+        fence_object.claim(self.storage, self.run, attempt)
+
+    def check(self, attempt: int) -> None:
+        fence_object.check(self.storage, self.run, attempt)
+
+    def clean(self) -> list[str]:
+        return self.storage.clean(self.run)
+
+    def prune(self, steps: Collection[int], attempt: int) -> list[int]:
+        self.check(attempt)
+        return self.storage.prune(self.run, steps)
+
+    # -- reader --------------------------------------------------------------------------------------------
+
     def complete(self) -> list[OnDisk]:
         return self.storage.complete(self.run)
 
@@ -104,22 +127,12 @@ class S3RunStore:
             if (aside := parse_set_aside(name)) is not None and aside[1] == "corrupt"
         ]
 
-    def owner(self) -> int:
-        return s3_fence.owner(self.storage, self.run)
-
-    def claim(self, attempt: int) -> None:
-        s3_fence.claim(self.storage, self.run, attempt)
-
-    def check(self, attempt: int) -> None:
-        s3_fence.check(self.storage, self.run, attempt)
-
-    def clean(self) -> list[str]:
-        return self.storage.clean(self.run)
-
     def confined(self, uri: str) -> str | None:
         return self.storage.confined(uri, self.run)
 
-    def read_manifest(self, uri: str, expected_hash: str | None, *, run_id: str, step: int) -> Manifest | str:
+    def read_manifest(
+        self, uri: str, expected_hash: str | None, *, run_id: str | None = None, step: int | None = None
+    ) -> Manifest | str:
         return self.storage.read_manifest(uri, expected_hash, run_id=run_id, step=step)
 
     @contextmanager
@@ -128,15 +141,15 @@ class S3RunStore:
     ) -> Iterator[Readable]:
         """The files downloaded into the node's cache, hashed as they arrive."""
         name = f"{_CACHE}{start}-step-{manifest.step}"
-        cache, scratch = self.stage_dir / name, rank_stage_dir(self.stage_dir, rank) / "fetch"
+        cache, scratch = self._stage / name, rank_stage_dir(self._stage, rank) / "fetch"
         created = False
         try:
             try:
-                created = claim_dir(self.stage_dir, name)
+                created = claim_dir(self._stage, name)
                 if created:  # a start that did not finish left these
-                    for stale in os.listdir(self.stage_dir):
+                    for stale in os.listdir(self._stage):
                         if stale.startswith(_CACHE) and stale != name:
-                            remove_leftovers(self.stage_dir / stale)
+                            remove_leftovers(self._stage / stale)
                 verdict: str | StorageUnavailable | None = self.storage.fetch(uri, files, cache)
             except StorageUnavailable as exc:
                 verdict = exc
@@ -159,14 +172,21 @@ class S3RunStore:
             if created:
                 remove_leftovers(cache)
 
+    def verify(
+        self, uri: str, expected_hash: str, *, run_id: str | None = None, step: int | None = None
+    ) -> str | None:
+        return self.storage.verify(uri, expected_hash, run_id=run_id, step=step)
+
     def quarantine(self, uri: str, kind: SetAsideKind, tag: str) -> str | None:
         return self.storage.quarantine(uri, kind, tag)
 
-    # -- saving --------------------------------------------------------------------------------------------
+    # -- writer --------------------------------------------------------------------------------------------
 
-    def begin(self, step: int, attempt: int) -> str:
-        """Claim the step. A sealed step of that name was never recorded by this attempt, which is past every
-        step it resumed from: it is set aside, as on a file system."""
+    def begin(self, step: int, attempt: int | None) -> str:
+        """Claim the step. For an attempt, a sealed step of that name was never recorded by it, which is past
+        every step it resumed from: it is set aside, as on a file system."""
+        if attempt is None:
+            return self.storage.begin(self.run, step)
         try:
             return self.storage.begin(self.run, step)
         except CheckpointExists:
@@ -177,23 +197,23 @@ class S3RunStore:
 
     @contextmanager
     def rank_files(self, uri: str, step: int, rank: int, *, staged: bool) -> Iterator[RankFiles]:
-        with local_files(step_dir(rank_stage_dir(self.stage_dir, rank) / "upload", step)) as files:
+        with local_files(step_dir(rank_stage_dir(self._stage, rank) / "upload", step)) as files:
             yield files
 
     def deliver(self, uri: str, written: RankFiles, entries: Sequence[FileEntry]) -> None:
         for entry in entries:
             self.storage.upload(uri, entry.name, written.path / entry.name, Hashed(entry.size, entry.digest))
 
-    def seal(self, uri: str, manifest: Manifest, attempt: int) -> StoredCheckpoint:
-        self.check(attempt)
+    def put(self, uri: str, name: str, source: bytes | Path) -> FileEntry:
+        return self.storage.upload(uri, name, source)
+
+    def seal(self, uri: str, manifest: Manifest, attempt: int | None) -> StoredCheckpoint:
+        if attempt is not None:
+            self.check(attempt)
         return self.storage.seal(uri, manifest)
 
     def discard(self, uri: str) -> None:
         self.storage.discard(uri)
-
-    def prune(self, steps: Collection[int], attempt: int) -> list[int]:
-        self.check(attempt)
-        return self.storage.prune(self.run, steps)
 
 
 class FetchForLoad:

@@ -1,4 +1,4 @@
-"""A resume against a real log refuses a forged checkpoint URI outside the run's directory, reading and moving
+"""A resume against the run's log refuses a forged checkpoint URI outside the run's directory, reading and moving
 nothing of it (the confinement itself, on real files: tests/unit/test_confinement.py)."""
 
 import hashlib
@@ -8,11 +8,9 @@ from pathlib import Path
 from ftrain.events.schema import Checkpointed
 from ftrain.projections.run_log import RunLog
 from ftrain.service import RunService
-from ftrain.workers.checkpoint_dir import (
-    OUTSIDE_RUN,
-    path_uri,
-)
-from tests.integration.test_failures import checkpoint, launch
+from ftrain.workers.storage.errors import OUTSIDE_RUN
+from ftrain.workers.storage.location import path_uri
+from tests.support.runs import checkpoint, launch
 from tests.unit.test_confinement import RUN, snapshot, victim
 
 

@@ -1,4 +1,4 @@
-"""The attempt that owns a run's checkpoint directory, on the file system itself.
+"""The attempt fence on a file system: the attempt that owns a run's checkpoint directory, in the directory.
 
 The log refuses a zombie attempt's events, but not its writes: an old attempt that wakes up (a process
 stopped and continued, a node cut off and back) could still seal step directories and prune the live
@@ -12,7 +12,7 @@ from pathlib import Path
 from ftrain.events.atomic_file import write_atomic
 from ftrain.events.private import private_dir
 from ftrain.workers.layout import attempt_file
-from ftrain.workers.storage.errors import Fenced as Fenced
+from ftrain.workers.storage.errors import refuse
 
 
 def owner(run: Path) -> int:
@@ -33,9 +33,3 @@ def claim(run: Path, attempt: int) -> None:
 def check(run: Path, attempt: int) -> None:
     """Raise Fenced when a newer attempt than `attempt` has claimed `run`."""
     refuse(attempt, owner(run), run.name)
-
-
-def refuse(attempt: int, held: int, run: str) -> None:
-    """Raise Fenced when `held`, the attempt that last claimed the run, is newer than `attempt` (any storage)."""
-    if held > attempt:
-        raise Fenced(f"attempt {attempt} is superseded by attempt {held} of {run}; writing nothing")

@@ -14,7 +14,7 @@ import msgspec
 import structlog
 
 from ftrain.workers.layout import MARKER, WRITER_CLAIM, parse_step
-from ftrain.workers.s3.bucket import Bucket, ObjectMissing
+from ftrain.workers.storage.s3.bucket import Bucket, ObjectMissing
 
 log = structlog.get_logger(__name__)
 

@@ -1,4 +1,5 @@
-"""A checkpoint directory on a file system (local, NFS, Lustre, GPFS): write it whole, verify it, set it aside.
+"""A checkpoint directory on a file system (local, NFS, Lustre, GPFS): assemble it, seal it, verify it, set it
+aside.
 
 Names come from workers.layout. A checkpoint is assembled in a hidden directory and renamed into place, so its
 step directory either does not exist or holds a complete checkpoint; two writers of the same step cannot both
@@ -7,14 +8,10 @@ manifest bytes; this module converts it to and from the stored digests.
 """
 
 import os
-import shutil
 import socket
 import uuid
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
-from urllib.parse import unquote, urlparse
 
 import msgspec
 import structlog
@@ -23,7 +20,7 @@ from ftrain.events.atomic_file import fsync_dir, write_atomic
 from ftrain.events.private import DIR_MODE, private_dir
 from ftrain.projections.lifecycle import OnDisk
 from ftrain.workers.files import copy_hashing, write_file
-from ftrain.workers.integrity import Hashed, digest_of, hash_files, to_hex
+from ftrain.workers.integrity import digest_of, hash_files, to_hex
 from ftrain.workers.layout import (
     MANIFEST,
     MARKER,
@@ -32,7 +29,6 @@ from ftrain.workers.layout import (
     assemblies,
     assembly_dir,
     assembly_writer,
-    checkpoint_path,
     complete_steps,
     process_writer,
     set_aside_path,
@@ -47,52 +43,12 @@ from ftrain.workers.manifest import (
     encode_manifest,
 )
 from ftrain.workers.nofollow import remove_dir, rename_entry
-from ftrain.workers.storage.errors import OUTSIDE_RUN as OUTSIDE_RUN
-from ftrain.workers.storage.errors import CheckpointExists as CheckpointExists
-from ftrain.workers.storage.errors import StorageError as StorageError
-from ftrain.workers.storage.errors import StorageUnavailable as StorageUnavailable
-from ftrain.workers.storage.verdict import entry_verdict, judge_manifest
+from ftrain.workers.storage.errors import CheckpointExists, StorageError, StorageUnavailable
+from ftrain.workers.storage.location import path_uri, uri_path
+from ftrain.workers.storage.port import StoredCheckpoint
+from ftrain.workers.storage.verdict import absent, file_verdict, judge_manifest, unavailable
 
 log = structlog.get_logger(__name__)
-
-
-class WrittenCheckpoint(msgspec.Struct, frozen=True):
-    """A complete checkpoint: where it is, and the hash that identifies its manifest in the log."""
-
-    path: Path
-    uri: str
-    manifest: Manifest
-    checkpoint_hash: str
-
-
-def storage_root(text: str) -> Path:
-    """The directory behind a storage location: a path or a `file://` URI."""
-    parsed = urlparse(text)
-    if parsed.scheme == "file" and parsed.netloc not in ("", "localhost"):  # never drop a host silently
-        raise StorageError(
-            f"storage {text!r}: file:// on host {parsed.netloc!r} is not supported (use file:///path)"
-        )
-    if parsed.scheme in ("", "file"):
-        try:  # a path the log cannot record as text, or whose escapes would decode to another path, is none
-            name = unquote(parsed.path, errors="strict") if parsed.scheme else text
-            name.encode()
-        except UnicodeError:
-            raise StorageError(f"storage {text!r}: not UTF-8 once its %-escapes are decoded") from None
-        path = Path(name).expanduser()
-        if not path.is_absolute():
-            path = Path.cwd() / path
-        return path
-    raise StorageError(f"storage {text!r}: scheme {parsed.scheme!r} is not supported (use a path or file://)")
-
-
-def path_uri(path: Path) -> str:
-    """The `file://` URI of a path."""
-    return path.absolute().as_uri()
-
-
-def uri_path(uri: str) -> Path:
-    """The path behind a `file://` URI."""
-    return storage_root(uri)
 
 
 def confined(uri: str, run: Path) -> Path | None:
@@ -110,45 +66,28 @@ def confined(uri: str, run: Path) -> Path | None:
     return None
 
 
-def write_checkpoint(
-    root: Path,
-    *,
-    run_id: str,
-    step: int,
-    epoch: int,
-    shards: int,
-    sources: Sequence[tuple[str, bytes | Path]],
-    world_size: int = 1,
-    dataset_revision: str | None = None,
-    extra: dict[str, Any] | None = None,
-) -> WrittenCheckpoint:
-    """Write data files, manifest and marker, then rename the directory into place."""
-    final = checkpoint_path(root, run_id, step)
+def begin_assembly(run: Path, step: int) -> Path:
+    """A fresh assembly directory of `step` named for this process (a writer outside the trainer's
+    attempts): CheckpointExists when the step is sealed; what writers on this host left when they died
+    mid-write is removed first."""
+    final = step_dir(run, step)
     if final.exists():
         raise CheckpointExists(f"{final} already exists")
-    remove_dead_assemblies(final.parent)
-    tmp = assembly_dir(
-        final.parent, step, process_writer(socket.gethostname(), os.getpid(), uuid.uuid4().hex[:8])
-    )
-    private_dir(tmp.parent, tighten=False)
+    remove_dead_assemblies(run)
+    tmp = assembly_dir(run, step, process_writer(socket.gethostname(), os.getpid(), uuid.uuid4().hex[:8]))
+    private_dir(run, tighten=False)
     tmp.mkdir(mode=DIR_MODE)
-    try:
-        entries = [_write_source(tmp / name, src, name) for name, src in sources]
-        manifest = Manifest(
-            run_id=run_id,
-            step=step,
-            epoch=epoch,
-            shards=shards,
-            world_size=world_size,
-            dataset_revision=dataset_revision,
-            created_at=datetime.now(UTC),
-            files=tuple(entries),
-            extra=extra or {},
-        )
-        return seal_checkpoint(tmp, final, manifest)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    return tmp
+
+
+def write_source(assembly: Path, name: str, src: bytes | Path) -> FileEntry:
+    """Write (or copy) one data file into an assembly directory, fsync'd and hashed on the way."""
+    if Path(name).is_absolute() or ".." in Path(name).parts or name in RESERVED:
+        raise StorageError(f"checkpoint file name {name!r} is not allowed")
+    dst = assembly / name
+    private_dir(dst.parent, tighten=False)
+    hashed = write_file(dst, src) if isinstance(src, bytes) else copy_hashing(src, dst)
+    return FileEntry(name, hashed.size, hashed.digest)
 
 
 def remove_dead_assemblies(run: Path) -> list[Path]:
@@ -176,7 +115,7 @@ def _process_exists(pid: int) -> bool:
     return True
 
 
-def seal_checkpoint(tmp: Path, final: Path, manifest: Manifest, attempt: int = 0) -> WrittenCheckpoint:
+def seal_checkpoint(tmp: Path, final: Path, manifest: Manifest, attempt: int = 0) -> StoredCheckpoint:
     """Finish an assembled directory whose data files are in place: manifest, marker (atomically, last;
     naming the `attempt` that sealed it), then rename it to `final`. The caller removes `tmp` if this raises."""
     raw = encode_manifest(manifest)
@@ -188,15 +127,7 @@ def seal_checkpoint(tmp: Path, final: Path, manifest: Manifest, attempt: int = 0
     except OSError as exc:
         raise CheckpointExists(f"{final} already exists") from exc
     fsync_dir(final.parent)
-    return WrittenCheckpoint(final, path_uri(final), decode_manifest(raw), to_hex(manifest_digest))
-
-
-def _write_source(dst: Path, src: bytes | Path, name: str) -> FileEntry:
-    if Path(name).is_absolute() or ".." in Path(name).parts or name in RESERVED:
-        raise StorageError(f"checkpoint file name {name!r} is not allowed")
-    private_dir(dst.parent, tighten=False)
-    hashed = write_file(dst, src) if isinstance(src, bytes) else copy_hashing(src, dst)
-    return FileEntry(name, hashed.size, hashed.digest)
+    return StoredCheckpoint(path_uri(final), decode_manifest(raw), to_hex(manifest_digest))
 
 
 def on_disk(run: Path) -> list[OnDisk]:
@@ -205,7 +136,7 @@ def on_disk(run: Path) -> list[OnDisk]:
     try:
         steps = complete_steps(run)
     except OSError as exc:
-        raise _unavailable(run, exc) from exc
+        raise unavailable(run, exc) from exc
     return [OnDisk(step, path_uri(step_dir(run, step)), marker_hash(step_dir(run, step))) for step in steps]
 
 
@@ -216,28 +147,7 @@ def require_listable(run: Path) -> None:
     try:
         os.scandir(run).close()
     except OSError as exc:
-        raise _unavailable(run, exc) from exc
-
-
-def _unavailable(path: Path, exc: OSError) -> StorageUnavailable:
-    return StorageUnavailable(f"storage unavailable: {path}: {exc.strerror or exc}")
-
-
-def _listable(directory: Path) -> bool:
-    try:
-        with os.scandir(directory):
-            return True
-    except OSError:
-        return False
-
-
-def _absent(path: Path, anchor: Path, exc: OSError, verdict: str) -> str:
-    """`verdict` when `path` is missing under `anchor`, a directory that can be listed (the checkpoint is
-    incomplete); when `anchor` itself is out of reach, or the error is anything but absence (EIO, EACCES,
-    ESTALE, a timeout), the storage is unavailable and StorageUnavailable is raised."""
-    if isinstance(exc, FileNotFoundError | NotADirectoryError) and _listable(anchor):
-        return verdict
-    raise _unavailable(path, exc) from exc
+        raise unavailable(run, exc) from exc
 
 
 def verify_checkpoint(
@@ -272,14 +182,14 @@ def read_manifest(
     try:
         os.scandir(path).close()
     except OSError as exc:
-        return _absent(path, path.parent, exc, "directory missing")
+        return absent(path, path.parent, exc, "directory missing")
     marker = _read_marker(path)
     if isinstance(marker, str):
         return marker
     try:
         raw = (path / MANIFEST).read_bytes()
     except OSError as exc:
-        return _absent(path / MANIFEST, path, exc, "manifest missing")
+        return absent(path / MANIFEST, path, exc, "manifest missing")
     return judge_manifest(marker, raw, expected_hash, run_id=run_id, step=step)
 
 
@@ -287,7 +197,7 @@ def _read_marker(path: Path) -> Marker | str:
     try:
         return decode_marker((path / MARKER).read_bytes())
     except OSError as exc:
-        return _absent(path / MARKER, path, exc, "completion marker missing")
+        return absent(path / MARKER, path, exc, "completion marker missing")
     except (msgspec.DecodeError, msgspec.ValidationError):
         return "completion marker unreadable"
 
@@ -300,24 +210,8 @@ def verify_files(path: Path, entries: Sequence[FileEntry]) -> str | None:
     return next((v for v in verdicts if v), None)
 
 
-def file_verdict(path: Path, entry: FileEntry, found: Hashed | OSError) -> str | None:
-    """Why a file of the checkpoint at `path` does not match its manifest entry; None if it does. Raises
-    StorageUnavailable for an error that is not the file's absence."""
-    if isinstance(found, OSError):
-        return _absent(path / entry.name, path, found, f"file {entry.name} missing")
-    return entry_verdict(entry, found)
-
-
 def set_aside(path: Path, kind: SetAsideKind, tag: str) -> Path | None:
     """Move a checkpoint out of the way under its set-aside name, freeing its step's name and keeping it as
     evidence; None if it is gone. The entry itself moves: a link is renamed, what it points at is not."""
     target = set_aside_path(path, kind, tag)
     return target if rename_entry(path.parent, path.name, target.name) else None
-
-
-def remove_checkpoint(path: Path) -> None:
-    """Delete a checkpoint directory this process wrote and could not record."""
-    try:
-        remove_dir(path.parent, path.name)
-    except OSError as exc:
-        log.warning("checkpoint_not_removed", path=str(path), error=str(exc))
