@@ -11,7 +11,7 @@ from pathlib import Path
 import msgspec
 
 from ftrain.events.chain import seal
-from ftrain.events.jetstream.store import process_actor
+from ftrain.events.signed_log import process_actor
 from ftrain.events.keyring import load_signer
 from ftrain.events.record import StoredRecord, run_subject
 from ftrain.events.schema import AnyEvent, Checkpointed, Failed, Resumed, encode_event, event_type
