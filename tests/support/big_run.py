@@ -11,10 +11,10 @@ from pathlib import Path
 import msgspec
 
 from ftrain.events.chain import seal
-from ftrain.events.signed_log import process_actor
 from ftrain.events.keyring import load_signer
 from ftrain.events.record import StoredRecord, run_subject
 from ftrain.events.schema import AnyEvent, Checkpointed, Failed, Resumed, encode_event, event_type
+from ftrain.events.signed_log import process_actor
 from ftrain.projections.audit import Folded, fold_record
 from ftrain.projections.lifecycle import RunState, completed_event
 from tests.support.builders import SIGNER, T0, launched
