@@ -125,7 +125,7 @@ class Handler(BaseHTTPRequestHandler):
             every = query.get("all", [""])[0] == "1"
             detail = served.call(lambda: served.reader.run(parts[1], every))
             self._page(HTTPStatus.OK, pages.run_page(detail, self._seq(), now()), head)
-        elif len(parts) == 4 and parts[0] == "runs" and parts[2] == "events" and parts[3].isdigit():
+        elif len(parts) == 4 and parts[0] == "runs" and parts[2] == "events" and _sequence(parts[3]):
             verdict = served.call(lambda: served.reader.event(parts[1], int(parts[3])))
             self._page(HTTPStatus.OK, pages.event_page(verdict, self._seq()), head)
         else:
@@ -243,6 +243,11 @@ class UnixUiServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     def get_request(self) -> tuple[socket.socket, Any]:
         request, _ = super().get_request()
         return request, ("unix", 0)  # the handler reads client_address[0]
+
+
+def _sequence(text: str) -> bool:
+    """Whether `text` is a stream sequence as a URL writes it: ASCII digits, at most 19 of them."""
+    return text.isascii() and text.isdigit() and len(text) <= 19
 
 
 def cookie_name(where: str) -> str:

@@ -120,7 +120,8 @@ async def test_pages_escape_event_text_carry_a_strict_policy_and_an_unknown_run_
         assert "unknown run &#x27;no-such-run&#x27;" in body
         status, _, body = get(ui, "/runs/%3Cscript%3E")
         assert status == 404 and "<script>" not in body.replace('<script src="/static/ui.js" defer>', "")
-        assert get(ui, "/runs/plain/events/999999")[0] == 404
+        for seq in ("999999", "%D9%A3", "9" * 5000, "-1"):  # none there, not ASCII, too long, not a number
+            assert get(ui, f"/runs/plain/events/{seq}")[0] == 404, seq
         for wildcard in ("*", "%3E", "plain.*"):  # a run name is never a subject filter over other runs
             assert get(ui, f"/runs/{wildcard}/events/1")[0] == 404, wildcard
         assert get(ui, "/nowhere")[0] == 404
