@@ -376,6 +376,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_export_parser(sub, _command, _json, _run_id, _count)
 
+    from ftrain.cli import ui_cmd
+
+    ui_cmd.add_parser(sub, _command)
+
     p = _command(sub, "demo", "a 2-process CPU training run, SIGKILLed and resumed, checked bit for bit", [
         "ftrain demo", "ftrain demo --log-only",
     ])  # fmt: skip
