@@ -8,7 +8,7 @@ it always offers exactly the commands and options this version has.
 import argparse
 
 from ftrain.cli.arguments import Subparsers, command
-from ftrain.cli.output import emit_text
+from ftrain.console.output import emit_text
 
 
 def print_completion(parser: argparse.ArgumentParser, shell: str) -> int:

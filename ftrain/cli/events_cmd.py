@@ -29,7 +29,7 @@ def add_parser(sub: Subparsers) -> None:
 
 def _schema(args: argparse.Namespace) -> int:
     """Print the stored payload's JSON Schema: no connection to the log."""
-    from ftrain.cli.output import emit_text
+    from ftrain.console.output import emit_text
     from ftrain.events.stored_schema import schema_text
 
     emit_text(schema_text())

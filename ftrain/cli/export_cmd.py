@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ftrain.cli.arguments import Subparsers, command, count, json_flag, run_id
-from ftrain.cli.output import emit, emit_json
+from ftrain.console.output import emit, emit_json
 
 FORMATS = ("safetensors", "torch")
 

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ftrain.cli.arguments import Subparsers, command, json_flag, subcommands
-from ftrain.cli.output import emit, emit_json
+from ftrain.console.output import emit, emit_json
 from ftrain.errors import NotFound, UsageError
 
 

@@ -28,9 +28,10 @@ from ftrain.cli import (
     record_cmd,
     server_cmd,
     storage_cmd,
+    ui_cmd,
 )
 from ftrain.cli.arguments import Parser
-from ftrain.cli.visible import visible
+from ftrain.console.visible import visible
 from ftrain.errors import EXIT_CODES
 
 CLOSED_PIPE = 141
@@ -38,7 +39,7 @@ CLOSED_PIPE = 141
 
 COMMAND_MODULES = (
     launch_cmd, record_cmd, query_cmd, events_cmd, server_cmd, storage_cmd, keys_cmd, metrics_cmd, export_cmd,
-    demo_cmd, completion,
+    ui_cmd, demo_cmd, completion,
 )  # fmt: skip
 """Each adds its commands with `add_parser(subparsers)`, in the order `--help` lists them, each command with
 its `entry` (the function that runs it, loading what it needs then)."""
@@ -53,7 +54,7 @@ class _Version(argparse.Action):
     def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
         from importlib.metadata import version
 
-        from ftrain.cli.output import emit
+        from ftrain.console.output import emit
 
         emit(f"ftrain {version('ftrain')}")
         parser.exit()
@@ -85,7 +86,7 @@ def _split_train_cmd(argv: Sequence[str]) -> tuple[list[str], list[str]]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `ftrain` console script."""
-    from ftrain.cli import output
+    from ftrain.console import output
 
     args_list, train_cmd = _split_train_cmd(sys.argv[1:] if argv is None else argv)
     try:

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from ftrain.cli.arguments import Subparsers, command, json_flag
-from ftrain.cli.output import emit, emit_json, emit_text
+from ftrain.console.output import emit, emit_json, emit_text
 from ftrain.errors import Refused, UsageError
 
 DEFAULT_LISTEN = "127.0.0.1:9478"

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ftrain.cli.arguments import Subparsers, command, json_flag
-from ftrain.cli.output import emit, emit_json
+from ftrain.console.output import emit, emit_json
 from ftrain.errors import NOT_RUNNING, Refused, UsageError
 
 if TYPE_CHECKING:

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ftrain.cli.arguments import Subparsers, command, json_flag
-from ftrain.cli.output import emit, emit_json
+from ftrain.console.output import emit, emit_json
 from ftrain.errors import NOT_RUNNING, Refused
 
 if TYPE_CHECKING:

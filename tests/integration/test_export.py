@@ -235,6 +235,7 @@ def test_a_checkpoint_on_s3_exports_the_same_weights_and_a_corrupt_one_is_refuse
     assert "__0_0.distcp" in err, err
     assert not (tmp_path / "again").exists()
     assert not list((tmp_path / "tmp").glob("ftrain-export-*"))  # the downloads went with the refusal
-    assert [p.name for p in (tmp_path / "tmp").iterdir()] == [
+    # the trainer's staging alone (torch's own inductor cache may appear there too: not ftrain's)
+    assert [p.name for p in (tmp_path / "tmp").iterdir() if not p.name.startswith("torchinductor_")] == [
         f"ftrain-{os.getuid()}"
-    ]  # the trainer's staging
+    ]
