@@ -7,11 +7,11 @@ signed it.
 
 import msgspec
 
+from ftrain.domain.chain_walk import ChainWalk, Finding
 from ftrain.events.chain import unseal
 from ftrain.events.record import StoredRecord
 from ftrain.events.schema import AnyEvent, decode_event
 from ftrain.events.signing import EVENT_DOMAIN, Signature, TrustList, signature_valid
-from ftrain.projections.audit import ChainWalk, Finding
 
 
 class SignatureVerdict(msgspec.Struct, frozen=True):

@@ -6,10 +6,12 @@ vouched for by a trusted signature; torch is imported only once the export runs.
 """
 
 import argparse
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ftrain.cli.arguments import Subparsers, command, count, json_flag, run_id
 from ftrain.console.output import emit, emit_json
 
 FORMATS = ("safetensors", "torch")
@@ -74,9 +76,8 @@ def _size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
-def add_export_parser(sub: Any, command: Any, json: Any, run_id: Any, step: Any) -> None:
-    """The `export` subcommand (`command` and `json` add a subcommand and its --json, `run_id` and `step`
-    parse a run id and a step, as the CLI's others)."""
+def add_parser(sub: Subparsers) -> None:
+    """The `export` subcommand."""
     p = command(sub, "export", "write a checkpoint's model weights out as safetensors or a torch.save file", [
         "ftrain export RUN --to ./weights", "ftrain export RUN --step 5000 --to ./w --max-shard-size 2GB",
         "ftrain export RUN --to ./w --format torch --with-optimizer",
@@ -84,7 +85,7 @@ def add_export_parser(sub: Any, command: Any, json: Any, run_id: Any, step: Any)
        "signed log); DIR must be new or an empty directory of yours. Beside the weights: export.json (where "
        "they came from) and SHA256SUMS.")  # fmt: skip
     p.add_argument("run_id", type=run_id, help="the run")
-    p.add_argument("--step", type=step, help="the checkpoint's step (default: the newest valid one)")
+    p.add_argument("--step", type=count, help="the checkpoint's step (default: the newest valid one)")
     p.add_argument("--to", type=Path, required=True, metavar="DIR", help="a new or empty directory")
     p.add_argument("--format", choices=FORMATS, default="safetensors", help="default safetensors")
     p.add_argument(
@@ -96,4 +97,5 @@ def add_export_parser(sub: Any, command: Any, json: Any, run_id: Any, step: Any)
         "--max-shard-size", type=_size, default="5GB", metavar="SIZE",
         help="safetensors: the most tensor bytes per file, as Hugging Face counts them (default 5GB)",
     )  # fmt: skip
-    json(p, "the files written and their digests")
+    json_flag(p, "the files written and their digests")
+    p.set_defaults(entry=lambda args: export_command(args, os.environ))

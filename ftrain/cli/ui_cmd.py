@@ -5,15 +5,17 @@ the pages) is imported only when `ui` runs, so no other command loads it. It nev
 """
 
 import argparse
+import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+
+from ftrain.cli.arguments import Subparsers, command
 
 DEFAULT_PORT = 8265
 
 
-def add_parser(sub: Any, command: Any) -> None:
-    """The `ui` subcommand (`command` adds a subcommand as the CLI's others)."""
+def add_parser(sub: Subparsers) -> None:
+    """The `ui` subcommand."""
     p = command(sub, "ui", "a read-only web view of the log, private to you (127.0.0.1 and a token)", [
         "ftrain ui", "ftrain ui --port 0", "ftrain ui --socket ~/.ftrain/ui.sock",
         "ssh -N -L 8265:127.0.0.1:8265 login-node   # on the laptop, then open the URL it printed",
@@ -26,7 +28,7 @@ def add_parser(sub: Any, command: Any) -> None:
         help=f"the port on 127.0.0.1 (default {DEFAULT_PORT}; 0: any)",
     )
     where.add_argument("--socket", type=Path, metavar="PATH", help="listen on this Unix socket (made 0600)")
-    p.set_defaults(handler=ui_command)
+    p.set_defaults(entry=lambda args: ui_command(args, os.environ))
 
 
 def _port(text: str) -> int:

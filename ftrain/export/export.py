@@ -16,13 +16,13 @@ from typing import Final, Literal
 import msgspec
 import structlog
 
+from ftrain.domain.lifecycle import CheckpointRef, RunState
 from ftrain.errors import NotFound, Refused
 from ftrain.export.safetensors_out import write_safetensors
 from ftrain.export.source import verified_checkpoint
 from ftrain.export.target import staged
 from ftrain.export.torch_out import write_torch
 from ftrain.export.written import Written, write_new
-from ftrain.projections.lifecycle import CheckpointRef, RunState
 from ftrain.workers.integrity import Digest, digest_of, to_hex
 
 Format = Literal["safetensors", "torch"]

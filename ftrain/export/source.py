@@ -16,8 +16,8 @@ from pathlib import Path
 
 from torch.distributed.checkpoint.metadata import Metadata
 
+from ftrain.domain.lifecycle import CheckpointRef, RunState
 from ftrain.errors import Refused
-from ftrain.projections.lifecycle import CheckpointRef, RunState
 from ftrain.workers.dcp_reader import load_metadata
 from ftrain.workers.manifest import Manifest
 from ftrain.workers.storage.errors import OUTSIDE_RUN, StorageError, StorageUnavailable

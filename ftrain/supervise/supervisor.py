@@ -28,8 +28,8 @@ import structlog
 
 from ftrain import settings
 from ftrain.console.output import emit
+from ftrain.domain.lifecycle import CompleteIntent, FailIntent
 from ftrain.host.job_signals import signal_job
-from ftrain.projections.lifecycle import CompleteIntent, FailIntent
 from ftrain.supervise.elastic import next_hosts
 from ftrain.supervise.failure_report import FailureReport, describe, failure, signal_name, tee_stderr
 from ftrain.supervise.fencing import claim_opened

@@ -17,7 +17,7 @@ from ftrain.events.schema import Failed
 from ftrain.history import AuditReport
 from ftrain.projections.event_verdict import EventVerdict, Judged
 from ftrain.projections.goodput import TERMS, AttemptSpan, Goodput
-from ftrain.service import RunView
+from ftrain.service.run_queries import RunView
 from ftrain.web import charts
 from ftrain.web.markup import event_href, lines, run_href, text
 

@@ -15,13 +15,14 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from ftrain.domain.chain_walk import ChainWalk
 from ftrain.errors import NotFound
 from ftrain.events.schema import AnyEvent, now
 from ftrain.history import AuditReport
-from ftrain.projections.audit import ChainWalk
 from ftrain.projections.event_verdict import EventVerdict, Judged, judged, signed
 from ftrain.projections.goodput import attempt_spans, measure
-from ftrain.service import RunService, RunView
+from ftrain.service import RunService
+from ftrain.service.run_queries import RunView
 from ftrain.web.pages import EVENTS_SHOWN, RunDetail
 
 if TYPE_CHECKING:

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from ftrain import settings
+from ftrain.domain.lifecycle import FailIntent
 from ftrain.host.job_signals import children
-from ftrain.projections.lifecycle import FailIntent
 from ftrain.supervise.opening import NotOpened
 from ftrain.supervise.procs import attempt_marks, attempt_processes, end_attempt
 from ftrain.supervise.supervisor import Relaunches, Supervisor

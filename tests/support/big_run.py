@@ -10,13 +10,13 @@ from pathlib import Path
 
 import msgspec
 
+from ftrain.domain.chain_walk import Folded, fold_record
+from ftrain.domain.lifecycle import RunState, completed_event
 from ftrain.events.chain import seal
 from ftrain.events.keyring import load_signer
 from ftrain.events.record import StoredRecord, run_subject
 from ftrain.events.schema import AnyEvent, Checkpointed, Failed, Resumed, encode_event, event_type
 from ftrain.events.signed_log import process_actor
-from ftrain.projections.audit import Folded, fold_record
-from ftrain.projections.lifecycle import RunState, completed_event
 from tests.support.builders import SIGNER, T0, launched
 from tests.support.servers import plain_connect
 

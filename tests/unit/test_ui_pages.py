@@ -7,15 +7,15 @@ from datetime import timedelta
 
 import msgspec
 
+from ftrain.domain.chain_walk import Finding
+from ftrain.domain.lifecycle import RunState
+from ftrain.domain.vouching import Vouched
 from ftrain.events.record import StoredRecord
 from ftrain.events.schema import AnyEvent, Checkpointed, Failed, Resumed, event_type
 from ftrain.history import AuditReport
-from ftrain.projections.audit import Finding
 from ftrain.projections.event_verdict import EventVerdict, Judged, SignatureVerdict
 from ftrain.projections.goodput import attempt_spans, measure
-from ftrain.projections.lifecycle import RunState
-from ftrain.projections.vouching import Vouched
-from ftrain.service import RunView
+from ftrain.service.run_queries import RunView
 from ftrain.web import charts, pages
 from ftrain.web.markup import run_href, text
 from tests.support.builders import T0, checkpointed, fold, launched

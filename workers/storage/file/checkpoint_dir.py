@@ -16,10 +16,10 @@ from pathlib import Path
 import msgspec
 import structlog
 
+from ftrain.domain.lifecycle import OnDisk
 from ftrain.events.atomic_file import fsync_dir, write_atomic
 from ftrain.events.private import DIR_MODE, private_dir
 from ftrain.host.processes import pid_alive
-from ftrain.projections.lifecycle import OnDisk
 from ftrain.workers.files import copy_hashing, write_file
 from ftrain.workers.integrity import digest_of, hash_files, to_hex
 from ftrain.workers.layout import (
