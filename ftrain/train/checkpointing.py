@@ -7,6 +7,7 @@
         train_one_step(); step += 1
         if ckpt.due(step):
             ckpt.save(step)
+    ckpt.save(step, final=True)             # the end state, once: skipped when `step` is already saved
     ckpt.close()
 
 What shapes training is handed over as named stateful objects (anything with `state_dict`/`load_state_dict`,
@@ -272,6 +273,8 @@ class CheckpointManager:
         self._buffers = StagingBuffers()
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ftrain-ckpt")
         self._inflight: Future[None] | None = None
+        self._sealed: int | None = None
+        """The newest step this job sealed or resumed from: what a final save of the same step skips."""
         self.attempt = 0
         """The run's attempt this job records in (set by `load`; 0: no log to say)."""
         self.resumed: ResumePoint | None = None
@@ -312,6 +315,7 @@ class CheckpointManager:
             # make some (torch steps it once with lr 0: Adam's step count would be off by one)
             self._buffers.reserve(self.state.state_dict())
         step = self.resumed.step if self.resumed is not None else 0
+        self._sealed = self.resumed.step if self.resumed is not None else None
         if self._progress is not None:  # loaded again (benchmarks)
             self._progress.close()
         self._progress = ProgressFile(
@@ -355,11 +359,20 @@ class CheckpointManager:
         self._stopping = self._stopping or signalled
         return by_steps or by_time or signalled
 
-    def save(self, step: int, epoch: int = 0) -> SaveTimes:
+    def save(self, step: int, epoch: int = 0, *, final: bool = False) -> SaveTimes:
         """Checkpoint the state at `step`: synchronously, or staged and handed to the background pipeline.
-        After a warning signal, the save is finished and the process exits with PREEMPTED_EXIT. Raises
-        UnresumableState on every rank, before anything is written, when the state holds an item a resume
-        could not load (a type outside the unpickler's allowlist: `allow_pickled`)."""
+        `final=True`, after the loop: the run's end state, sealed before this returns (the async pipeline
+        drained), and saved only when `step` is not the step last sealed or resumed from, so the run's last
+        checkpoint is its last step, written once. After a warning signal, the save is finished and the
+        process exits with PREEMPTED_EXIT. Raises UnresumableState on every rank, before anything is
+        written, when the state holds an item a resume could not load (a type outside the unpickler's
+        allowlist: `allow_pickled`)."""
+        if final:
+            drain = self.drain()  # the save in flight may be of this very step
+            if self._sealed == step:
+                return SaveTimes(drain_seconds=drain)
+            times = self.save(step, epoch)
+            return msgspec.structs.replace(times, drain_seconds=times.drain_seconds + drain + self.drain())
         self._beacon.saving(step)
         self.state.step, self.state.epoch = step, epoch
         self._last_save = time.monotonic()
@@ -368,7 +381,7 @@ class CheckpointManager:
         self.clock.began(step)
         if not self.config.async_save:
             start = time.perf_counter()
-            self._saver.save(step, epoch, self._resumable(step), self.attempt, staged=False)
+            self._seal(step, epoch, self._resumable(step), staged=False)
             times = SaveTimes(save_seconds=time.perf_counter() - start)
             self.clock.ended(step, times.save_seconds)
             self._stalled += times.save_seconds
@@ -380,13 +393,16 @@ class CheckpointManager:
             fault_point("stage", step)
             self.clock.ended(step, stage + drain)
             self._stalled += stage + drain
-            self._inflight = self._worker.submit(
-                self._saver.save, step, epoch, staged, self.attempt, staged=True
-            )
+            self._inflight = self._worker.submit(self._seal, step, epoch, staged, staged=True)
             times = SaveTimes(stage_seconds=stage, drain_seconds=drain)
         if self._stopping:
             self._exit_preempted(step)
         return times
+
+    def _seal(self, step: int, epoch: int, state: dict[str, Any], *, staged: bool) -> None:
+        """Save `state` as `step` (in the caller's thread, or the pipeline's), noting it once sealed."""
+        if self._saver.save(step, epoch, state, self.attempt, staged=staged):
+            self._sealed = step
 
     def _resumable(self, step: int) -> dict[str, Any]:
         """The state to save, once every rank found that a resume could load all of it: else every rank

@@ -100,9 +100,10 @@ class Saver:
         if self._accepted is not None:
             self._accepted, self._retired = set(accepted), set(retired)
 
-    def save(self, step: int, epoch: int, app: Any, attempt: int, *, staged: bool) -> None:
-        """Every rank: save `app` (the live state, or its staged copy) as `step`. Fails closed; raises
-        SavesFailing past the limit of failures in a row, Fenced when a newer attempt owns the run."""
+    def save(self, step: int, epoch: int, app: Any, attempt: int, *, staged: bool) -> bool:
+        """Every rank: save `app` (the live state, or its staged copy) as `step`; whether it was sealed. Fails
+        closed; raises SavesFailing past the limit of failures in a row, Fenced when a newer attempt owns the
+        run."""
         outcome = _broadcast(self._begin(step, attempt) if self.rank == 0 else None, self.group)
         if outcome.uri is not None:
             report = self._write(step, outcome.uri, app, staged)
@@ -117,6 +118,7 @@ class Saver:
         if outcome.fenced:
             _raise_fenced(step, outcome)
         self._count(step, outcome.failure)
+        return outcome.failure is None
 
     def close(self) -> None:
         """Wait for the prune in flight."""
