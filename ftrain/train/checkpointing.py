@@ -44,6 +44,18 @@ from torch._C._distributed_c10d import HashStore
 
 from ftrain import settings
 from ftrain.cadence import parse_checkpoint_every
+from ftrain.errors import (
+    FtrainError,
+    MissingCredentials,
+    NoValidCheckpoint,
+    ResumeFailed,
+    ResumeRefused,
+    ResumeStopped,
+    SavesFailing,
+    StorageUnavailable,
+    UnknownRun,
+    UnresumableState,
+)
 from ftrain.events.run_id import InvalidRunId, validate_run_id
 from ftrain.events.schema import Checkpointed
 from ftrain.projections.lifecycle import CheckpointIntent
@@ -54,16 +66,9 @@ from ftrain.train.faults import fault_point
 from ftrain.train.lifeline import die_with_launcher
 from ftrain.train.lost_work import ProgressFile
 from ftrain.train.preemption import PREEMPTED_EXIT, SaveSignals
-from ftrain.train.resume import (
-    NoValidCheckpoint,
-    ResumeFailed,
-    ResumePoint,
-    ResumeRefused,
-    ResumeStopped,
-    resume,
-)
-from ftrain.train.save_check import UnresumableState, check_resumable
-from ftrain.train.saving import Saver, SavesFailing
+from ftrain.train.resume import ResumePoint, resume
+from ftrain.train.save_check import check_resumable
+from ftrain.train.saving import Saver
 from ftrain.train.state import Resumable, TrainState, resumable
 from ftrain.workers.integrity import digest_of, to_hex
 from ftrain.workers.layout import rank_stage_dir
@@ -81,6 +86,8 @@ __all__ = [
     "CheckpointConfig",
     "CheckpointManager",
     "Fenced",
+    "FtrainError",
+    "MissingCredentials",
     "NoValidCheckpoint",
     "ResumeFailed",
     "ResumePoint",
@@ -88,7 +95,9 @@ __all__ = [
     "ResumeStopped",
     "SaveTimes",
     "SavesFailing",
+    "StorageUnavailable",
     "TrainState",
+    "UnknownRun",
     "UnresumableState",
     "UnsafeDirectory",
     "allow_pickled",

@@ -33,6 +33,7 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
+from ftrain.errors import SavesFailing as SavesFailing
 from ftrain.events.schema import RETIRED_MAX
 from ftrain.train.config import CheckpointConfig
 from ftrain.train.faults import fault_point
@@ -52,10 +53,6 @@ Record = Callable[[int, int, str, str, Manifest, tuple[int, ...]], None]
 outbox."""
 Reports = list[tuple[list[FileEntry], str | None]]
 """Every rank's files and why its write failed (None: all in), gathered on rank 0."""
-
-
-class SavesFailing(RuntimeError):
-    """Too many saves in a row failed (storage out of reach, a full disk): the job stops on every rank."""
 
 
 class Outcome(msgspec.Struct, frozen=True):
