@@ -90,6 +90,15 @@ class SetupFailed(Exception):
     ends. Nothing of the attempt runs."""
 
 
+def attempt_head(number: int, first: int, tries: int, total: int) -> str:
+    """How a line names an attempt: the run's attempt `number` (as the log counts them), and, when this job
+    start did not open the run's first (a relaunch, a requeue), which of its own `total` tries it is: the
+    budget of a job start never changes, whatever came before it."""
+    if first == 1:
+        return f"Attempt {number} of {total}"
+    return f"Attempt {number} ({tries} of {total} in this job start)"
+
+
 def backoff_delay(base: float, failures: int) -> float:
     """The wait before the next attempt: `base`, doubled per failure so far, capped at a minute (or `base`)."""
     return min(base * 2.0 ** min(failures - 1, 16), max(BACKOFF_CAP, base))
@@ -165,7 +174,7 @@ class Supervisor:
     def _loop(self) -> Outcome:
         newest = self._newest()
         total = self.relaunches.max_retries + 1
-        last = self.number + self.relaunches.max_retries  # the lines number attempts as the log does
+        first = self.number
         attempt = stalled = 0
         while True:
             attempt += 1
@@ -185,19 +194,20 @@ class Supervisor:
                 returncode, report, survivors = self._attempt()
             except SetupFailed as exc:  # opened in the log, so recorded: never left `running`
                 recorded = self._record(FailIntent(reason="setup", message=str(exc), attempt=self.number))
-                render.emit(f"Attempt {self.number} of {last} not started: {exc}")
+                render.emit(f"{attempt_head(self.number, first, attempt, total)} not started: {exc}")
                 return Outcome(
                     "gave-up", 1, f"run {self.run_id} gave up: attempt {self.number}: {exc}", recorded
                 )
             ended = time.monotonic()
             if (lost := self._lost()) is not None:  # the new holder recorded this attempt's end
-                render.emit(f"Attempt {self.number} of {last} stopped after {ended - started:.1f} s: {lost}")
+                head = attempt_head(self.number, first, attempt, total)
+                render.emit(f"{head} stopped after {ended - started:.1f} s: {lost}")
                 return Outcome("gave-up", 1, lost, recorded=False)
             step = self._newest()
             self.vouched = self.vouched or step is not None
             progress = step is not None and (newest is None or step > newest)
             newest = step if progress else newest
-            head = f"Attempt {self.number} of {last}"
+            head = attempt_head(self.number, first, attempt, total)
             where = f"after {ended - started:.1f} s — " + (
                 f"checkpoint step {step}" if step is not None else "no checkpoint"
             )

@@ -132,15 +132,25 @@ def make_config(
     env: Mapping[str, str] = os.environ,
 ) -> CheckpointConfig:
     """The configuration from the arguments and, under `ftrain run`, what the supervisor passed (which wins:
-    the run, its location, the launch's cadence and dataset revision). ValueError naming the field."""
+    the run, its location, the launch's cadence and dataset revision; a cadence that replaces the script's
+    `every` is said on rank 0's stderr). ValueError naming the field."""
     try:
         run_id = settings.run_id(env) or run_id
         written = settings.ckpt_location(env) or location
-        every = settings.checkpoint_every(env) or every
+        launched_every = settings.checkpoint_every(env)
         dataset_revision = settings.dataset_revision(env) or dataset_revision
         failures = max_failed_saves or settings.max_failed_saves(env)
     except settings.InvalidSetting as exc:
         raise ValueError(str(exc)) from None
+    if launched_every is not None:
+        if every is not None and _differs(every, launched_every) and env.get("RANK", "0") == "0":
+            print(
+                f"train: checkpoint cadence {launched_every} (`ftrain run --checkpoint-every`) replaces "
+                f"every={every!r} given in the script",
+                file=sys.stderr,
+                flush=True,
+            )
+        every = launched_every
     if run_id is not None:
         try:
             validate_run_id(run_id, what="run_id")
@@ -148,7 +158,7 @@ def make_config(
             raise ValueError(str(exc)) from None
     if written is None:
         raise ValueError("location: required outside `ftrain run` (a directory, or s3://bucket/prefix/<run>)")
-    if location is not None and str(location) != written:
+    if location is not None and str(location) != str(written):
         log.warning("location_from_supervisor", given=str(location), used=written)
     try:
         place = run_location(written)
@@ -177,6 +187,16 @@ def make_config(
         dataset_revision=dataset_revision,
         max_failed_saves=failures,
     )
+
+
+def _differs(every: int | str, launched: str) -> bool:
+    """Whether the script's `every` asks for another cadence than the launch's (unparsable: the error comes
+    from the launch's, which is the one used)."""
+    try:
+        mine = parse_checkpoint_every(f"{every}steps" if isinstance(every, int) else every)
+        return mine != parse_checkpoint_every(launched)
+    except ValueError:
+        return True
 
 
 def _job_name(place: Location, run_id: str | None, env: Mapping[str, str]) -> str:

@@ -24,7 +24,9 @@ def test_credentials_the_store_refuses_stop_the_load_as_missing_credentials(
     bucket = weed.new_bucket()
     for name, value in {**weed.env(), **aws}.items():
         monkeypatch.setenv(name, value)
-    manager = CheckpointManager(f"s3://{bucket}/ckpt/run", model=nn.Linear(2, 2), stage_dir=tmp_path / "stage")
+    manager = CheckpointManager(
+        f"s3://{bucket}/ckpt/run", model=nn.Linear(2, 2), stage_dir=tmp_path / "stage"
+    )
     try:
         with pytest.raises(errors.MissingCredentials, match=r"set the storage's credentials") as raised:
             manager.load()
@@ -37,7 +39,9 @@ def test_credentials_the_store_refuses_stop_the_load_as_missing_credentials(
 def test_an_unknown_run_is_refused_as_unknown_run(env: dict[str, str], tmp_path: Path) -> None:
     manager = CheckpointManager(tmp_path / "ckpt" / "nope", model=nn.Linear(2, 2), run_id="nope")
     try:
-        with pytest.raises(errors.UnknownRun, match=r"^unknown run 'nope' in the event log: check the run id"):
+        with pytest.raises(
+            errors.UnknownRun, match=r"^unknown run 'nope' in the event log: check the run id"
+        ):
             manager.load()
     finally:
         manager.close()
