@@ -66,6 +66,7 @@ from ftrain.train.faults import fault_point
 from ftrain.train.lifeline import die_with_launcher
 from ftrain.train.lost_work import ProgressFile
 from ftrain.train.preemption import PREEMPTED_EXIT, SaveSignals
+from ftrain.train.process_exit import one_line_errors
 from ftrain.train.resume import ResumePoint, resume
 from ftrain.train.save_check import check_resumable
 from ftrain.train.saving import Saver
@@ -274,6 +275,7 @@ class CheckpointManager:
         self._own_group = not dist.is_initialized()
         if self._own_group:  # a single-process script: a private group of one, so every collective is trivial
             dist.init_process_group("gloo", store=HashStore(), rank=0, world_size=1)
+        one_line_errors()  # after init_process_group, whose own hook would otherwise wrap it
         self.config = config
         self.state = state
         self.rank = dist.get_rank()

@@ -1,6 +1,9 @@
 """The errors a training script catches: one tree under `ftrain.errors.FtrainError` (issue 34), raised by
 `CheckpointManager.load()` against real storage and a real log."""
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -8,6 +11,7 @@ from torch import nn
 
 from ftrain import errors
 from ftrain.train.checkpointing import CheckpointManager
+from ftrain.train.process_exit import STOPPED_EXIT
 from tests.support.s3 import Endpoint
 
 pytestmark = pytest.mark.timeout(120)
@@ -46,3 +50,39 @@ def test_an_unknown_run_is_refused_as_unknown_run(env: dict[str, str], tmp_path:
     finally:
         manager.close()
     assert not (tmp_path / "ckpt" / "nope").exists() or not any((tmp_path / "ckpt" / "nope").iterdir())
+
+
+SCRIPT = """
+import sys
+from ftrain import errors
+from ftrain.train.checkpointing import CheckpointManager
+from ftrain.train.process_exit import STOPPED_EXIT
+from ftrain.train.process_exit import run_then_exit
+
+def main() -> None:
+    raise errors.MissingCredentials("storage unavailable: s3://b/ckpt: NoCredentialsError: set them")
+
+if sys.argv[1] == "run_then_exit":
+    run_then_exit(main)
+CheckpointManager(sys.argv[2])  # a script of its own: the manager makes an uncaught ftrain error one line
+main()
+"""
+
+
+@pytest.mark.parametrize("way", ["run_then_exit", "uncaught"])
+def test_an_ftrain_error_is_one_line_for_the_job_not_a_traceback_per_rank(tmp_path: Path, way: str) -> None:
+    said = {}
+    for rank in ("0", "1"):
+        env = {**os.environ, "RANK": rank, "FTRAIN_HOME": str(tmp_path / "home")}
+        done = subprocess.run(
+            [sys.executable, "-c", SCRIPT, way, str(tmp_path / "ckpt" / rank)],
+            env=env, capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        said[rank] = (done.returncode, done.stderr)
+    assert said == {
+        "0": (
+            STOPPED_EXIT,
+            "train: MissingCredentials: storage unavailable: s3://b/ckpt: NoCredentialsError: set them\n",
+        ),
+        "1": (STOPPED_EXIT, ""),
+    }
