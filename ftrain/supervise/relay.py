@@ -18,9 +18,11 @@ CheckpointManager does: a script without it is not stopped by the warning, only 
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from functools import partial
@@ -83,7 +85,8 @@ def relay(command: Sequence[str], save: Sequence[signal.Signals]) -> int:
     before (inherited) and take a second one as "now"."""
     warning, ignored = warning_signal(save), stop_signals(save)
     stopped: list[signal.Signals] = []
-    told: set[int] = set()
+    notes = Path(tempfile.mkdtemp(prefix="ftrain-relay-"))  # 0700: the workers' note of the stop signal
+    note = notes / "stop-signal"
 
     def on_stop(signum: int, _: FrameType | None) -> None:
         if not stopped:
@@ -93,10 +96,25 @@ def relay(command: Sequence[str], save: Sequence[signal.Signals]) -> int:
         signal.signal(signum, on_stop)
     agent = subprocess.Popen(
         list(command),
-        env=torchrun_env(dict(os.environ), ignored),
+        env={**torchrun_env(dict(os.environ), ignored), settings.STOP_NOTE: str(note)},
         start_new_session=True,
         preexec_fn=partial(_shielded, ignored, os.getpid()),  # signal calls only; no thread runs here yet
     )
+    try:
+        return _relay(agent, warning, ignored, stopped, note)
+    finally:
+        shutil.rmtree(notes, ignore_errors=True)
+
+
+def _relay(
+    agent: "subprocess.Popen[bytes]",
+    warning: signal.Signals,
+    ignored: Sequence[signal.Signals],
+    stopped: list[signal.Signals],
+    note: Path,
+) -> int:
+    """Wait for `agent`, handing its workers the warning once a stop signal came, its name noted first."""
+    told: set[int] = set()
     while True:
         try:
             code = agent.wait(timeout=POLL_SECONDS)
@@ -104,6 +122,11 @@ def relay(command: Sequence[str], save: Sequence[signal.Signals]) -> int:
                 signal.signal(signum, signal.SIG_IGN)
             return code
         except subprocess.TimeoutExpired:
+            if stopped and not told and not note.exists():
+                with contextlib.suppress(OSError):  # unnoted, a worker names the warning signal it got
+                    partial = note.with_suffix(".partial")
+                    partial.write_text(stopped[0].name)
+                    partial.rename(note)
             if stopped and (new := [p for p in children(agent.pid) if p not in told and catches(p, warning)]):
                 for pid in new:
                     with contextlib.suppress(ProcessLookupError, PermissionError):

@@ -65,7 +65,7 @@ from ftrain.train.config import CheckpointConfig
 from ftrain.train.faults import fault_point
 from ftrain.train.lifeline import die_with_launcher
 from ftrain.train.lost_work import ProgressFile
-from ftrain.train.preemption import PREEMPTED_EXIT, SaveSignals
+from ftrain.train.preemption import PREEMPTED_EXIT, SaveSignals, stop_name
 from ftrain.train.process_exit import one_line_errors
 from ftrain.train.resume import ResumePoint, resume
 from ftrain.train.save_check import check_resumable
@@ -451,7 +451,8 @@ class CheckpointManager:
         rank together: `close` waits for the others)."""
         self.close()
         if self.rank == 0:
-            name = self._signals.received.name if self._signals.received else "a peer's signal"
+            received = self._signals.received
+            name = stop_name(received, settings.stop_note()) if received else "a peer's signal"
             print(
                 f"PREEMPTED by {name}: checkpoint at step {step} saved, exiting", file=sys.stderr, flush=True
             )
