@@ -17,7 +17,7 @@ import importlib.machinery
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import MutableMapping, Sequence
 from types import ModuleType
 from typing import Any
 
@@ -100,7 +100,7 @@ def _default_unless_configured() -> None:
         _configure(logging.WARNING if os.environ.get("RANK", "0") == "0" else logging.ERROR, human=True)
 
 
-def _one_line(_: Any, method: str, event: dict[str, Any]) -> str:
+def _one_line(_: Any, method: str, event: MutableMapping[str, Any]) -> str:
     """`ftrain: warning: loader_not_resumable (loader=DataLoader, consequence=…)`."""
     event.pop("timestamp", None)
     level, name = event.pop("level", method), event.pop("event", "")
