@@ -50,6 +50,17 @@ def stop_signals(save: Sequence[signal.Signals]) -> tuple[signal.Signals, ...]:
     return tuple(dict.fromkeys([*STOP_SIGNALS, *save]))
 
 
+def note_stop(note: Path, signum: signal.Signals) -> None:
+    """Write the name of the stop signal into `note` unless one is there (the first writer, the supervisor or
+    the relay, got the signal as sent); unnoted, a worker names the warning signal it got."""
+    if note.exists():
+        return
+    with contextlib.suppress(OSError):
+        partial = note.with_suffix(".partial")
+        partial.write_text(signum.name)
+        partial.rename(note)
+
+
 def torchrun_env(env: dict[str, str], ignored: Sequence[signal.Signals]) -> dict[str, str]:
     """torchrun's environment: it installs its handler only for the signals the relay does not ignore
     (`--signals-to-handle`, read from PET_SIGNALS_TO_HANDLE by torchrun ≥ 2.7, which then overwrites
@@ -85,8 +96,10 @@ def relay(command: Sequence[str], save: Sequence[signal.Signals]) -> int:
     before (inherited) and take a second one as "now"."""
     warning, ignored = warning_signal(save), stop_signals(save)
     stopped: list[signal.Signals] = []
-    notes = Path(tempfile.mkdtemp(prefix="ftrain-relay-"))  # 0700: the workers' note of the stop signal
-    note = notes / "stop-signal"
+    notes = None
+    if (note := settings.stop_note()) is None:  # else the supervisor's: it notes the signal it got
+        notes = Path(tempfile.mkdtemp(prefix="ftrain-relay-"))  # 0700
+        note = notes / "stop-signal"
 
     def on_stop(signum: int, _: FrameType | None) -> None:
         if not stopped:
@@ -103,7 +116,8 @@ def relay(command: Sequence[str], save: Sequence[signal.Signals]) -> int:
     try:
         return _relay(agent, warning, ignored, stopped, note)
     finally:
-        shutil.rmtree(notes, ignore_errors=True)
+        if notes is not None:
+            shutil.rmtree(notes, ignore_errors=True)
 
 
 def _relay(
@@ -122,11 +136,8 @@ def _relay(
                 signal.signal(signum, signal.SIG_IGN)
             return code
         except subprocess.TimeoutExpired:
-            if stopped and not told and not note.exists():
-                with contextlib.suppress(OSError):  # unnoted, a worker names the warning signal it got
-                    partial = note.with_suffix(".partial")
-                    partial.write_text(stopped[0].name)
-                    partial.rename(note)
+            if stopped and not told:
+                note_stop(note, stopped[0])
             if stopped and (new := [p for p in children(agent.pid) if p not in told and catches(p, warning)]):
                 for pid in new:
                     with contextlib.suppress(ProcessLookupError, PermissionError):

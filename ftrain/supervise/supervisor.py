@@ -13,8 +13,10 @@ holds up recording (but a relaunch waits for the log: it must open its attempt).
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -35,7 +37,7 @@ from ftrain.supervise.fencing import claim_opened
 from ftrain.supervise.lease_keeper import LeaseKeeper
 from ftrain.supervise.opening import OPEN_TIMEOUT, NotOpened
 from ftrain.supervise.procs import attempt_marks, end_attempt, signal_job
-from ftrain.supervise.relay import STOP_SIGNALS, stop_signals, warning_signal
+from ftrain.supervise.relay import STOP_SIGNALS, note_stop, stop_signals, warning_signal
 from ftrain.supervise.watchdog import Hang, Watchdog
 from ftrain.train.lifeline import die_with_parent
 from ftrain.train.preemption import PREEMPTED_EXIT
@@ -160,9 +162,13 @@ class Supervisor:
         self.save_signals = tuple(save_signals)
         self.requeue = requeue
         self.vouched = vouched
+        self._note = Path(os.devnull)
+        """Where the stop signal's name is noted for the workers (FTRAIN_STOP_NOTE; set by `run`)."""
 
     def run(self) -> Outcome:
         """Supervise with SIGTERM, SIGINT and the save signals forwarded to the training processes."""
+        notes = Path(tempfile.mkdtemp(prefix="ftrain-stop-"))  # 0700: the workers' note of the stop signal
+        self._note = notes / "stop-signal"
         previous = {sig: signal.signal(sig, self._on_signal) for sig in stop_signals(self.save_signals)}
         try:
             return self._loop()
@@ -170,6 +176,7 @@ class Supervisor:
             for sig, handler in previous.items():
                 if handler is not None:
                     signal.signal(sig, handler)
+            shutil.rmtree(notes, ignore_errors=True)
 
     def _loop(self) -> Outcome:
         newest = self._newest()
@@ -309,7 +316,7 @@ class Supervisor:
             )  # from here on no older attempt seals or prunes
             argv = self.command(self.hosts)
             log.info("attempt_started", run_id=self.run_id, attempt=self.number, argv=argv)
-            env = {**self.env, **marks}
+            env = {**self.env, **marks, settings.STOP_NOTE: str(self._note)}
             if self.hang_timeout is not None:
                 name = f"{self.run_id}-{self.number}-{marks[settings.ATTEMPT_NONCE]}"
                 watchdog = Watchdog.for_attempt(name, self.hang_timeout)
@@ -373,6 +380,7 @@ class Supervisor:
         on one) and start the grace period (SIGTERM and SIGINT: an early warning leaves it to the scheduler)."""
         if self._stop is None:
             self._stop = signum
+            note_stop(self._note, signal.Signals(signum))  # before the warning: what the workers name
         if self._deadline is None and signum in STOP_SIGNALS:
             self._deadline = time.monotonic() + self.grace
         self._signal_child(warning_signal(self.save_signals) if self.save_signals else signum)

@@ -164,7 +164,8 @@ def test_sigterm_is_forwarded_and_recorded_as_preempted(
     finally:
         supervisor.kill()
     assert supervisor.returncode == 143, err
-    assert (state / "terminated").exists()  # the trainer itself got the warning (SIGUSR1, for the SIGTERM)
+    # the trainer itself got the warning (SIGUSR1, for the SIGTERM), and names the signal that was sent
+    assert (state / "terminated").read_text() == "SIGTERM (relayed as SIGUSR1)"
     assert re.fullmatch(
         r"Attempt 1 of 4 stopped by SIGTERM after \d+\.\d s — checkpoint step 10", last_line(out)
     )
