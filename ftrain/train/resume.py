@@ -24,10 +24,7 @@ import structlog
 import torch.distributed as dist
 
 from ftrain import settings
-from ftrain.errors import NoValidCheckpoint as NoValidCheckpoint
-from ftrain.errors import ResumeRefused as ResumeRefused
-from ftrain.errors import UnknownRun
-from ftrain.projections.lifecycle import (
+from ftrain.domain.lifecycle import (
     Candidate,
     FailIntent,
     IllegalTransition,
@@ -38,6 +35,9 @@ from ftrain.projections.lifecycle import (
     plan_resume,
     skipped_line,
 )
+from ftrain.errors import NoValidCheckpoint as NoValidCheckpoint
+from ftrain.errors import ResumeRefused as ResumeRefused
+from ftrain.errors import UnknownRun
 from ftrain.train.config import CheckpointConfig
 from ftrain.train.resume_load import ResumeFailed as ResumeFailed
 from ftrain.train.resume_load import ResumeStopped as ResumeStopped
