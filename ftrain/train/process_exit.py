@@ -61,8 +61,9 @@ def one_line_errors() -> None:
     previous = sys.excepthook
 
     def hook(kind: type[BaseException], exc: BaseException, trace: TracebackType | None) -> None:
-        if isinstance(exc, FtrainError):  # the process's own stderr: torch's hook, when it wraps this one,
-            _exit(say_once(exc, sys.__stderr__ or sys.stderr))  # holds sys.stderr in a buffer to print later
+        if isinstance(exc, FtrainError) and not hasattr(sys, "ps1"):  # an interactive session lives on
+            # the process's own stderr: torch's hook, when it wraps this one, holds sys.stderr in a buffer
+            _exit(say_once(exc, sys.__stderr__ or sys.stderr))
         previous(kind, exc, trace)
 
     sys.excepthook = hook
