@@ -1,5 +1,6 @@
 """structlog set-up. The library is quiet by default: used from a user's script, ftrain never writes to stdout
-(the script's output); warnings go to stderr, and `FTRAIN_LOG_LEVEL=info` (or `debug`) or a call to
+(the script's output); warnings go to stderr as one line each, from rank 0 only, and `FTRAIN_LOG_LEVEL=info`
+(or `debug`, or `warning`: then from every rank, as JSON unless stderr is a terminal) or a call to
 `configure(level=logging.INFO)` shows more. A user who configured structlog keeps that configuration: ftrain
 only fills in structlog's defaults (which print every level to stdout) when nobody configured it.
 
@@ -16,7 +17,7 @@ import importlib.machinery
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import MutableMapping, Sequence
 from types import ModuleType
 from typing import Any
 
@@ -51,11 +52,13 @@ def configure(level: int | None = None) -> None:
     _configure(level)
 
 
-def _configure(threshold: int) -> None:
+def _configure(threshold: int, *, human: bool = False) -> None:
     import structlog
 
     renderer: structlog.typing.Processor = (
-        structlog.dev.ConsoleRenderer(colors=False)
+        _one_line
+        if human
+        else structlog.dev.ConsoleRenderer(colors=False)
         if sys.stderr.isatty()
         else structlog.processors.JSONRenderer()
     )
@@ -84,10 +87,25 @@ def library_defaults() -> None:
 
 
 def _default_unless_configured() -> None:
+    """FTRAIN_LOG_LEVEL's level, as `configure` does; unset (or malformed), a script's quiet default: warnings
+    as one line for people, said once for a job (rank 0, by torchrun's RANK; other ranks only errors)."""
     import structlog
 
-    if not structlog.is_configured():
-        _configure(_LEVELS.get(os.environ.get(LEVEL_VARIABLE, "").strip().lower(), logging.WARNING))
+    if structlog.is_configured():
+        return
+    chosen = _LEVELS.get(os.environ.get(LEVEL_VARIABLE, "").strip().lower())
+    if chosen is not None:
+        _configure(chosen)
+    else:
+        _configure(logging.WARNING if os.environ.get("RANK", "0") == "0" else logging.ERROR, human=True)
+
+
+def _one_line(_: Any, method: str, event: MutableMapping[str, Any]) -> str:
+    """`ftrain: warning: loader_not_resumable (loader=DataLoader, consequence=…)`."""
+    event.pop("timestamp", None)
+    level, name = event.pop("level", method), event.pop("event", "")
+    rest = ", ".join(f"{key}={value}" for key, value in event.items())
+    return f"ftrain: {level}: {name}" + (f" ({rest})" if rest else "")
 
 
 class _WhenImported:

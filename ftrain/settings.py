@@ -65,6 +65,9 @@ SAVE_SIGNALS: Final = "FTRAIN_SAVE_SIGNALS"
 PROGRESS_DIR: Final = "FTRAIN_PROGRESS_DIR"
 """Set by `ftrain run` for the trainer: the private directory each rank reports its progress in (the hang
 watchdog reads it; `ftrain.train.beacon`)."""
+STOP_NOTE: Final = "FTRAIN_STOP_NOTE"
+"""Set by the signal relay for the workers: a private file it writes the name of the stop signal it got into,
+before it hands them the warning signal, so a worker names the signal that stopped the job."""
 MAX_FAILED_SAVES: Final = "FTRAIN_MAX_FAILED_SAVES"
 """How many saves in a row may fail (object storage out of reach) before the trainer stops; default 3."""
 
@@ -332,6 +335,12 @@ def checkpoint_every(env: Env = os.environ) -> str | None:
 def dataset_revision(env: Env = os.environ) -> str | None:
     """The launch's `--dataset-revision`; None when not given."""
     return _get(env, DATASET_REVISION)
+
+
+def stop_note(env: Env = os.environ) -> Path | None:
+    """The relay's note of the stop signal it got (FTRAIN_STOP_NOTE); None outside the relay."""
+    value = _get(env, STOP_NOTE)
+    return Path(value) if value else None
 
 
 def save_signals(env: Env = os.environ) -> tuple[signal.Signals, ...]:

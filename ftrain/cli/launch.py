@@ -214,7 +214,14 @@ class RunPlan(NamedTuple):
 
 
 def prepare_run(args: argparse.Namespace) -> RunPlan:
-    """`launch`'s checks, plus the supervisor's: a torchrun to start, and srun when the job spans nodes."""
+    """`launch`'s checks, plus the supervisor's: a training command (never the reference trainer by default:
+    a forgotten `--` would train a model nobody asked for), a torchrun to start, and srun when the job spans
+    nodes."""
+    if not args.train_cmd:
+        raise UsageError(
+            "no training command: put it after `--` (`-- train.py --lr 3e-4`, `-- -m mypkg.train`; the "
+            "reference trainer: `-- -m ftrain.examples.train`)"
+        )
     launch = prepare_launch(args)
     if args.node_exec is not None:
         try:

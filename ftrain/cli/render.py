@@ -146,7 +146,9 @@ def summary(event: AnyEvent) -> str:
         return event.reason + (f" exit {event.exit_code}" if event.exit_code is not None else "")
     if isinstance(event, Resumed):
         on = f" on {', '.join(event.hosts)}" if isinstance(event.hosts, tuple) else ""
-        return f"#{event.resume_count} from step {event.step}{on}" + (" (forced)" if event.forced else "")
+        return f"#{event.resume_count} from step {event.step}{on}" + (
+            " (while the log still saw it running)" if event.forced else ""
+        )
     if isinstance(event, CorruptSkipped):
         return f"step {event.step}: {event.reason}"
     return f"cost {event.cost_gpu_hours:.2f} ({event.cost_source}; in the run's unit, as launched)"

@@ -37,7 +37,7 @@ def main() -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=20, gamma=0.5)
 
-    # ftrain: name what shapes training, load, and save when due
+    # ftrain: name what shapes training, load, save when due, and save the end
     ckpt = CheckpointManager(
         args.location, model=model, optimizer=optimizer, states={"scheduler": scheduler}, every=10
     )
@@ -52,6 +52,7 @@ def main() -> None:
         step += 1
         if ckpt.due(step):
             ckpt.save(step)
+    ckpt.save(step, final=True)  # the end state is the run's last checkpoint (skipped if just saved)
     ckpt.close()
 
     digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters()))

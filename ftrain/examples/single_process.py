@@ -28,7 +28,7 @@ def main() -> None:
     ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(0.9))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
 
-    # ftrain: name what shapes training, load, and save when due
+    # ftrain: name what shapes training, load, save when due, and save the end
     ckpt = CheckpointManager(args.location, model=model, optimizer=optimizer, states={"ema": ema}, every=10)
     step = ckpt.load()
     while step < args.steps:
@@ -41,6 +41,7 @@ def main() -> None:
         step += 1
         if ckpt.due(step):
             ckpt.save(step)
+    ckpt.save(step, final=True)  # the end state is the run's last checkpoint (skipped if just saved)
     ckpt.close()
 
     weights = [*model.parameters(), *ema.parameters()]

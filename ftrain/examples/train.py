@@ -268,6 +268,7 @@ def _loop(
             if manager.due(step):
                 times = manager.save(step, loader.epoch)
                 metrics.write({"train/iter": step, **_ckpt_metrics(times, args.async_ckpt)})
+        manager.save(step, loader.epoch, final=True)  # the end state, once (skipped when just saved)
         drain = manager.close()
         if args.async_ckpt:
             metrics.write({"train/ckpt_drain_seconds": drain, "final": True})

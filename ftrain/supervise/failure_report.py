@@ -11,6 +11,7 @@ import sys
 from typing import IO, Final
 
 from ftrain.domain.lifecycle import FailIntent
+from ftrain.supervise.failure_block import FailureBlock
 from ftrain.supervise.node_exec import NodeExit, parse_node_exit
 from ftrain.train.preemption import PREEMPTED_EXIT
 
@@ -53,15 +54,23 @@ class FailureReport:
 
 
 def tee_stderr(stream: IO[bytes], report: FailureReport) -> None:
-    """Copy the launcher's stderr to ours as it comes (progress bars included) while the report reads it.
-    Reading goes on even if our stderr is gone, or the launcher would block on a full pipe."""
+    """Copy the launcher's stderr to ours as it comes (progress bars included; torchrun's failure block left
+    out when the worker already said why: `FailureBlock`) while the report reads it. Reading goes on even if
+    our stderr is gone, or the launcher would block on a full pipe."""
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    block = FailureBlock()
     with stream:
         while chunk := os.read(stream.fileno(), 65536):
-            with contextlib.suppress(OSError, ValueError):
-                sys.stderr.write(decoder.decode(chunk))
-                sys.stderr.flush()
+            _write(block.feed(decoder.decode(chunk)))
             report.feed(chunk)
+        _write(block.end())
+
+
+def _write(text: str) -> None:
+    if text:
+        with contextlib.suppress(OSError, ValueError):
+            sys.stderr.write(text)
+            sys.stderr.flush()
 
 
 def failure(returncode: int, worker_exit: int | None, node: NodeExit | None = None) -> FailIntent:

@@ -18,9 +18,11 @@ CheckpointManager does: a script without it is not stopped by the warning, only 
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from functools import partial
@@ -46,6 +48,17 @@ def warning_signal(save: Sequence[signal.Signals]) -> signal.Signals:
 def stop_signals(save: Sequence[signal.Signals]) -> tuple[signal.Signals, ...]:
     """Every signal that means "save and stop" on its way to the workers: SIGTERM, SIGINT and the save signals."""
     return tuple(dict.fromkeys([*STOP_SIGNALS, *save]))
+
+
+def note_stop(note: Path, signum: signal.Signals) -> None:
+    """Write the name of the stop signal into `note` unless one is there (the first writer, the supervisor or
+    the relay, got the signal as sent); unnoted, a worker names the warning signal it got."""
+    if note.exists():
+        return
+    with contextlib.suppress(OSError):
+        partial = note.with_suffix(".partial")
+        partial.write_text(signum.name)
+        partial.rename(note)
 
 
 def torchrun_env(env: dict[str, str], ignored: Sequence[signal.Signals]) -> dict[str, str]:
@@ -83,7 +96,10 @@ def relay(command: Sequence[str], save: Sequence[signal.Signals]) -> int:
     before (inherited) and take a second one as "now"."""
     warning, ignored = warning_signal(save), stop_signals(save)
     stopped: list[signal.Signals] = []
-    told: set[int] = set()
+    notes = None
+    if (note := settings.stop_note()) is None:  # else the supervisor's: it notes the signal it got
+        notes = Path(tempfile.mkdtemp(prefix="ftrain-relay-"))  # 0700
+        note = notes / "stop-signal"
 
     def on_stop(signum: int, _: FrameType | None) -> None:
         if not stopped:
@@ -93,10 +109,26 @@ def relay(command: Sequence[str], save: Sequence[signal.Signals]) -> int:
         signal.signal(signum, on_stop)
     agent = subprocess.Popen(
         list(command),
-        env=torchrun_env(dict(os.environ), ignored),
+        env={**torchrun_env(dict(os.environ), ignored), settings.STOP_NOTE: str(note)},
         start_new_session=True,
         preexec_fn=partial(_shielded, ignored, os.getpid()),  # signal calls only; no thread runs here yet
     )
+    try:
+        return _relay(agent, warning, ignored, stopped, note)
+    finally:
+        if notes is not None:
+            shutil.rmtree(notes, ignore_errors=True)
+
+
+def _relay(
+    agent: "subprocess.Popen[bytes]",
+    warning: signal.Signals,
+    ignored: Sequence[signal.Signals],
+    stopped: list[signal.Signals],
+    note: Path,
+) -> int:
+    """Wait for `agent`, handing its workers the warning once a stop signal came, its name noted first."""
+    told: set[int] = set()
     while True:
         try:
             code = agent.wait(timeout=POLL_SECONDS)
@@ -104,6 +136,8 @@ def relay(command: Sequence[str], save: Sequence[signal.Signals]) -> int:
                 signal.signal(signum, signal.SIG_IGN)
             return code
         except subprocess.TimeoutExpired:
+            if stopped and not told:
+                note_stop(note, stopped[0])
             if stopped and (new := [p for p in children(agent.pid) if p not in told and catches(p, warning)]):
                 for pid in new:
                     with contextlib.suppress(ProcessLookupError, PermissionError):

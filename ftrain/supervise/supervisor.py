@@ -13,8 +13,10 @@ holds up recording (but a relaunch waits for the log: it must open its attempt).
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -36,7 +38,7 @@ from ftrain.supervise.fencing import claim_opened
 from ftrain.supervise.lease_keeper import LeaseKeeper
 from ftrain.supervise.opening import OPEN_TIMEOUT, NotOpened
 from ftrain.supervise.procs import attempt_marks, end_attempt
-from ftrain.supervise.relay import STOP_SIGNALS, stop_signals, warning_signal
+from ftrain.supervise.relay import STOP_SIGNALS, note_stop, stop_signals, warning_signal
 from ftrain.supervise.watchdog import Hang, Watchdog
 from ftrain.train.lifeline import die_with_parent
 from ftrain.train.preemption import PREEMPTED_EXIT
@@ -89,6 +91,15 @@ class SetupFailed(Exception):
     """An attempt the log opened could not be started (its storage fence, its progress directory, its
     command; UnsafeDirectory among them): recorded as the attempt's failure, reason `setup`, and supervision
     ends. Nothing of the attempt runs."""
+
+
+def attempt_head(number: int, first: int, tries: int, total: int) -> str:
+    """How a line names an attempt: the run's attempt `number` (as the log counts them), and, when this job
+    start did not open the run's first (a relaunch, a requeue), which of its own `total` tries it is: the
+    budget of a job start never changes, whatever came before it."""
+    if first == 1:
+        return f"Attempt {number} of {total}"
+    return f"Attempt {number} ({tries} of {total} in this job start)"
 
 
 def backoff_delay(base: float, failures: int) -> float:
@@ -152,9 +163,13 @@ class Supervisor:
         self.save_signals = tuple(save_signals)
         self.requeue = requeue
         self.vouched = vouched
+        self._note = Path(os.devnull)
+        """Where the stop signal's name is noted for the workers (FTRAIN_STOP_NOTE; set by `run`)."""
 
     def run(self) -> Outcome:
         """Supervise with SIGTERM, SIGINT and the save signals forwarded to the training processes."""
+        notes = Path(tempfile.mkdtemp(prefix="ftrain-stop-"))  # 0700: the workers' note of the stop signal
+        self._note = notes / "stop-signal"
         previous = {sig: signal.signal(sig, self._on_signal) for sig in stop_signals(self.save_signals)}
         try:
             return self._loop()
@@ -162,11 +177,12 @@ class Supervisor:
             for sig, handler in previous.items():
                 if handler is not None:
                     signal.signal(sig, handler)
+            shutil.rmtree(notes, ignore_errors=True)
 
     def _loop(self) -> Outcome:
         newest = self._newest()
         total = self.relaunches.max_retries + 1
-        last = self.number + self.relaunches.max_retries  # the lines number attempts as the log does
+        first = self.number
         attempt = stalled = 0
         while True:
             attempt += 1
@@ -186,19 +202,20 @@ class Supervisor:
                 returncode, report, survivors = self._attempt()
             except SetupFailed as exc:  # opened in the log, so recorded: never left `running`
                 recorded = self._record(FailIntent(reason="setup", message=str(exc), attempt=self.number))
-                emit(f"Attempt {self.number} of {last} not started: {exc}")
+                emit(f"{attempt_head(self.number, first, attempt, total)} not started: {exc}")
                 return Outcome(
                     "gave-up", 1, f"run {self.run_id} gave up: attempt {self.number}: {exc}", recorded
                 )
             ended = time.monotonic()
             if (lost := self._lost()) is not None:  # the new holder recorded this attempt's end
-                emit(f"Attempt {self.number} of {last} stopped after {ended - started:.1f} s: {lost}")
+                head = attempt_head(self.number, first, attempt, total)
+                emit(f"{head} stopped after {ended - started:.1f} s: {lost}")
                 return Outcome("gave-up", 1, lost, recorded=False)
             step = self._newest()
             self.vouched = self.vouched or step is not None
             progress = step is not None and (newest is None or step > newest)
             newest = step if progress else newest
-            head = f"Attempt {self.number} of {last}"
+            head = attempt_head(self.number, first, attempt, total)
             where = f"after {ended - started:.1f} s — " + (
                 f"checkpoint step {step}" if step is not None else "no checkpoint"
             )
@@ -300,7 +317,7 @@ class Supervisor:
             )  # from here on no older attempt seals or prunes
             argv = self.command(self.hosts)
             log.info("attempt_started", run_id=self.run_id, attempt=self.number, argv=argv)
-            env = {**self.env, **marks}
+            env = {**self.env, **marks, settings.STOP_NOTE: str(self._note)}
             if self.hang_timeout is not None:
                 name = f"{self.run_id}-{self.number}-{marks[settings.ATTEMPT_NONCE]}"
                 watchdog = Watchdog.for_attempt(name, self.hang_timeout)
@@ -364,6 +381,7 @@ class Supervisor:
         on one) and start the grace period (SIGTERM and SIGINT: an early warning leaves it to the scheduler)."""
         if self._stop is None:
             self._stop = signum
+            note_stop(self._note, signal.Signals(signum))  # before the warning: what the workers name
         if self._deadline is None and signum in STOP_SIGNALS:
             self._deadline = time.monotonic() + self.grace
         self._signal_child(warning_signal(self.save_signals) if self.save_signals else signum)

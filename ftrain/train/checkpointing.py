@@ -7,6 +7,7 @@
         train_one_step(); step += 1
         if ckpt.due(step):
             ckpt.save(step)
+    ckpt.save(step, final=True)             # the end state, once: skipped when `step` is already saved
     ckpt.close()
 
 What shapes training is handed over as named stateful objects (anything with `state_dict`/`load_state_dict`,
@@ -44,6 +45,18 @@ from torch._C._distributed_c10d import HashStore
 from ftrain import settings
 from ftrain.cadence import parse_checkpoint_every
 from ftrain.domain.lifecycle import CheckpointIntent
+from ftrain.errors import (
+    FtrainError,
+    MissingCredentials,
+    NoValidCheckpoint,
+    ResumeFailed,
+    ResumeRefused,
+    ResumeStopped,
+    SavesFailing,
+    StorageUnavailable,
+    UnknownRun,
+    UnresumableState,
+)
 from ftrain.events.run_id import InvalidRunId, validate_run_id
 from ftrain.events.schema import Checkpointed
 from ftrain.train.attempt_clock import AttemptClock
@@ -52,17 +65,11 @@ from ftrain.train.config import CheckpointConfig
 from ftrain.train.faults import fault_point
 from ftrain.train.lifeline import die_with_launcher
 from ftrain.train.lost_work import ProgressFile
-from ftrain.train.preemption import PREEMPTED_EXIT, SaveSignals
-from ftrain.train.resume import (
-    NoValidCheckpoint,
-    ResumeFailed,
-    ResumePoint,
-    ResumeRefused,
-    ResumeStopped,
-    resume,
-)
-from ftrain.train.save_check import UnresumableState, check_resumable
-from ftrain.train.saving import Saver, SavesFailing
+from ftrain.train.preemption import PREEMPTED_EXIT, SaveSignals, stop_name
+from ftrain.train.process_exit import one_line_errors
+from ftrain.train.resume import ResumePoint, resume
+from ftrain.train.save_check import check_resumable
+from ftrain.train.saving import Saver
 from ftrain.train.state import Resumable, TrainState, resumable
 from ftrain.workers.integrity import digest_of, to_hex
 from ftrain.workers.layout import rank_stage_dir
@@ -80,6 +87,8 @@ __all__ = [
     "CheckpointConfig",
     "CheckpointManager",
     "Fenced",
+    "FtrainError",
+    "MissingCredentials",
     "NoValidCheckpoint",
     "ResumeFailed",
     "ResumePoint",
@@ -87,7 +96,9 @@ __all__ = [
     "ResumeStopped",
     "SaveTimes",
     "SavesFailing",
+    "StorageUnavailable",
     "TrainState",
+    "UnknownRun",
     "UnresumableState",
     "UnsafeDirectory",
     "allow_pickled",
@@ -122,15 +133,25 @@ def make_config(
     env: Mapping[str, str] = os.environ,
 ) -> CheckpointConfig:
     """The configuration from the arguments and, under `ftrain run`, what the supervisor passed (which wins:
-    the run, its location, the launch's cadence and dataset revision). ValueError naming the field."""
+    the run, its location, the launch's cadence and dataset revision; a cadence that replaces the script's
+    `every` is said on rank 0's stderr). ValueError naming the field."""
     try:
         run_id = settings.run_id(env) or run_id
         written = settings.ckpt_location(env) or location
-        every = settings.checkpoint_every(env) or every
+        launched_every = settings.checkpoint_every(env)
         dataset_revision = settings.dataset_revision(env) or dataset_revision
         failures = max_failed_saves or settings.max_failed_saves(env)
     except settings.InvalidSetting as exc:
         raise ValueError(str(exc)) from None
+    if launched_every is not None:
+        if every is not None and _differs(every, launched_every) and env.get("RANK", "0") == "0":
+            print(
+                f"train: checkpoint cadence {launched_every} (`ftrain run --checkpoint-every`) replaces "
+                f"every={every!r} given in the script",
+                file=sys.stderr,
+                flush=True,
+            )
+        every = launched_every
     if run_id is not None:
         try:
             validate_run_id(run_id, what="run_id")
@@ -138,7 +159,7 @@ def make_config(
             raise ValueError(str(exc)) from None
     if written is None:
         raise ValueError("location: required outside `ftrain run` (a directory, or s3://bucket/prefix/<run>)")
-    if location is not None and str(location) != written:
+    if location is not None and str(location) != str(written):
         log.warning("location_from_supervisor", given=str(location), used=written)
     try:
         place = run_location(written)
@@ -167,6 +188,16 @@ def make_config(
         dataset_revision=dataset_revision,
         max_failed_saves=failures,
     )
+
+
+def _differs(every: int | str, launched: str) -> bool:
+    """Whether the script's `every` asks for another cadence than the launch's (unparsable: the error comes
+    from the launch's, which is the one used)."""
+    try:
+        mine = parse_checkpoint_every(f"{every}steps" if isinstance(every, int) else every)
+        return mine != parse_checkpoint_every(launched)
+    except ValueError:
+        return True
 
 
 def _job_name(place: Location, run_id: str | None, env: Mapping[str, str]) -> str:
@@ -244,6 +275,7 @@ class CheckpointManager:
         self._own_group = not dist.is_initialized()
         if self._own_group:  # a single-process script: a private group of one, so every collective is trivial
             dist.init_process_group("gloo", store=HashStore(), rank=0, world_size=1)
+        one_line_errors()  # after init_process_group, whose own hook would otherwise wrap it
         self.config = config
         self.state = state
         self.rank = dist.get_rank()
@@ -272,6 +304,8 @@ class CheckpointManager:
         self._buffers = StagingBuffers()
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ftrain-ckpt")
         self._inflight: Future[None] | None = None
+        self._sealed: int | None = None
+        """The newest step this job sealed or resumed from: what a final save of the same step skips."""
         self.attempt = 0
         """The run's attempt this job records in (set by `load`; 0: no log to say)."""
         self.resumed: ResumePoint | None = None
@@ -312,6 +346,7 @@ class CheckpointManager:
             # make some (torch steps it once with lr 0: Adam's step count would be off by one)
             self._buffers.reserve(self.state.state_dict())
         step = self.resumed.step if self.resumed is not None else 0
+        self._sealed = self.resumed.step if self.resumed is not None else None
         if self._progress is not None:  # loaded again (benchmarks)
             self._progress.close()
         self._progress = ProgressFile(
@@ -355,11 +390,20 @@ class CheckpointManager:
         self._stopping = self._stopping or signalled
         return by_steps or by_time or signalled
 
-    def save(self, step: int, epoch: int = 0) -> SaveTimes:
+    def save(self, step: int, epoch: int = 0, *, final: bool = False) -> SaveTimes:
         """Checkpoint the state at `step`: synchronously, or staged and handed to the background pipeline.
-        After a warning signal, the save is finished and the process exits with PREEMPTED_EXIT. Raises
-        UnresumableState on every rank, before anything is written, when the state holds an item a resume
-        could not load (a type outside the unpickler's allowlist: `allow_pickled`)."""
+        `final=True`, after the loop: the run's end state, sealed before this returns (the async pipeline
+        drained), and saved only when `step` is not the step last sealed or resumed from, so the run's last
+        checkpoint is its last step, written once. After a warning signal, the save is finished and the
+        process exits with PREEMPTED_EXIT. Raises UnresumableState on every rank, before anything is
+        written, when the state holds an item a resume could not load (a type outside the unpickler's
+        allowlist: `allow_pickled`)."""
+        if final:
+            drain = self.drain()  # the save in flight may be of this very step
+            if self._sealed == step:
+                return SaveTimes(drain_seconds=drain)
+            times = self.save(step, epoch)
+            return msgspec.structs.replace(times, drain_seconds=times.drain_seconds + drain + self.drain())
         self._beacon.saving(step)
         self.state.step, self.state.epoch = step, epoch
         self._last_save = time.monotonic()
@@ -368,7 +412,7 @@ class CheckpointManager:
         self.clock.began(step)
         if not self.config.async_save:
             start = time.perf_counter()
-            self._saver.save(step, epoch, self._resumable(step), self.attempt, staged=False)
+            self._seal(step, epoch, self._resumable(step), staged=False)
             times = SaveTimes(save_seconds=time.perf_counter() - start)
             self.clock.ended(step, times.save_seconds)
             self._stalled += times.save_seconds
@@ -380,13 +424,16 @@ class CheckpointManager:
             fault_point("stage", step)
             self.clock.ended(step, stage + drain)
             self._stalled += stage + drain
-            self._inflight = self._worker.submit(
-                self._saver.save, step, epoch, staged, self.attempt, staged=True
-            )
+            self._inflight = self._worker.submit(self._seal, step, epoch, staged, staged=True)
             times = SaveTimes(stage_seconds=stage, drain_seconds=drain)
         if self._stopping:
             self._exit_preempted(step)
         return times
+
+    def _seal(self, step: int, epoch: int, state: dict[str, Any], *, staged: bool) -> None:
+        """Save `state` as `step` (in the caller's thread, or the pipeline's), noting it once sealed."""
+        if self._saver.save(step, epoch, state, self.attempt, staged=staged):
+            self._sealed = step
 
     def _resumable(self, step: int) -> dict[str, Any]:
         """The state to save, once every rank found that a resume could load all of it: else every rank
@@ -404,7 +451,8 @@ class CheckpointManager:
         rank together: `close` waits for the others)."""
         self.close()
         if self.rank == 0:
-            name = self._signals.received.name if self._signals.received else "a peer's signal"
+            received = self._signals.received
+            name = stop_name(received, settings.stop_note()) if received else "a peer's signal"
             print(
                 f"PREEMPTED by {name}: checkpoint at step {step} saved, exiting", file=sys.stderr, flush=True
             )

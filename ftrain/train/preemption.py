@@ -10,6 +10,7 @@ the supervisor reads the exit code from here.
 import signal
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 from types import FrameType
 from typing import Any, Final
 
@@ -18,6 +19,18 @@ import structlog
 PREEMPTED_EXIT: Final = 83
 """A worker's exit status after it saved on a warning signal (a saved step, not a crash)."""
 log = structlog.get_logger(__name__)
+
+
+def stop_name(received: signal.Signals, note: Path | None) -> str:
+    """The signal that stopped the job: the one the relay noted it got (`ftrain run` hands the workers the
+    warning signal whatever stopped it), said as relayed, else the one received."""
+    try:
+        noted = note.read_text().strip() if note is not None else ""
+    except OSError:
+        noted = ""
+    if noted and noted != received.name:
+        return f"{noted} (relayed as {received.name})"
+    return received.name
 
 
 class SaveSignals:

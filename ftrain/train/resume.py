@@ -35,11 +35,14 @@ from ftrain.domain.lifecycle import (
     plan_resume,
     skipped_line,
 )
+from ftrain.errors import NoValidCheckpoint as NoValidCheckpoint
+from ftrain.errors import ResumeRefused as ResumeRefused
+from ftrain.errors import UnknownRun
 from ftrain.train.config import CheckpointConfig
 from ftrain.train.resume_load import ResumeFailed as ResumeFailed
 from ftrain.train.resume_load import ResumeStopped as ResumeStopped
 from ftrain.train.resume_load import load_verified, owned, stopped
-from ftrain.train.run_log import RunBroken, RunUnknown, read_run
+from ftrain.train.run_log import RunBroken, read_run
 from ftrain.train.state import TrainState
 from ftrain.workers.manifest import Manifest
 from ftrain.workers.recorder import Recorder
@@ -51,16 +54,6 @@ FLUSH_TIMEOUT = 15.0
 LOG_TIMEOUT = 15.0
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
-
-
-class NoValidCheckpoint(RuntimeError):
-    """Checkpoints exist and none of them verified: the job must stop, not start over."""
-
-
-class ResumeRefused(RuntimeError):
-    """The start-up request cannot be served as asked: it contradicts the log (e.g. --no-resume on a run that
-    has checkpoints), or the checkpoint location is one this job can never use (it cannot be written, or the
-    run's directory is a link)."""
 
 
 class ResumePoint(msgspec.Struct, frozen=True):
@@ -79,6 +72,8 @@ class StartDecision(msgspec.Struct, frozen=True):
     attempt: int = 0
     refused: str | None = None
     stopped: str | None = None
+    error: type[ResumeRefused | ResumeStopped] | None = None
+    """The kind of the refusal or stop, so that every rank raises the same class (None: the plain one)."""
     start: str = ""
     """Names this start's downloads (object storage), so a crashed start's are never taken for its."""
 
@@ -104,9 +99,9 @@ def resume(
     rank, world = dist.get_rank(), dist.get_world_size()
     decision = _broadcast(_safe_plan(config, recorder, store) if rank == 0 else None, group)
     if decision.refused:
-        raise ResumeRefused(decision.refused)
+        raise (decision.error or ResumeRefused)(decision.refused)
     if decision.stopped:
-        raise ResumeStopped(decision.stopped)
+        raise (decision.error or ResumeStopped)(decision.stopped)
     plan, attempt = decision.plan, decision.attempt
     for candidate in plan.candidates:
         header = _broadcast(_header(store, candidate, config.run_name) if rank == 0 else None, group)
@@ -198,10 +193,17 @@ def _safe_plan(config: CheckpointConfig, recorder: Recorder | None, store: RunSt
     except RunBroken as exc:
         return StartDecision(stopped=str(exc))
     except StorageUnavailable as exc:
-        return StartDecision(stopped=str(stopped(exc)))
+        stop = stopped(exc)
+        return StartDecision(stopped=str(stop), error=type(stop))
     except OSError as exc:  # the storage refused a claim, a clean-up or a move: as out of reach
         return StartDecision(stopped=str(stopped(StorageUnavailable(f"storage unavailable: {exc}"))))
-    except (IllegalTransition, RunUnknown, Fenced, StorageError) as exc:
+    except UnknownRun as exc:
+        return StartDecision(
+            refused=f"{exc} in the event log: check the run id (`ftrain list`) and FTRAIN_NATS_URL, or leave "
+            "run_id out to checkpoint without a log",
+            error=UnknownRun,
+        )
+    except (IllegalTransition, Fenced, StorageError) as exc:
         return StartDecision(refused=str(exc))
 
 

@@ -15,6 +15,9 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
+from ftrain.errors import ResumeFailed as ResumeFailed
+from ftrain.errors import ResumeStopped as ResumeStopped
+from ftrain.errors import StoppedByCredentials
 from ftrain.train.state import TrainState
 from ftrain.workers.dcp_reader import (
     METADATA,
@@ -24,7 +27,7 @@ from ftrain.workers.dcp_reader import (
     parse_metadata,
 )
 from ftrain.workers.manifest import FileEntry, Manifest
-from ftrain.workers.storage.errors import StorageUnavailable
+from ftrain.workers.storage.errors import MissingCredentials, StorageUnavailable
 from ftrain.workers.storage.port import Readable
 from ftrain.workers.unpickle import RefusedPickle
 
@@ -33,15 +36,6 @@ log = structlog.get_logger(__name__)
 
 Verdict = str | StorageUnavailable | None
 """One rank's judgement: None (clean), why the checkpoint is refused, or the storage out of reach."""
-
-
-class ResumeStopped(RuntimeError):
-    """The log or the storage cannot be trusted right now (a broken chain, storage out of reach): stop on
-    every rank, recording nothing and setting nothing aside; a later start, once it is fixed, resumes."""
-
-
-class ResumeFailed(RuntimeError):
-    """Loading a checkpoint failed for a reason outside it (memory, I/O): stop, and skip nothing."""
 
 
 def owned(files: tuple[FileEntry, ...], rank: int, world: int) -> list[FileEntry]:
@@ -116,7 +110,13 @@ def combined(verdict: Verdict, group: dist.ProcessGroup) -> str | None:
 
 
 def stopped(exc: StorageUnavailable) -> ResumeStopped:
-    """What every rank raises (each saw the same verdict) when the storage was out of reach."""
+    """What every rank raises (each saw the same verdict) when the storage was out of reach: credentials it
+    found none of or refused say what to fix."""
+    if isinstance(exc, MissingCredentials):
+        return StoppedByCredentials(
+            f"{exc}; nothing recorded, the checkpoints are untouched: set the storage's credentials (the AWS "
+            "chain: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, AWS_PROFILE, ~/.aws/credentials) and start again"
+        )
     return ResumeStopped(f"{exc}; nothing recorded, the checkpoints are untouched")
 
 

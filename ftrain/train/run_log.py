@@ -12,6 +12,7 @@ from nats.errors import Error as NatsError
 
 from ftrain.domain.command_handler import BrokenRun, RunLog
 from ftrain.domain.lifecycle import RunState
+from ftrain.errors import FtrainError, UnknownRun
 from ftrain.events.jetstream.connection import NatsSettings, open_store
 from ftrain.events.jetstream.server import NatsServerError
 from ftrain.events.keyring import KeyringError
@@ -20,17 +21,13 @@ from ftrain.events.log_port import LogTampered, LogUnavailable
 log = structlog.get_logger(__name__)
 
 
-class RunUnknown(Exception):
-    """The log answered and has never heard of the run: nothing to resume by."""
-
-
-class RunBroken(RunUnknown):
+class RunBroken(FtrainError):
     """The run's chain is broken: its state cannot be trusted, so nothing is resumed, set aside or recorded."""
 
 
 def read_run(run_id: str, settings: NatsSettings, timeout: float) -> RunState | None:
     """The state of `run_id` from its own events; None if the log cannot be read within `timeout` seconds.
-    Raises RunUnknown when the log is readable but knows no such run, RunBroken when its chain is broken."""
+    Raises UnknownRun when the log is readable but knows no such run, RunBroken when its chain is broken."""
 
     async def query() -> RunState | None:
         async with open_store(settings) as store:
@@ -45,5 +42,5 @@ def read_run(run_id: str, settings: NatsSettings, timeout: float) -> RunState | 
         log.warning("log_unreachable", run_id=run_id, error=f"{type(exc).__name__}: {exc}")
         return None
     if state is None:
-        raise RunUnknown(f"unknown run {run_id!r}")
+        raise UnknownRun(f"unknown run {run_id!r}")
     return state

@@ -17,11 +17,8 @@ import torch.distributed as dist
 from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 from torch.distributed.checkpoint._traverse import OBJ_PATH
 
+from ftrain.errors import UnresumableState as UnresumableState
 from ftrain.workers.unpickle import MAX_REASON, ForbiddenPickle, RefusedPickle, torch_load
-
-
-class UnresumableState(RuntimeError):
-    """The state holds an item a resume would refuse: the save is refused on every rank, nothing written."""
 
 
 def refusal(state: dict[str, Any]) -> str | None:

@@ -33,6 +33,7 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
+from ftrain.errors import SavesFailing as SavesFailing
 from ftrain.events.schema import RETIRED_MAX
 from ftrain.train.config import CheckpointConfig
 from ftrain.train.faults import fault_point
@@ -52,10 +53,6 @@ Record = Callable[[int, int, str, str, Manifest, tuple[int, ...]], None]
 outbox."""
 Reports = list[tuple[list[FileEntry], str | None]]
 """Every rank's files and why its write failed (None: all in), gathered on rank 0."""
-
-
-class SavesFailing(RuntimeError):
-    """Too many saves in a row failed (storage out of reach, a full disk): the job stops on every rank."""
 
 
 class Outcome(msgspec.Struct, frozen=True):
@@ -100,9 +97,10 @@ class Saver:
         if self._accepted is not None:
             self._accepted, self._retired = set(accepted), set(retired)
 
-    def save(self, step: int, epoch: int, app: Any, attempt: int, *, staged: bool) -> None:
-        """Every rank: save `app` (the live state, or its staged copy) as `step`. Fails closed; raises
-        SavesFailing past the limit of failures in a row, Fenced when a newer attempt owns the run."""
+    def save(self, step: int, epoch: int, app: Any, attempt: int, *, staged: bool) -> bool:
+        """Every rank: save `app` (the live state, or its staged copy) as `step`; whether it was sealed. Fails
+        closed; raises SavesFailing past the limit of failures in a row, Fenced when a newer attempt owns the
+        run."""
         outcome = _broadcast(self._begin(step, attempt) if self.rank == 0 else None, self.group)
         if outcome.uri is not None:
             report = self._write(step, outcome.uri, app, staged)
@@ -117,6 +115,7 @@ class Saver:
         if outcome.fenced:
             _raise_fenced(step, outcome)
         self._count(step, outcome.failure)
+        return outcome.failure is None
 
     def close(self) -> None:
         """Wait for the prune in flight."""

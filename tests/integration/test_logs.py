@@ -30,3 +30,21 @@ def test_two_processes_logging_to_one_unbuffered_pipe_never_glue_their_lines() -
     assert [proc.wait() for proc in procs] == [0, 0]
     parsed = [json.loads(line) for line in lines]
     assert sorted((p["rank"], p["i"]) for p in parsed) == [(r, i) for r in (0, 1) for i in range(2000)]
+
+
+def test_a_scripts_warning_is_one_line_for_people_said_once_for_the_job() -> None:
+    """Unconfigured, without FTRAIN_LOG_LEVEL: rank 0 says a warning in one plain line, other ranks only
+    errors (a torchrun job of 8 ranks printed each warning 8 times, as JSON)."""
+    script = "import structlog; import ftrain; structlog.get_logger('t').warning('loader_not_resumable', loader='DL')"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FTRAIN_")}
+    said = [
+        subprocess.run(
+            [sys.executable, "-c", script],
+            capture_output=True,
+            text=True,
+            env={**env, "RANK": rank},
+            check=True,
+        ).stderr
+        for rank in ("0", "1")
+    ]
+    assert said == ["ftrain: warning: loader_not_resumable (loader=DL)\n", ""]

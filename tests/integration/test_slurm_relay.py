@@ -28,7 +28,9 @@ def note(who):
     return handler
 if len(sys.argv) > 2:  # a worker: records what it gets, exits 83 on the warning
     def warned(signum, frame):
-        note("worker")(signum, frame)
+        from ftrain.settings import stop_note
+        from ftrain.train.preemption import stop_name
+        note(stop_name(signal.Signals(signum), stop_note()))(signum, frame)
         sys.exit(83)
     signal.signal(signal.SIGUSR1, warned)
     signal.signal(signal.SIGTERM, note("worker"))
@@ -67,7 +69,7 @@ def test_the_relay_hands_the_workers_one_warning_whatever_and_however_often_it_i
             os.killpg(relay.pid, signal.SIGKILL)
     assert relay.returncode == 83, err
     got = [tuple(json.loads(line)) for line in log.read_text().splitlines()]
-    assert got == [("worker", "SIGUSR1"), ("worker", "SIGUSR1")]
+    assert got == [("SIGTERM (relayed as SIGUSR1)", "SIGUSR1")] * 2  # the stop signal named right
     shown = json.loads(out)
     ignored = int(shown["ignored"], 16)
     assert all(ignored & (1 << (s - 1)) for s in (TERM, INT, USR1)) and shown["handled"] == "SIGHUP,SIGQUIT"

@@ -142,3 +142,27 @@ def test_a_trainer_on_a_logged_run_names_what_retention_retires_and_status_shows
         (4, "valid"),
         (5, "valid"),
     ]
+
+
+@pytest.mark.usefixtures("no_group")
+def test_a_final_save_is_the_runs_last_checkpoint_in_status(cli: Cli) -> None:
+    """A 12-step loop with every=5 ends with `save(12, final=True)`: `status` shows step 12 as the newest
+    valid checkpoint (it showed 10: the end state was never saved)."""
+    launch(cli)
+    ckpt = CheckpointManager(cli.storage() / RUN, model=nn.Linear(4, 1), run_id=RUN, keep=5, every=5)
+    try:
+        step = ckpt.load()
+        while step < 12:
+            step += 1
+            if ckpt.due(step):
+                ckpt.save(step)
+        ckpt.save(step, final=True)
+    finally:
+        ckpt.close()
+    status = json.loads(cli.ok("status", RUN, "--json")[0])
+    assert status["step"] == 12
+    assert [(c["step"], c["status"]) for c in status["checkpoints"]] == [
+        (5, "valid"),
+        (10, "valid"),
+        (12, "valid"),
+    ]

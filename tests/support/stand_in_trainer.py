@@ -41,7 +41,9 @@ def ftrain(*args):
 
 
 def terminated(signum, frame):
-    (state / "terminated").touch()
+    from ftrain.settings import stop_note
+    from ftrain.train.preemption import stop_name
+    (state / "terminated").write_text(stop_name(signal.Signals(signum), stop_note()))
     sys.exit(0)
 
 

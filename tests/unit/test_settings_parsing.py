@@ -36,7 +36,7 @@ def test_an_empty_value_reads_as_unset() -> None:
         value for value in vars(settings).values() if isinstance(value, str) and value.startswith("FTRAIN_")
     ]
     empty = dict.fromkeys(names, "")
-    assert len(empty) == 29
+    assert len(empty) == 30
     read = (
         settings.home(empty),
         settings.storage(empty),
@@ -55,6 +55,7 @@ def test_an_empty_value_reads_as_unset() -> None:
         settings.dataset_revision(empty),
         settings.save_signals(empty),
         settings.progress_dir(empty),
+        settings.stop_note(empty),
     )
     assert read == (
         DEFAULT_HOME,
@@ -73,6 +74,7 @@ def test_an_empty_value_reads_as_unset() -> None:
         None,
         None,
         (signal.SIGUSR1, signal.SIGTERM),
+        None,
         None,
     )
 

@@ -118,3 +118,20 @@ def test_the_readme_snippet_is_the_plain_ddp_example_verbatim() -> None:
     body = textwrap.dedent(block)
     assert textwrap.indent(body, "    ") in example or body in example, "the README's snippet is not ddp.py's"
     assert len(body.strip().splitlines()) <= 20
+
+
+@pytest.mark.parametrize(
+    ("every", "rank", "said"),
+    [(5, "0", True), ("2min", "0", True), (None, "0", False), ("10min", "0", False), (5, "1", False)],
+)
+def test_the_launch_cadence_wins_and_rank_0_says_what_it_replaced(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], every: int | str | None, rank: str, said: bool
+) -> None:
+    env = {"FTRAIN_CHECKPOINT_EVERY": "10min", "RANK": rank}
+    config = make_config(tmp_path / "run", every=every, env=env)
+    assert (config.save_interval, config.every_seconds) == (None, 600.0)
+    expected = (
+        f"train: checkpoint cadence 10min (`ftrain run --checkpoint-every`) replaces every={every!r} given in "
+        "the script\n"
+    )
+    assert capsys.readouterr().err == (expected if said else "")

@@ -3,6 +3,8 @@ a newer attempt (and the one test for it); and the one verdict every backend giv
 
 from typing import Final
 
+from ftrain.events.errors import FtrainError
+
 OUTSIDE_RUN: Final = "outside the run's storage root"
 """Why a checkpoint URI is refused unread: it does not name a step of the run's own."""
 
@@ -11,18 +13,23 @@ class StorageError(ValueError):
     """A storage location ftrain cannot use."""
 
 
-class StorageUnavailable(Exception):
+class StorageUnavailable(FtrainError):
     """The storage cannot be read right now (unmounted, EIO, EACCES, ESTALE, a timeout; on S3 an unreachable
     endpoint, 5xx, AccessDenied, bad credentials, NoSuchBucket): nothing is known about the checkpoints, so
     nothing may be recorded against them or moved. Only bytes that are present and wrong, or files missing from
     a checkpoint whose location can be listed, make a checkpoint corrupt."""
 
 
+class MissingCredentials(StorageUnavailable):
+    """The storage found no credentials, or refused the ones it was given (an unknown key, a bad signature):
+    it will answer the same until the credentials are fixed."""
+
+
 class CheckpointExists(FileExistsError):
     """The step is already there (another writer, or an interrupted earlier attempt)."""
 
 
-class Fenced(RuntimeError):
+class Fenced(FtrainError, RuntimeError):
     """A newer attempt owns the run's checkpoints: this one must write nothing more."""
 
 

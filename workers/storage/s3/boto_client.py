@@ -17,7 +17,7 @@ from typing import Any, Final
 import boto3
 import botocore.session
 from botocore.config import Config
-from botocore.exceptions import BotoCoreError, ClientError
+from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, PartialCredentialsError
 
 CONNECT_TIMEOUT: Final = 5.0
 READ_TIMEOUT: Final = 30.0
@@ -85,6 +85,19 @@ def error_code(exc: BaseException) -> str:
     if isinstance(exc, ClientError):
         return str(exc.response.get("Error", {}).get("Code", ""))
     return ""
+
+
+CREDENTIAL_CODES: Final = frozenset(
+    {"InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken"}
+)
+"""What an S3 store answers a request signed with credentials it does not accept."""
+
+
+def credentials_refused(exc: BaseException) -> bool:
+    """Whether `exc` says the credentials are missing, incomplete, or not accepted by the store."""
+    return (
+        isinstance(exc, NoCredentialsError | PartialCredentialsError) or error_code(exc) in CREDENTIAL_CODES
+    )
 
 
 def reason(exc: BaseException) -> str:

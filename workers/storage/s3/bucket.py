@@ -13,10 +13,11 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from ftrain.workers.integrity import CHUNK, Hashed, Hasher
 from ftrain.workers.layout import MARKER
-from ftrain.workers.storage.errors import StorageUnavailable
+from ftrain.workers.storage.errors import MissingCredentials, StorageUnavailable
 from ftrain.workers.storage.s3.boto_client import (
     CONFLICT,
     PRECONDITION_FAILED,
+    credentials_refused,
     error_code,
     is_missing,
     make_client,
@@ -81,7 +82,8 @@ class Bucket:
             raise self.unavailable(what, exc) from exc
 
     def unavailable(self, what: str, exc: BaseException) -> StorageUnavailable:
-        return StorageUnavailable(f"storage unavailable: s3://{self.name}/{what}: {reason(exc)}")
+        kind = MissingCredentials if credentials_refused(exc) else StorageUnavailable
+        return kind(f"storage unavailable: s3://{self.name}/{what}: {reason(exc)}")
 
     def reach(self, prefix: str) -> None:
         """Raise StorageUnavailable unless the bucket answers a listing (its body names the reason, where a
