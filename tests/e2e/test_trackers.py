@@ -6,7 +6,6 @@ tests/unit/test_trackers.py."""
 import json
 import re
 import socket
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,6 +16,8 @@ from tests.support.cli import Cli
 from tests.support.stand_in_trainer import ONE_GPU, RUN, TRAINER
 from tests.support.stand_in_trainer import cli as cli  # the fixtures
 from tests.support.trackers import MlflowServer, tags, wandb_records
+from tests.support.trackers import mlflow_process as mlflow_process  # the fixtures
+from tests.support.trackers import mlflow_server as mlflow_server
 
 SECRET = "do-not-send-9f2c"
 TRACKED = """
@@ -35,18 +36,6 @@ if os.environ["RANK"] == "0":
     with (here / "trackers.jsonl").open("a") as f:
         f.write(json.dumps({"mlflow": mlflow.active_run().info.run_id, "wandb": run.id}) + "\\n")
 """
-
-
-@pytest.fixture
-def mlflow_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[MlflowServer]:
-    root = tmp_path / "mlflow"
-    root.mkdir()
-    server = MlflowServer(root)
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", server.uri)
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture

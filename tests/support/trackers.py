@@ -8,10 +8,13 @@ import struct
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from tests.support.processes import free_port
 
@@ -61,28 +64,58 @@ class MlflowServer:
             result: dict[str, Any] = json.loads(answer.read())
             return result
 
-    def runs(self) -> list[dict[str, Any]]:
-        """Every run of the default experiment."""
-        return list(self.api("runs/search", {"experiment_ids": ["0"]}).get("runs", []))
+    def runs(self, experiment: str | None = None) -> list[dict[str, Any]]:
+        """Every run of the experiment named by MLFLOW_EXPERIMENT_NAME, or of `experiment` (an id)."""
+        if experiment is None:
+            experiment = self.get(
+                "experiments/get-by-name", experiment_name=os.environ["MLFLOW_EXPERIMENT_NAME"]
+            )["experiment"]["experiment_id"]
+        return list(self.api("runs/search", {"experiment_ids": [experiment]}).get("runs", []))
+
+    def get(self, endpoint: str, **query: str) -> dict[str, Any]:
+        """GET from MLflow's REST API; the answer."""
+        url = f"{self.uri}/api/2.0/mlflow/{endpoint}?{urllib.parse.urlencode(query)}"
+        with urllib.request.urlopen(url, timeout=10) as answer:
+            result: dict[str, Any] = json.loads(answer.read())
+            return result
 
     def metric(self, run_id: str, key: str) -> list[tuple[int, float]]:
         """A metric's history: (step, value) in the order logged."""
-        url = f"{self.uri}/api/2.0/mlflow/metrics/get-history?run_id={run_id}&metric_key={key}"
-        with urllib.request.urlopen(url, timeout=10) as answer:
-            found = json.loads(answer.read()).get("metrics", [])
+        found = self.get("metrics/get-history", run_id=run_id, metric_key=key).get("metrics", [])
         return [(int(m.get("step", 0)), float(m["value"])) for m in found]
 
     def stop(self) -> None:
         """The server and its workers (one process group)."""
         try:
             os.killpg(self.process.pid, signal.SIGTERM)
-            self.process.wait(10)
+            self.process.wait(3)  # it may not end on SIGTERM within seconds: then SIGKILL
         except ProcessLookupError:
             pass
         except subprocess.TimeoutExpired:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
         self.log.close()
+
+
+@pytest.fixture(scope="module")
+def mlflow_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
+    """One `mlflow server` for a module's tests (it takes 15 to 45 s to start here)."""
+    server = MlflowServer(tmp_path_factory.mktemp("mlflow"))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def mlflow_server(
+    mlflow_process: MlflowServer, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> MlflowServer:
+    """The module's `mlflow server`, named by MLFLOW_TRACKING_URI, with an experiment of this test's own
+    (MLFLOW_EXPERIMENT_NAME, created by the first run made in it): `runs()` lists only this test's runs."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_process.uri)
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", request.node.name)
+    return mlflow_process
 
 
 def tags(run: dict[str, Any]) -> dict[str, str]:
