@@ -156,3 +156,32 @@ def test_a_tracker_that_never_answers_does_not_hold_training(
     cursors = Cursors(cursor_path(Path(env["FTRAIN_HOME"])))
     assert cursors.delivered(RUN, "mlflow") == 0  # nothing taken: all of it still past the cursor, in the log
     cursors.close()
+
+
+def test_a_run_launched_while_mlflow_was_down_gets_its_run_and_backlog_at_the_requeue(
+    cli: Cli, mlflow_server: MlflowServer, tracked: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    script, state = tracked
+    plain = script.with_name("plain.py")
+    plain.write_text(TRAINER)  # the first attempt's script uses no tracker: it was down
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        down = f"http://127.0.0.1:{closed.getsockname()[1]}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", down)
+    args = ("run", "P", *ONE_GPU, "--run-id", "r1", "--max-retries", "0", "--")
+    code, _, err = cli(*args, str(plain), str(state), "ckpt+exit3", "ckpt")
+    assert code == 1
+    assert "ftrain run: no MLflow run created, going on without one" in err
+    assert log_events(cli, "r1")[0]["mlflow_run_id"] is None
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server.uri)  # back: the requeued job's supervisor
+    code, _, err = cli(*args, str(script), str(state), "ckpt+exit3", "ckpt")
+    assert code == 0, err
+    [run] = mlflow_server.runs()
+    run_id = run["info"]["run_id"]
+    assert identities(state) == [{"mlflow": run_id, "wandb": "r1"}]
+    assert [e["mlflow_run_id"] for e in log_events(cli, "r1") if e["type"] == "resumed"] == [run_id]
+    # what the tracker missed while down came from the log: the first attempt's checkpoint and failure too
+    assert [v for _, v in mlflow_server.metric(run_id, "ftrain.checkpoint_step")] == [10.0, 20.0]
+    assert mlflow_server.metric(run_id, "ftrain.failure_step") == [(10, 10.0)]
+    assert tags(run)["ftrain.state"] == "completed"
