@@ -9,6 +9,7 @@ import time
 from collections.abc import Mapping
 
 from ftrain import settings
+from ftrain.console.visible import visible
 from ftrain.trackers.cursor import Cursors, cursor_path
 from ftrain.trackers.feed import TrackerFeed
 from ftrain.trackers.mlflow_rest import MlflowServer, MlflowTracker
@@ -34,7 +35,7 @@ def mlflow_run(env: Mapping[str, str], recorded: str | None, name: str) -> str |
     try:
         return server.create_run(name, int(time.time() * 1000))
     except TrackerDown as exc:
-        sys.stderr.write(f"ftrain run: no MLflow run created, going on without one ({exc})\n")
+        sys.stderr.write(f"ftrain run: no MLflow run created, going on without one ({visible(str(exc))})\n")
         return None
 
 

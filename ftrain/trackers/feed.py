@@ -15,7 +15,8 @@ from typing import Self
 import structlog
 
 from ftrain.events.schema import AnyEvent
-from ftrain.service import RunService, RunView
+from ftrain.service import RunService
+from ftrain.service.run_queries import RunView
 from ftrain.trackers.cursor import Cursors
 from ftrain.trackers.lifecycle import run_tags, writes
 from ftrain.trackers.port import Tracker, TrackerDown

@@ -10,7 +10,7 @@ from msgspec import UNSET
 
 from ftrain.events.schema import AnyEvent, Checkpointed, Completed, Failed, Resumed
 from ftrain.projections.goodput import measure
-from ftrain.service import RunView
+from ftrain.service.run_queries import RunView
 from ftrain.trackers.port import Write
 
 BROKEN = "broken"

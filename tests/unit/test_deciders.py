@@ -6,17 +6,7 @@ from datetime import UTC, datetime, timedelta
 import msgspec
 import pytest
 
-from ftrain.events.schema import (
-    Actor,
-    AnyEvent,
-    Checkpointed,
-    CheckpointPolicy,
-    Completed,
-    CorruptSkipped,
-    Failed,
-    Resumed,
-)
-from ftrain.projections.lifecycle import (
+from ftrain.domain.lifecycle import (
     CheckpointIntent,
     CompleteIntent,
     FailIntent,
@@ -34,7 +24,17 @@ from ftrain.projections.lifecycle import (
     resume_from,
     resumed_event,
 )
-from ftrain.projections.lifecycle import skip as skip_checkpoint
+from ftrain.domain.lifecycle import skip as skip_checkpoint
+from ftrain.events.schema import (
+    Actor,
+    AnyEvent,
+    Checkpointed,
+    CheckpointPolicy,
+    Completed,
+    CorruptSkipped,
+    Failed,
+    Resumed,
+)
 from tests.unit.test_judge_rules import FAILED, RUN, T0, ckpt, fold, launched
 
 AT = T0 + timedelta(hours=1)

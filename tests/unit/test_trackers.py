@@ -5,9 +5,9 @@ from datetime import timedelta
 
 import msgspec
 
+from ftrain.domain.vouching import Vouched
 from ftrain.events.schema import Failed, Resumed
-from ftrain.projections.vouching import Vouched
-from ftrain.service import RunView
+from ftrain.service.run_queries import RunView
 from ftrain.trackers.identity import WANDB_ID_MAX, tracker_env, wandb_run_id
 from ftrain.trackers.lifecycle import run_tags, writes
 from tests.support.builders import T0, checkpointed, fold, launched
