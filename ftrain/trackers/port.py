@@ -1,7 +1,7 @@
 """The seam every tracker sits behind: one write of tags and metrics into the run's tracker run.
 
 A third tracker is one module with a class that has `name` and `write` (and, if it continues runs through
-an id the supervisor must create, a function like `mlflow_rest.create_run`)."""
+an id the supervisor must create, a call like `MlflowServer.create_run`)."""
 
 from datetime import datetime
 from typing import Protocol
