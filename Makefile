@@ -11,7 +11,7 @@ BIN := $(VENV)/bin
 $(BIN)/ftrain: pyproject.toml
 	python3 -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev,train,experiments]'
+	$(BIN)/pip install -q -e '.[dev,train,experiments,trackers]'
 	touch $@
 
 demo: $(BIN)/ftrain

@@ -175,6 +175,9 @@ class Resumed(Event, frozen=True, kw_only=True, tag="resumed"):
     job: SchedulerJob | UnsetType = UNSET
     """The scheduler's job the supervisor that opened the attempt ran in (a requeued job: the same id, one more
     restart); unset outside one, or when a trainer continues its own attempt."""
+    mlflow_run_id: str | UnsetType = UNSET
+    """The MLflow run the attempt it opens continues (its `MLFLOW_RUN_ID`), when a supervisor opened it under
+    one; unset: the launch's `mlflow_run_id` (old logs, or a run with no MLflow run)."""
 
 
 class CorruptSkipped(Event, frozen=True, kw_only=True, tag="corrupt_skipped"):

@@ -50,6 +50,8 @@ from ftrain.supervise.scheduler_job import (
 )
 from ftrain.supervise.supervisor import Relaunches, Supervisor
 from ftrain.supervise.watchdog import progress_root
+from ftrain.trackers.configured import lifecycle_feed, mlflow_run
+from ftrain.trackers.identity import tracker_env
 from ftrain.workers.layout import run_dir
 from ftrain.workers.storage.errors import Fenced, StorageError, StorageUnavailable
 from ftrain.workers.storage.location import uri_path
@@ -175,15 +177,20 @@ def processes_per_node(args: argparse.Namespace) -> tuple[int, Literal["cpu"] | 
     return args.gpus_per_node, UNSET
 
 
-async def append_launched(app: RunService, plan: LaunchPlan) -> Launched:
-    """Append `launched` under the default id (or the next free `-N`) or the explicit --run-id, and say so."""
+async def append_launched(app: RunService, plan: LaunchPlan, mlflow_run_id: str | None = None) -> Launched:
+    """Append `launched` under the default id (or the next free `-N`) or the explicit --run-id, and say so;
+    `mlflow_run_id`: the MLflow run its attempts continue (None: the user's `MLFLOW_RUN_ID`, if any)."""
 
     def candidates() -> list[str]:
         if plan.explicit:
             return [plan.base_id]
         return [plan.base_id] + [f"{plan.base_id}-{n}" for n in range(2, 100)]
 
-    event = await app.launch(plan.make, candidates)
+    def make(run_id: str) -> Launched:
+        launched = plan.make(run_id)
+        return msgspec.structs.replace(launched, mlflow_run_id=mlflow_run_id or launched.mlflow_run_id)
+
+    event = await app.launch(make, candidates)
     render.emit(render.launched(event))
     return event
 
@@ -282,13 +289,15 @@ def checkpoint_dir(launched: Launched) -> Path | str:
 
 
 class Started(NamedTuple):
-    """What `start_run` opened: the launch, the attempt to start, the lease's revision, and whether the log
-    held a checkpoint of the run (a relaunch: its location must then be found, never made afresh)."""
+    """What `start_run` opened: the launch, the attempt to start, the lease's revision, whether the log
+    held a checkpoint of the run (a relaunch: its location must then be found, never made afresh), and the
+    MLflow run every attempt continues (None: none)."""
 
     launched: Launched
     attempt: int
     revision: int
     vouched: bool = False
+    mlflow_run_id: str | None = None
 
 
 async def start_run(app: RunService, args: argparse.Namespace, plan: RunPlan, holder: Holder) -> Started:
@@ -323,7 +332,10 @@ async def start_run(app: RunService, args: argparse.Namespace, plan: RunPlan, ho
                 # nothing from the moment the log opens the next (of two racing relaunches both claim it)
                 vouched = bool(state.valid_checkpoints())
                 claim_opened(checkpoint_dir(state.launch), state.attempt + 1, vouched=vouched)
-                opened = await append_relaunch(app.store, state.run_id, plan.launch.hosts, plan.launch.job)
+                tracked = mlflow_run(os.environ, state.mlflow_run_id, state.run_id)
+                opened = await append_relaunch(
+                    app.store, state.run_id, plan.launch.hosts, plan.launch.job, tracked
+                )
             except (IllegalTransition, NotOpened) as exc:
                 await app.release(state.run_id, claim.revision)
                 raise Refused(str(exc)) from exc
@@ -336,11 +348,10 @@ async def start_run(app: RunService, args: argparse.Namespace, plan: RunPlan, ho
                 f"Relaunching {state.run_id} — failure {state.failures} (last: {state.last_failure}), "
                 f"step {state.step}, {state.resume_count} resume(s) so far"
             )
-            return Started(state.launch, opened.attempt, claim.revision, vouched=opened.checkpoint_seq > 0)
-    launched = await append_launched(app, plan.launch)
-    return Started(
-        launched, 1, await app.take_lease(launched.run_id, msgspec.structs.replace(holder, attempt=1))
-    )
+            return Started(state.launch, opened.attempt, claim.revision, opened.checkpoint_seq > 0, tracked)
+    launched = await append_launched(app, plan.launch, mlflow_run(os.environ, None, plan.launch.base_id))
+    revision = await app.take_lease(launched.run_id, msgspec.structs.replace(holder, attempt=1))
+    return Started(launched, 1, revision, mlflow_run_id=launched.mlflow_run_id)
 
 
 async def relaunch_refusal(app: RunService, launch: LaunchPlan, user: str) -> str | None:
@@ -365,7 +376,7 @@ def supervise(args: argparse.Namespace, ready: Callable[[], None]) -> int:
     plan = prepare_run(args)
     ready()  # the embedded server, started (and said so) only now that the input is known good
     holder = this_supervisor(args.lease_ttl)
-    launched, attempt, revision, vouched = asyncio.run(
+    launched, attempt, revision, vouched, tracked = asyncio.run(
         _with_app(lambda app: start_run(app, args, plan, holder))
     )
     run_id = launched.run_id
@@ -380,10 +391,11 @@ def supervise(args: argparse.Namespace, ready: Callable[[], None]) -> int:
         ckpt_dir,
         checkpoint_every=policy.text if policy is not None else None,
         dataset_revision=launched.dataset_revision,
-    )
+    ) | tracker_env(os.environ, run_id, tracked)
     nats = settings.nats(os.environ)
     recorder = Recorder(run_id, nats)
     lease = LeaseKeeper(run_id, nats, msgspec.structs.replace(holder, attempt=attempt), revision).start()
+    feed = lifecycle_feed(os.environ, run_id, tracked)
     try:
         supervisor = Supervisor(
             run_id,
@@ -393,7 +405,7 @@ def supervise(args: argparse.Namespace, ready: Callable[[], None]) -> int:
             plan.relaunches,
             recorder,
             attempt=attempt,
-            opener=partial(open_attempt, run_id, nats, job=plan.launch.job),
+            opener=partial(open_attempt, run_id, nats, job=plan.launch.job, mlflow_run_id=tracked),
             hosts=plan.launch.hosts,
             min_nodes=plan.min_nodes,
             lease=lease,
@@ -406,6 +418,8 @@ def supervise(args: argparse.Namespace, ready: Callable[[], None]) -> int:
     finally:
         lease.close(release=True)  # a lease lost to another supervisor is not released
         recorder.close()
+        if feed is not None:
+            feed.close()  # after the recorder: the tracker gets the run's last events too
     completion = None
     if outcome.status != "completed":
         sys.stderr.write(f"ftrain run: {outcome.message}\n")

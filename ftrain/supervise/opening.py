@@ -28,15 +28,21 @@ class NotOpened(Exception):
 
 
 async def append_relaunch(
-    store: EventLog, run_id: str, hosts: tuple[str, ...], job: SchedulerJob | None = None
+    store: EventLog,
+    run_id: str,
+    hosts: tuple[str, ...],
+    job: SchedulerJob | None = None,
+    mlflow_run_id: str | None = None,
 ) -> Resumed:
-    """Open the next attempt of `run_id` (a failed run), on `hosts`, from the scheduler's `job` (if in one).
-    Raises NotOpened."""
+    """Open the next attempt of `run_id` (a failed run), on `hosts`, from the scheduler's `job` (if in one),
+    continuing the MLflow run `mlflow_run_id` (if any). Raises NotOpened."""
 
     def decide(state: RunState | None) -> Resumed:
         if state is None:
             raise IllegalTransition(f"unknown run {run_id!r}")
-        return msgspec.structs.replace(relaunch(state, hosts), job=job or UNSET)
+        return msgspec.structs.replace(
+            relaunch(state, hosts), job=job or UNSET, mlflow_run_id=mlflow_run_id or UNSET
+        )
 
     try:
         appended = await RunLog(store, run_id).append(decide)
@@ -52,13 +58,15 @@ def open_attempt(
     hosts: tuple[str, ...],
     timeout: float = OPEN_TIMEOUT,
     job: SchedulerJob | None = None,
+    mlflow_run_id: str | None = None,
 ) -> int:
-    """Open the next attempt of `run_id`, on `hosts`, through its log; returns its number. Raises NotOpened."""
+    """Open the next attempt of `run_id`, on `hosts`, through its log (continuing the MLflow run
+    `mlflow_run_id`, if any); returns its number. Raises NotOpened."""
 
     async def go() -> Resumed:
         async with open_store(nats) as store:
             await store.ensure_stream()
-            return await append_relaunch(store, run_id, hosts, job)
+            return await append_relaunch(store, run_id, hosts, job, mlflow_run_id)
 
     try:
         return asyncio.run(asyncio.wait_for(go(), timeout)).attempt

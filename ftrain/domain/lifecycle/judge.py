@@ -191,6 +191,9 @@ def apply(state: RunState | None, event: AnyEvent, head: ChainHead) -> RunState:
             attempt=opened_attempt(state, event),
             resumed_in=opened_attempt(state, event),
             resumed_hash=event.checkpoint_hash,
+            resumed_mlflow_run_id=(
+                event.mlflow_run_id if isinstance(event.mlflow_run_id, str) else state.resumed_mlflow_run_id
+            ),
         )
     elif isinstance(event, Completed):
         changes.update(

@@ -81,6 +81,13 @@ class RunState(msgspec.Struct, frozen=True, kw_only=True):
     gpu_seconds: float | None = None
     """GPU-seconds of the running stretches before the current one, each at its own world size (None: a state
     folded and stored by an older ftrain, when every attempt ran on the launch's nodes)."""
+    resumed_mlflow_run_id: str | None = None
+    """The MLflow run the newest `resumed` that named one continues (None: none did; see `mlflow_run_id`)."""
+
+    @property
+    def mlflow_run_id(self) -> str | None:
+        """The MLflow run every attempt continues: the one a relaunch named last, else the launch's."""
+        return self.resumed_mlflow_run_id or self.launch.mlflow_run_id
 
     @property
     def nodes(self) -> tuple[str, ...]:
