@@ -51,6 +51,7 @@ from ftrain.train.beacon import ProgressBeacon
 from ftrain.train.config import CheckpointConfig
 from ftrain.train.faults import fault_point
 from ftrain.train.lifeline import die_with_launcher
+from ftrain.train.loaders import adopt
 from ftrain.train.lost_work import ProgressFile
 from ftrain.train.preemption import PREEMPTED_EXIT, SaveSignals
 from ftrain.train.resume import (
@@ -62,6 +63,7 @@ from ftrain.train.resume import (
     resume,
 )
 from ftrain.train.save_check import UnresumableState, check_resumable
+from ftrain.train.sampler import accumulation
 from ftrain.train.saving import Saver, SavesFailing
 from ftrain.train.state import Resumable, TrainState, resumable
 from ftrain.workers.integrity import digest_of, to_hex
@@ -119,6 +121,7 @@ def make_config(
     resume: bool = True,
     dataset_revision: str | None = None,
     max_failed_saves: int | None = None,
+    world_change: str = "refuse",
     env: Mapping[str, str] = os.environ,
 ) -> CheckpointConfig:
     """The configuration from the arguments and, under `ftrain run`, what the supervisor passed (which wins:
@@ -166,6 +169,7 @@ def make_config(
         resume=resume,
         dataset_revision=dataset_revision,
         max_failed_saves=failures,
+        world_change=world_change,
     )
 
 
@@ -200,25 +204,30 @@ class CheckpointManager:
         resume: bool = True,
         run_id: str | None = None,
         dataset_revision: str | None = None,
+        world_change: str = "refuse",
     ) -> None:
         """`location`: the run's checkpoints, a directory or `s3://bucket/prefix/<run>` (under `ftrain run`:
         the run's). `states`: every other object that shapes training, by name. `loader`: the data loader,
-        saved when it can save its position (torchdata's `StatefulDataLoader`, a loader of your own); one
-        that cannot is accepted, and a resume then starts its iteration over (a warning says so). `every`:
-        steps between saves, or a cadence like `"500steps"`, `"10min"`. Raises ValueError naming a bad
-        argument before anything is created."""
+        saved when it can save its position (a loader over `ftrain.train.sampler.GlobalSampler`: a global
+        position; torchdata's `StatefulDataLoader`, a loader of your own: per rank), and given a generator of
+        its own when it has none (`ftrain.train.loaders`); one that cannot is accepted, and a resume then
+        starts its iteration over (a warning says so). `world_change`: a resume on another world size whose
+        loader position is per rank (or absent) is refused ("refuse") or goes on with a warning ("warn").
+        `every`: steps between saves, or a cadence like `"500steps"`, `"10min"`. Raises ValueError naming a
+        bad argument before anything is created."""
         named = dict(states or {})
-        if loader is not None:
+        source = adopt(loader) if loader is not None else None
+        if source is not None:
             if "loader" in named:
                 raise ValueError("loader: given twice (as loader= and in states)")
-            if resumable(loader):
-                named["loader"] = loader  # type: ignore[assignment]
+            if source.saved is not None:
+                named["loader"] = source.saved
             else:
                 log.warning(
                     "loader_not_resumable",
-                    loader=type(loader).__name__,
+                    loader=source.name,
                     consequence="a resume restarts its iteration; exact resume needs a resumable loader "
-                    "such as torchdata's StatefulDataLoader",
+                    "such as torchdata's StatefulDataLoader, or ftrain.train.sampler.GlobalSampler",
                 )
         config = make_config(
             location,
@@ -229,8 +238,11 @@ class CheckpointManager:
             stage_dir=stage_dir,
             resume=resume,
             dataset_revision=dataset_revision,
+            world_change=world_change,
         )
-        self._start(config, TrainState(model, optimizer, named, _rank()))
+        state = TrainState(model, optimizer, named, _rank())
+        state.data = source
+        self._start(config, state)
 
     @classmethod
     def from_config(cls, config: CheckpointConfig, state: TrainState) -> "CheckpointManager":
@@ -326,6 +338,11 @@ class CheckpointManager:
         self._loop_start, self._stalled = time.monotonic(), 0.0
         return step
 
+    def micro_batches(self, global_batch: int, micro_batch: int) -> int:
+        """Micro-batches each rank trains per optimizer step so that this world trains `global_batch`
+        samples a step (gradient accumulation: more on a smaller world, fewer on a larger one)."""
+        return accumulation(global_batch, micro_batch, self.world)
+
     @property
     def epoch(self) -> int:
         """The epoch the state was saved in (0 on a fresh start)."""
@@ -338,6 +355,8 @@ class CheckpointManager:
         or because a warning signal came (every rank makes the same decision, or their collectives would
         diverge: one small all-reduce per step when a clock or a signal must be agreed on)."""
         self._beacon.finished(step)
+        if self.state.data is not None and self.state.data.position is not None:
+            self.state.data.position.reached(step)
         if self._progress is not None:
             self._progress.finished(step, self._trained())
         fault_point("step", step)
