@@ -25,7 +25,13 @@ class ResumableLoader:
     global data position (`GlobalSampler`), so a resume on any world size goes on with the next global batch."""
 
     def __init__(
-        self, data: torch.Tensor, batch: int, rank: int, world: int, seed: int, global_batch: int | None = None
+        self,
+        data: torch.Tensor,
+        batch: int,
+        rank: int,
+        world: int,
+        seed: int,
+        global_batch: int | None = None,
     ) -> None:
         """`batch`: samples per micro-batch on one rank; `global_batch`: per optimizer step, over every rank
         (default: `batch` × `world`, no accumulation)."""

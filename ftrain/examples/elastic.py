@@ -38,7 +38,8 @@ class Net(nn.Module):
         self.first, self.second = nn.Linear(FEATURES, HIDDEN), nn.Linear(HIDDEN, 1)
 
     def forward(self, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-        return self.second(torch.tanh(self.first(x)) * keep / (1 - DROPOUT))
+        hidden: torch.Tensor = torch.tanh(self.first(x)) * keep / (1 - DROPOUT)
+        return self.second(hidden)  # type: ignore[no-any-return]
 
 
 def main() -> None:

@@ -62,10 +62,10 @@ from ftrain.train.resume import (
     ResumeStopped,
     resume,
 )
-from ftrain.train.save_check import UnresumableState, check_resumable
 from ftrain.train.sampler import accumulation
+from ftrain.train.save_check import UnresumableState, check_resumable
 from ftrain.train.saving import Saver, SavesFailing
-from ftrain.train.state import Resumable, TrainState, resumable
+from ftrain.train.state import Resumable, TrainState
 from ftrain.workers.integrity import digest_of, to_hex
 from ftrain.workers.layout import rank_stage_dir
 from ftrain.workers.manifest import FileEntry, Manifest
@@ -141,7 +141,7 @@ def make_config(
             raise ValueError(str(exc)) from None
     if written is None:
         raise ValueError("location: required outside `ftrain run` (a directory, or s3://bucket/prefix/<run>)")
-    if location is not None and str(location) != written:
+    if location is not None and str(location) != str(written):
         log.warning("location_from_supervisor", given=str(location), used=written)
     try:
         place = run_location(written)

@@ -20,7 +20,6 @@ import torch
 import torch.distributed as dist
 
 
-
 class DataPosition(msgspec.Struct, frozen=True):
     """Where a run stands in its global sample stream: the epoch, the samples of it already trained, every
     sample trained since the run began, and the permutation's seed."""
@@ -125,7 +124,9 @@ class GlobalSampler(torch.utils.data.Sampler[list[int]]):
         """Epoch `epoch`'s sample ids, in the order the run trains them (the same on every rank)."""
         if self._order is None or self._order[0] != epoch:
             ids = (
-                torch.randperm(self.size, generator=torch.Generator().manual_seed(self.seed * 1_000_003 + epoch))
+                torch.randperm(
+                    self.size, generator=torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+                )
                 if self.shuffle
                 else torch.arange(self.size)
             )

@@ -64,7 +64,9 @@ def test_a_position_saved_mid_epoch_resumes_on_another_world_at_the_next_global_
 def test_every_rank_accumulates_as_many_micro_batches_and_the_scales_make_a_global_mean() -> None:
     assert [accumulation(GLOBAL, 4, w) for w in (1, 2, 3, 6)] == [6, 3, 2, 1]
     for world in (2, 5, 7):
-        samplers = [GlobalSampler(SIZE, GLOBAL, micro_batch=2, seed=SEED, rank=r, world=world) for r in range(world)]
+        samplers = [
+            GlobalSampler(SIZE, GLOBAL, micro_batch=2, seed=SEED, rank=r, world=world) for r in range(world)
+        ]
         batches = [list(islice(s.micro_batches(), s.accumulation)) for s in samplers]
         assert len({s.accumulation for s in samplers}) == 1
         total = sum(s.loss_scale(len(ids)) for s, mine in zip(samplers, batches, strict=True) for ids in mine)
@@ -84,7 +86,9 @@ def test_bad_numbers_and_a_foreign_position_are_refused() -> None:
 def test_a_data_loader_over_the_sampler_yields_its_micro_batches() -> None:
     sampler = GlobalSampler(SIZE, GLOBAL, micro_batch=4, seed=SEED, rank=1, world=3)
     loader = iter(DataLoader(DATA, batch_sampler=sampler))
-    assert [next(loader)[0].tolist() for _ in range(4)] == [ids.tolist() for ids in islice(sampler.micro_batches(), 4)]
+    assert [next(loader)[0].tolist() for _ in range(4)] == [
+        ids.tolist() for ids in islice(sampler.micro_batches(), 4)
+    ]
 
 
 def test_a_sample_generator_depends_on_seed_step_and_id_only() -> None:
