@@ -9,7 +9,8 @@ from typing import Any
 
 import torch
 
-from ftrain.train.sampler import DataPosition, GlobalSampler
+from ftrain.events.schema import DataPosition
+from ftrain.train.sampler import GlobalSampler
 
 
 def synthetic_tokens(count: int, length: int, vocab: int, seed: int) -> torch.Tensor:

@@ -44,7 +44,7 @@ from torch._C._distributed_c10d import HashStore
 from ftrain import settings
 from ftrain.cadence import parse_checkpoint_every
 from ftrain.events.run_id import InvalidRunId, validate_run_id
-from ftrain.events.schema import Checkpointed
+from ftrain.events.schema import Checkpointed, DataPosition
 from ftrain.projections.lifecycle import CheckpointIntent
 from ftrain.train.attempt_clock import AttemptClock
 from ftrain.train.beacon import ProgressBeacon
@@ -284,6 +284,8 @@ class CheckpointManager:
         self._buffers = StagingBuffers()
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ftrain-ckpt")
         self._inflight: Future[None] | None = None
+        self._data_at: dict[int, DataPosition] = {}
+        """The data position of each step in flight, for its `checkpointed`."""
         self.attempt = 0
         """The run's attempt this job records in (set by `load`; 0: no log to say)."""
         self.resumed: ResumePoint | None = None
@@ -381,6 +383,8 @@ class CheckpointManager:
         could not load (a type outside the unpickler's allowlist: `allow_pickled`)."""
         self._beacon.saving(step)
         self.state.step, self.state.epoch = step, epoch
+        if self.state.data is not None and self.state.data.position is not None:
+            self._data_at[step] = self.state.data.position.position()
         self._last_save = time.monotonic()
         if self._progress is not None:
             self._progress.saved(step, self._trained())
@@ -508,6 +512,7 @@ class CheckpointManager:
         retired: tuple[int, ...],
     ) -> None:
         """Rank 0: `checkpointed`, naming the steps retention retires, through the durable outbox."""
+        data = self._data_at.pop(step, UNSET)
         if self.recorder is not None:
             self.recorder.record(
                 CheckpointIntent(
@@ -523,6 +528,7 @@ class CheckpointManager:
                             size_bytes=manifest.size_bytes,
                             attempt=self.attempt,
                             retired=retired or UNSET,
+                            data=data,
                         ),
                     )
                 )

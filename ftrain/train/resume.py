@@ -121,7 +121,8 @@ def resume(
             with store.readable(header.uri, manifest, mine, start=decision.start, rank=rank) as local:
                 reason = load_verified(local, manifest, state, group)
         if reason is None:
-            return _resumed(candidate, state, recorder, attempt), attempt, plan
+            saved_world = cast(Manifest, header.manifest).world_size
+            return _resumed(candidate, state, recorder, attempt, saved_world), attempt, plan
         if rank == 0:
             _skip(store, candidate, header.uri, reason, recorder)
     if plan.had_checkpoints:
@@ -181,13 +182,25 @@ def _header(reader: StepReader, candidate: Candidate, run_id: str) -> Header:
         return Header(None, str(exc))
 
 
-def _resumed(candidate: Candidate, state: TrainState, recorder: Recorder | None, attempt: int) -> ResumePoint:
+def _resumed(
+    candidate: Candidate, state: TrainState, recorder: Recorder | None, attempt: int, saved_world: int
+) -> ResumePoint:
     point = ResumePoint(state.step, state.epoch)
     if dist.get_rank() == 0:
-        _record(
-            recorder, ResumeIntent(checkpoint_hash=candidate.digest or "", step=point.step, attempt=attempt)
+        world = dist.get_world_size()
+        data = state.data.position.position() if state.data and state.data.position else None
+        intent = ResumeIntent(
+            checkpoint_hash=candidate.digest or "",
+            step=point.step,
+            attempt=attempt,
+            saved_world=saved_world,
+            world=world,
+            data=data,
         )
-        print(f"RESUMED from step={point.step} (epoch={point.epoch})", flush=True)
+        _record(recorder, intent)
+        changed = f", saved by {saved_world} ranks, resumed by {world}" if saved_world != world else ""
+        at = f", data at sample {data.offset} of epoch {data.epoch}" if data is not None else ""
+        print(f"RESUMED from step={point.step} (epoch={point.epoch}){changed}{at}", flush=True)
     return point
 
 

@@ -15,19 +15,10 @@ import hashlib
 from collections.abc import Iterator
 from typing import Any, Protocol, runtime_checkable
 
-import msgspec
 import torch
 import torch.distributed as dist
 
-
-class DataPosition(msgspec.Struct, frozen=True):
-    """Where a run stands in its global sample stream: the epoch, the samples of it already trained, every
-    sample trained since the run began, and the permutation's seed."""
-
-    epoch: int
-    offset: int
-    consumed: int
-    seed: int
+from ftrain.events.schema import DataPosition
 
 
 @runtime_checkable
