@@ -63,5 +63,5 @@ def world_change_refusal(source: DataSource | None, saved_world: int, world: int
     return (
         f"step {step} was saved by {saved_world} ranks and this start has {world}: {what}, so samples would be "
         f"skipped or seen twice; resume on {saved_world} ranks, or give the loader a global data position "
-        "(ftrain.train.sampler.GlobalSampler as its sampler), or pass world_change='warn' to go on anyway"
+        "(ftrain.train.sampler.GlobalSampler as its batch_sampler), or pass world_change='warn' to go on anyway"
     )
