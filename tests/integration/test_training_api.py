@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from ftrain.train.checkpointing import CheckpointManager
+from ftrain.train.sampler import GlobalSampler
 from ftrain.workers.manifest import decode_manifest
 from tests.support.cli import RUN, Cli, launch
 
@@ -142,3 +143,29 @@ def test_a_trainer_on_a_logged_run_names_what_retention_retires_and_status_shows
         (4, "valid"),
         (5, "valid"),
     ]
+
+
+@pytest.mark.usefixtures("no_group")
+def test_the_log_records_the_data_position_of_each_checkpoint_and_of_the_resume(cli: Cli) -> None:
+    """A loader over a GlobalSampler: every `checkpointed` carries the position of the state it sealed, and the
+    trainer's `resumed` the world that saved it, the world that resumed it and the position."""
+    launch(cli)
+    for start, steps in ((0, (1, 2, 3)), (3, (4,))):
+        sampler = GlobalSampler(64, 16, seed=5)
+        loader = torch.utils.data.DataLoader(list(range(64)), batch_sampler=sampler)
+        ckpt = CheckpointManager(
+            cli.storage() / RUN, model=nn.Linear(4, 1), loader=loader, run_id=RUN, every=1
+        )
+        try:
+            assert ckpt.load() == start
+            for step in steps:
+                if ckpt.due(step):
+                    ckpt.save(step)
+        finally:
+            ckpt.close()
+    seen = [entry["event"] for entry in json.loads("\n".join(cli.ok("replay", RUN, "--json")))]
+    sealed = {e["step"]: e["data"] for e in seen if e["type"] == "checkpointed"}
+    assert sealed[3] == {"epoch": 0, "offset": 48, "consumed": 48, "seed": 5}
+    assert sealed[4] == {"epoch": 1, "offset": 0, "consumed": 64, "seed": 5}  # 4 global batches an epoch
+    resumed = next(e for e in seen if e["type"] == "resumed")
+    assert (resumed["saved_world"], resumed["world"], resumed["data"]) == (1, 1, sealed[3])
