@@ -5,7 +5,8 @@
 `--loader`: `stateful` (torchdata's StatefulDataLoader, 2 workers, over a shuffling DistributedSampler),
 `stateful-shuffle` (the same with `shuffle=True`), `global` (a plain DataLoader, 2 workers, over ftrain's
 GlobalSampler with accumulation), `own` (ftrain's example loader). Every step's loss goes to `--losses`, one
-JSON line; `--reference` then trains the same from scratch at another location, as one uninterrupted run.
+JSON line; `--reference` then trains the same from scratch at another location, as one uninterrupted run;
+`--async-save` saves through the async pipeline.
 Under torchrun each rank trains its share (gloo).
 """
 
@@ -57,14 +58,16 @@ def batches(loader: Any, epoch: int) -> Any:
         epoch += 1
 
 
-def train(kind: str, location: Path, losses: Path, steps: int) -> None:
+def train(kind: str, location: Path, losses: Path, steps: int, async_save: bool) -> None:
     torch.manual_seed(0)
     data = torch.randn(SAMPLES, 8, generator=torch.Generator().manual_seed(1))
     targets = data.sum(dim=1, keepdim=True).sin()
     model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Dropout(0.3), nn.Linear(32, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     loader = make_loader(kind, data, targets)
-    ckpt = CheckpointManager(location, model=model, optimizer=optimizer, loader=loader, every=5)
+    ckpt = CheckpointManager(
+        location, model=model, optimizer=optimizer, loader=loader, every=5, async_save=async_save
+    )
     step = ckpt.load()
     stream = batches(loader, ckpt.epoch)
     source = loader if isinstance(loader, ResumableLoader) else getattr(loader, "batch_sampler", None)
@@ -96,17 +99,18 @@ def main() -> None:
     parser.add_argument("--losses", type=Path, required=True)
     parser.add_argument("--reference", type=Path, nargs=2)
     parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--async-save", action="store_true")
     args = parser.parse_args()
     if "WORLD_SIZE" in os.environ:
         dist.init_process_group("gloo")
     try:
-        train(args.loader, args.location, args.losses, args.steps)
+        train(args.loader, args.location, args.losses, args.steps, args.async_save)
     except ResumeRefused as exc:
         if not dist.is_initialized() or dist.get_rank() == 0:
             print(f"loader_job: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None
     if args.reference:
-        train(args.loader, args.reference[0], args.reference[1], args.steps)
+        train(args.loader, args.reference[0], args.reference[1], args.steps, args.async_save)
 
 
 if __name__ == "__main__":
