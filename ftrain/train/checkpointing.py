@@ -357,8 +357,7 @@ class CheckpointManager:
         or because a warning signal came (every rank makes the same decision, or their collectives would
         diverge: one small all-reduce per step when a clock or a signal must be agreed on)."""
         self._beacon.finished(step)
-        if self.state.data is not None and self.state.data.position is not None:
-            self.state.data.position.reached(step)
+        self._reached(step)
         if self._progress is not None:
             self._progress.finished(step, self._trained())
         fault_point("step", step)
@@ -383,8 +382,8 @@ class CheckpointManager:
         could not load (a type outside the unpickler's allowlist: `allow_pickled`)."""
         self._beacon.saving(step)
         self.state.step, self.state.epoch = step, epoch
-        if self.state.data is not None and self.state.data.position is not None:
-            self._data_at[step] = self.state.data.position.position()
+        if (position := self._reached(step)) is not None:
+            self._data_at[step] = position
         self._last_save = time.monotonic()
         if self._progress is not None:
             self._progress.saved(step, self._trained())
@@ -410,6 +409,15 @@ class CheckpointManager:
         if self._stopping:
             self._exit_preempted(step)
         return times
+
+    def _reached(self, step: int) -> DataPosition | None:
+        """Move the loader's global data position past step `step` (a script may call `save` without `due`);
+        returns it (None: the loader keeps none)."""
+        position = self.state.data.position if self.state.data is not None else None
+        if position is None:
+            return None
+        position.reached(step)
+        return position.position()
 
     def _resumable(self, step: int) -> dict[str, Any]:
         """The state to save, once every rank found that a resume could load all of it: else every rank
