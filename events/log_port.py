@@ -5,7 +5,7 @@ and last sequence, append after an expected head (a compare-and-set on the run),
 run's records or all), and anchor heads an audit verified. Implemented over JetStream
 (`events.jetstream.store`, what every user runs) and in process (`events.memory_log`, for tests); what both
 share of stamping, signing and anchoring is `events.signed_log`, and readers verify what they read with the
-chain walk (`projections.audit`), so every check holds whichever log is behind the port.
+chain walk (`domain.chain_walk`), so every check holds whichever log is behind the port.
 """
 
 from collections.abc import AsyncGenerator

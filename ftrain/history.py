@@ -8,9 +8,9 @@ from collections.abc import AsyncIterator
 
 import msgspec
 
+from ftrain.domain.chain_walk import ChainWalk, Finding
 from ftrain.events.log_port import EventLog
 from ftrain.events.schema import AnyEvent
-from ftrain.projections.audit import ChainWalk, Finding
 from ftrain.projections.log_anchors import AnchorCheck
 
 

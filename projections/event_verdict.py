@@ -7,11 +7,11 @@ signed it.
 
 import msgspec
 
+from ftrain.domain.chain_walk import ChainWalk, Finding
 from ftrain.events.chain import unseal
 from ftrain.events.record import StoredRecord
 from ftrain.events.schema import AnyEvent, decode_event
 from ftrain.events.signing import EVENT_DOMAIN, Signature, TrustList, signature_valid
-from ftrain.projections.audit import ChainWalk, Finding
 
 
 class SignatureVerdict(msgspec.Struct, frozen=True):
@@ -51,21 +51,60 @@ def signature_verdict(signature: Signature | None, chain_hash: str, trust: Trust
     return SignatureVerdict(signature.signer, name, f"signed by {name or trust.describe(signature.signer)}")
 
 
-def event_verdict(walk: ChainWalk, record: StoredRecord, trust: TrustList) -> EventVerdict:
-    """Feed `record` to `walk` and check its signature; a refused record's event is still decoded when it
-    can be, so a follower shows what the forgery claims."""
+class Judged(msgspec.Struct, frozen=True):
+    """A record as the chain walk judged it, its signature not checked yet (`signed` checks it): a view of a
+    long run checks only the signatures it shows."""
+
+    record: StoredRecord
+    event: AnyEvent | None
+    hash: str | None
+    chain: str
+
+    @property
+    def ok(self) -> bool:
+        """Whether the chain walk accepted the record."""
+        return self.chain == "ok"
+
+    @property
+    def stream_seq(self) -> int:
+        return self.record.stream_seq
+
+    @property
+    def event_type(self) -> str:
+        return self.record.event_type
+
+
+def judged(walk: ChainWalk, record: StoredRecord) -> Judged:
+    """Feed `record` to `walk`; a refused record's event is still decoded when it can be, so a follower shows
+    what the forgery claims."""
     outcome = walk.feed(record)
+    if isinstance(outcome, Finding):
+        parts = unseal(record.payload)
+        event = _decoded(parts.body) if parts else None
+        return Judged(record, event, parts.hash if parts else None, outcome.reason)
+    return Judged(record, outcome.event, outcome.hash, "ok")
+
+
+def signed(judged: Judged, trust: TrustList) -> EventVerdict:
+    """The record's verdict with its own signature checked against `trust`."""
+    record = judged.record
     parts = unseal(record.payload)
     claimed = parts.hash if parts else None
     signature = signature_verdict(parts.signature if parts else None, claimed or "", trust)
-    if isinstance(outcome, Finding):
-        event = _decoded(parts.body) if parts else None
-        return EventVerdict(
-            record.stream_seq, record.run_id, record.event_type, event, claimed, outcome.reason, signature
-        )
     return EventVerdict(
-        record.stream_seq, record.run_id, record.event_type, outcome.event, outcome.hash, "ok", signature
+        record.stream_seq,
+        record.run_id,
+        record.event_type,
+        judged.event,
+        judged.hash,
+        judged.chain,
+        signature,
     )
+
+
+def event_verdict(walk: ChainWalk, record: StoredRecord, trust: TrustList) -> EventVerdict:
+    """Feed `record` to `walk` and check its signature (`judged`, then `signed`)."""
+    return signed(judged(walk, record), trust)
 
 
 def _decoded(body: bytes) -> AnyEvent | None:

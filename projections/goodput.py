@@ -231,13 +231,37 @@ def _times(steps: int, per_step: float | None) -> float | None:
     return None if per_step is None else steps * per_step
 
 
-def measure(events: Sequence[AnyEvent], now: datetime) -> Goodput:
-    """The goodput of the run whose accepted events, in chain order, are `events` (the first: `launched`),
-    as of `now` (used while the run has not completed)."""
+def _folded(events: Sequence[AnyEvent]) -> _Fold:
     launched = events[0]
     if not isinstance(launched, Launched):
         raise ValueError(f"a run's events begin with `launched`, not {type(launched).__name__}")
     fold = _Fold(launched)
     for event in events[1:]:
         fold.feed(event)
-    return fold.result(now)
+    return fold
+
+
+def measure(events: Sequence[AnyEvent], now: datetime) -> Goodput:
+    """The goodput of the run whose accepted events, in chain order, are `events` (the first: `launched`),
+    as of `now` (used while the run has not completed)."""
+    return _folded(events).result(now)
+
+
+class AttemptSpan(msgspec.Struct, frozen=True):
+    """One attempt as the goodput fold delimits it, for views that draw it: when it opened and from which
+    step, when it failed (None: it did not), its checkpoints, and the steps its resume re-did (None: not
+    reported; the first attempt re-does none)."""
+
+    opened: datetime
+    from_step: int
+    failed_at: datetime | None
+    saves: tuple[Checkpointed, ...]
+    lost_steps: int | None
+
+
+def attempt_spans(events: Sequence[AnyEvent]) -> list[AttemptSpan]:
+    """The attempts of the run whose accepted events are `events` (as `measure` takes them), oldest first."""
+    return [
+        AttemptSpan(a.opened, a.from_step, a.failed_at, tuple(a.saves), a.lost_steps if n else 0)
+        for n, a in enumerate(_folded(events).attempts)
+    ]

@@ -8,13 +8,13 @@ that the stream is the one anchored (not re-created, reconfigured or shorter). N
 
 from pathlib import Path
 
+from ftrain.domain.chain_walk import Finding, Folded
+from ftrain.domain.lifecycle import RunState
 from ftrain.events.anchor_file import read_lines
 from ftrain.events.anchors import IGNORED, Anchor, PrefixRoot, StreamFacts, chain_of, stream_change
 from ftrain.events.chain import ChainHead
 from ftrain.events.record import StoredRecord
 from ftrain.events.signing import TrustList
-from ftrain.projections.audit import Finding, Folded
-from ftrain.projections.lifecycle import RunState
 
 REPAIR = "repair:"
 

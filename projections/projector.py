@@ -7,14 +7,14 @@ import sqlite3
 import msgspec
 import structlog
 
+from ftrain.domain.chain_walk import ChainWalk, Finding, Folded
+from ftrain.domain.lifecycle import RunState
+from ftrain.domain.vouching import Stretch, extend
 from ftrain.events.chain import unseal
 from ftrain.events.log_port import EventLog
 from ftrain.events.record import StoredRecord
 from ftrain.events.schema import AnyEvent, Checkpointed, CorruptSkipped
-from ftrain.projections.audit import ChainWalk, Finding, Folded
-from ftrain.projections.lifecycle import RunState
 from ftrain.projections.readmodel import AuditRow, Batch, Position, ReadModel
-from ftrain.projections.vouching import Stretch, extend
 
 log = structlog.get_logger(__name__)
 

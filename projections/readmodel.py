@@ -25,12 +25,12 @@ import aiosqlite
 import msgspec
 import structlog
 
+from ftrain.domain.chain_walk import Finding
+from ftrain.domain.lifecycle import CheckpointRef, RunState
+from ftrain.domain.vouching import Stretch, Unvouched, Vouched, judge
 from ftrain.events.private import private_dir, private_file
 from ftrain.events.schema import Checkpointed
 from ftrain.events.signing import TrustList
-from ftrain.projections.audit import Finding
-from ftrain.projections.lifecycle import CheckpointRef, RunState
-from ftrain.projections.vouching import Stretch, Unvouched, Vouched, judge
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);

@@ -48,6 +48,7 @@ from typing import Any, NamedTuple
 import msgspec
 from nats.js import JetStreamContext
 
+from ftrain.domain.lifecycle import RunState, apply, corrupt_skipped_event, resumed_event
 from ftrain.events.anchor_file import AnchorFiles
 from ftrain.events.chain import ChainHead, SignHash, seal
 from ftrain.events.jetstream.client import Nats
@@ -69,7 +70,6 @@ from ftrain.events.schema import (
 )
 from ftrain.events.signed_log import process_actor
 from ftrain.logs import configure as configure_logs
-from ftrain.projections.lifecycle import RunState, apply, corrupt_skipped_event, resumed_event
 from ftrain.service import RunService
 from ftrain.train.run_log import read_run
 

@@ -51,9 +51,9 @@ from ftrain.experiments.config import (
 from ftrain.experiments.inputs import RUN_LOG, analyze_directory, opened
 from ftrain.experiments.plot import publish
 from ftrain.experiments.schedule import KillSchedule
+from ftrain.host.job_signals import children, signal_job
 from ftrain.logs import configure as configure_logging
 from ftrain.service import RunService
-from ftrain.supervise.procs import children, signal_job
 from ftrain.train.metrics import decode_record, metrics_path
 from ftrain.workers.layout import complete_steps, run_dir
 

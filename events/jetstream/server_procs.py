@@ -1,30 +1,19 @@
-"""The nats-server processes on this machine: is a pid alive, is it our nats-server, does it answer, make it stop.
+"""The nats-server processes on this machine: is a pid our nats-server, does it answer.
 
-Servers started by this process are kept as children so their exit is reaped (no zombies) and observed; any
-other pid is looked at through /proc, checking its command line so a reused pid is never taken for ours.
+What every server ftrain runs shares (starting, reaping, telling a reused pid apart) is `ftrain.host.processes`;
+this is what is nats-server's own: its binary's name and its greeting.
 """
 
-import contextlib
-import os
-import signal
 import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Final
 
 import msgspec
-import structlog
+
+from ftrain.host.processes import HOST, runs
 
 BINARY: Final = "nats-server"
-HOST: Final = "127.0.0.1"
-POLL: Final = 0.01
 PROBE_TIMEOUT: Final = 2.0
-
-log = structlog.get_logger(__name__)
-
-_children: dict[int, subprocess.Popen[bytes]] = {}
 
 
 class _Info(msgspec.Struct):
@@ -35,84 +24,9 @@ class _Info(msgspec.Struct):
     auth_required: bool = False
 
 
-def adopt(child: subprocess.Popen[bytes]) -> None:
-    """Keep a server this process started, so that waiting for it reaps it."""
-    _children[child.pid] = child
-
-
-def pid_alive(pid: int) -> bool:
-    """Alive and not a zombie; reaps our own children so they do not linger as zombies."""
-    child = _children.get(pid)
-    if child is not None:
-        if child.poll() is None:
-            return True
-        _children.pop(pid, None)
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return not _is_zombie(pid)
-
-
-def _is_zombie(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rpartition(")")[2].split()[:1] == ["Z"]
-
-
-def _is_our_nats(pid: int, conf: Path | None) -> bool:
-    """Guard against pid reuse: the pid runs nats-server (with our config, when given). Linux only."""
-    if not sys.platform.startswith("linux"):
-        return True
-    try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return False
-    if not argv or BINARY not in os.path.basename(argv[0].decode(errors="replace")):
-        return False
-    return conf is None or str(conf).encode() in argv
-
-
 def server_alive(pid: int, conf: Path | None) -> bool:
     """`pid` is a live nats-server (started with `conf`, when given)."""
-    return pid_alive(pid) and _is_our_nats(pid, conf)
-
-
-def wait_gone(pid: int, timeout: float) -> bool:
-    """Wait for ``pid`` to exit (reaping it if it is our child); True if it did."""
-    deadline = time.monotonic() + timeout
-    child = _children.get(pid)
-    if child is not None:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            child.wait(timeout=max(0.0, timeout))
-    while pid_alive(pid):
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(POLL)
-    return True
-
-
-def send_signal(pid: int, sig: signal.Signals, *, group: bool = False) -> None:
-    """Signal the process (or its group); one already gone is not an error."""
-    with contextlib.suppress(ProcessLookupError):
-        if group:
-            os.killpg(pid, sig)
-        else:
-            os.kill(pid, sig)
-
-
-def terminate(pid: int, timeout: float) -> None:
-    """SIGTERM (nats-server shuts down cleanly, flushing), then SIGKILL if it hangs."""
-    send_signal(pid, signal.SIGTERM)
-    if not wait_gone(pid, timeout):
-        log.warning("nats_server.kill_after_timeout", pid=pid, timeout=timeout)
-        send_signal(pid, signal.SIGKILL)
-        wait_gone(pid, 5.0)
+    return runs(pid, BINARY, None if conf is None else str(conf))
 
 
 def _probe_info(port: int, host: str, timeout: float) -> _Info | None:

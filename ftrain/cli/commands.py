@@ -1,12 +1,11 @@
-"""Each CLI command in two halves: `prepare` checks the input before anything connects or writes (a usage
+"""The work of `checkpoint`, `resume`, `fail` and `complete` (their parser: `record_cmd`), each in the two
+halves of a `log_command.Command`: `prepare` checks the input before anything connects or writes (a usage
 error leaves no trace), `run` executes it against the service and prints the result."""
 
 import argparse
 import os
 import stat
-from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, NamedTuple
 
 import msgspec
 
@@ -17,17 +16,6 @@ from ftrain.service import RunService
 from ftrain.workers.layout import RESERVED
 
 MAX_STATE_BYTES = 1024 * 1024
-
-
-class Command(NamedTuple):
-    """The two halves of a command."""
-
-    prepare: Callable[[argparse.Namespace], Any]
-    run: Callable[[RunService, argparse.Namespace, Any], Awaitable[int]]
-
-
-def _nothing(args: argparse.Namespace) -> None:
-    return None
 
 
 # -- checkpoint --------------------------------------------------------------------------------------------
@@ -188,26 +176,3 @@ async def run_complete(app: RunService, args: argparse.Namespace, _: None) -> in
     else:
         render.emit(render.completed(event, unit))
     return 0
-
-
-def command_for(name: str) -> Command:
-    """The command `name` (one that reads or appends to the log), its modules imported now: `status` never
-    loads what `launch` needs (the supervisor, the object store's client)."""
-    if name == "launch":
-        from ftrain.cli.launch import prepare_launch, run_launch
-
-        return Command(prepare_launch, run_launch)
-    if name == "events":  # `events schema` never connects: only `events tail` gets here
-        from ftrain.cli.tail import run_tail
-
-        return Command(_nothing, run_tail)
-    if name in ("status", "list", "cost", "audit", "replay"):
-        from ftrain.cli import queries
-
-        return Command(_nothing, getattr(queries, f"run_{name}"))
-    return {
-        "checkpoint": Command(prepare_checkpoint, run_checkpoint),
-        "resume": Command(_nothing, run_resume),
-        "fail": Command(_nothing, run_fail),
-        "complete": Command(_nothing, run_complete),
-    }[name]

@@ -14,7 +14,7 @@ import sys
 
 from ftrain.cli.shell import Shell
 from ftrain.errors import UsageError
-from ftrain.service import checkpoint_storage
+from ftrain.service.run_commands import checkpoint_storage
 from ftrain.workers.layout import checkpoint_path
 from ftrain.workers.storage.location import uri_path
 from ftrain.workers.storage.open import is_object_storage

@@ -6,8 +6,8 @@ command's text line says, under the event's own field names. `status`, `list` an
 
 from typing import TYPE_CHECKING, Any
 
+from ftrain.domain.lifecycle import RunState
 from ftrain.events.schema import AnyEvent, Checkpointed, Completed, CorruptSkipped, Failed, Launched, Resumed
-from ftrain.projections.lifecycle import RunState
 
 if TYPE_CHECKING:  # the supervisor is `run`'s alone to load
     from ftrain.supervise.supervisor import Outcome

@@ -26,7 +26,8 @@ def duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def _share(seconds: float | None, wall: float) -> str:
+def share(seconds: float | None, wall: float) -> str:
+    """A term's share of the wall time: `12.5 %`, or `—` when unknown."""
     return "—" if seconds is None or wall <= 0 else f"{seconds / wall * 100:.1f} %"
 
 
@@ -38,7 +39,8 @@ def status_line(g: Goodput) -> str:
     return f"goodput     {g.ratio * 100:.1f} % ({duration(g.productive)} productive of {wall} wall)"
 
 
-def _notes(g: Goodput, status: str) -> dict[str, str]:
+def notes(g: Goodput, status: str) -> dict[str, str]:
+    """What each term is, in words, for this run (`cost --run`'s WHAT column and the web view's)."""
     restarts = g.attempts - 1
     lost = UNKNOWN if g.lost_steps is None else str(g.lost_steps)
     pace = UNKNOWN if g.step_seconds is None else f"{g.step_seconds:.3f} s"
@@ -59,14 +61,14 @@ def _notes(g: Goodput, status: str) -> dict[str, str]:
 
 def breakdown(run_id: str, status: str, g: Goodput) -> list[str]:
     """`cost --run`: the headline, then every term with its time, its share of the wall time and what it is."""
-    notes = _notes(g, status)
+    what = notes(g, status)
     ratio = UNKNOWN if g.ratio is None else f"{g.ratio * 100:.1f} %"
-    rows = [("wall time", duration(g.wall), _share(g.wall, g.wall), notes["wall"])]
+    rows = [("wall time", duration(g.wall), share(g.wall, g.wall), what["wall"])]
     for term in TERMS:
         seconds: float | None = getattr(g, term)
         text = UNKNOWN if seconds is None else duration(seconds)
-        rows.append((LABELS[term], text, _share(seconds, g.wall), notes[term]))
-    rows.append(("other", duration(g.other), _share(g.other, g.wall), notes["other"]))
+        rows.append((LABELS[term], text, share(seconds, g.wall), what[term]))
+    rows.append(("other", duration(g.other), share(g.other, g.wall), what["other"]))
     return [f"Goodput of {run_id} ({status}): {ratio} of its wall time trained steps it kept",
             *table(("TERM", "TIME", "SHARE", "WHAT"), rows)]  # fmt: skip
 

@@ -5,10 +5,12 @@ built for every command, `--help` included: what the actions need is imported wh
 """
 
 import argparse
+import os
 from collections.abc import Mapping
 from typing import Any
 
-from ftrain.cli.output import emit, emit_json
+from ftrain.cli.arguments import Subparsers, command, json_flag, subcommands
+from ftrain.console.output import emit, emit_json
 from ftrain.errors import NotFound, UsageError
 
 
@@ -70,24 +72,26 @@ def _say(args: argparse.Namespace, doc: dict[str, Any], lines: list[str]) -> int
     return 0
 
 
-def add_keys_parser(sub: Any, parser_class: type[argparse.ArgumentParser], command: Any, json: Any) -> None:
-    """The `keys` subcommands (`command` and `json` add a subcommand and its --json, as the CLI's others)."""
+def add_parser(sub: Subparsers) -> None:
+    """`keys` and its actions."""
     p = command(sub, "keys", "this user's signing key and the trusted writers", ["ftrain keys show"])
-    keys = p.add_subparsers(dest="keys_command", required=True, parser_class=parser_class)
+    keys = subcommands(p, "keys_command")
     for action, text, example in (("init", "make the signing key (once)", "ftrain keys init --name alice@lab"),
                                   ("show", "the key and the trust list", "ftrain keys show --json")):  # fmt: skip
         p = command(keys, action, text, [example])
         p.add_argument("--name", help="the name a new key is trusted under (default user@host)")
-        json(p, "the key" if action == "init" else "the key and the trust list")
+        json_flag(p, "the key" if action == "init" else "the key and the trust list")
     p = command(keys, "trust", "trust another writer's public key", ["ftrain keys trust bob@lab ed25519:3f…"])
     p.add_argument("name", type=_name, help="the name its signatures are shown under")
     p.add_argument("key", help="ed25519:<64 hex digits>")
-    json(p, "the key trusted")
+    json_flag(p, "the key trusted")
     p = command(
         keys, "revoke", "stop trusting a key (or every key of a name)", ["ftrain keys revoke bob@lab"]
     )
     p.add_argument("key", help="ed25519:<64 hex digits>, or a name")
-    json(p, "the keys revoked")
+    json_flag(p, "the keys revoked")
+    for action in keys.choices.values():
+        action.set_defaults(entry=lambda args: keys_command(args, os.environ))
 
 
 def _name(text: str) -> str:

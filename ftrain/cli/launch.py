@@ -1,5 +1,5 @@
 """`ftrain launch` and `ftrain run`: check the allocation and the command before anything is written, record
-the launch (or check a relaunch), and for `run` supervise the attempts."""
+the launch (or check a relaunch), and for `run` supervise the attempts. Their parser: `launch_cmd`."""
 
 import argparse
 import asyncio
@@ -19,13 +19,14 @@ from msgspec import UNSET, UnsetType
 from ftrain import settings
 from ftrain.cadence import parse_checkpoint_every
 from ftrain.cli import documents, render
+from ftrain.domain.lifecycle import IllegalTransition, check_owner, check_relaunch
 from ftrain.errors import Refused, UsageError
 from ftrain.events.lease_record import Holder
 from ftrain.events.log_port import LogUnavailable
 from ftrain.events.run_id import RUN_ID_MAX, InvalidRunId, validate_run_id
 from ftrain.events.schema import Completed, InvalidEvent, Launched, SchedulerJob, encode_event
-from ftrain.projections.lifecycle import IllegalTransition, check_owner, check_relaunch
-from ftrain.service import RunService, checkpoint_storage
+from ftrain.service import RunService
+from ftrain.service.run_commands import checkpoint_storage
 from ftrain.supervise.attempts import attempt_commands, child_env
 from ftrain.supervise.fencing import claim_opened
 from ftrain.supervise.hostlist import HostlistError, resolve_allocation

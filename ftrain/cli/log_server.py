@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from ftrain import settings
 from ftrain.errors import Refused
 
-READ_ONLY = frozenset({"status", "list", "cost", "audit", "replay", "events", "metrics"})
+READ_ONLY = frozenset({"status", "list", "cost", "audit", "replay", "events", "metrics", "export", "ui"})
 """Commands that never append (`replay --rebuild` rewrites the local read model only)."""
 
 

@@ -13,9 +13,9 @@ import os
 import stat
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
-from ftrain.cli.output import emit, emit_json, emit_text
+from ftrain.cli.arguments import Subparsers, command, json_flag
+from ftrain.console.output import emit, emit_json, emit_text
 from ftrain.errors import Refused, UsageError
 
 DEFAULT_LISTEN = "127.0.0.1:9478"
@@ -24,8 +24,8 @@ MIN_TOKEN, MAX_TOKEN = 16, 4096
 RULES, DASHBOARD = "ftrain.rules.yml", "grafana-dashboard.json"
 
 
-def add_parser(sub: Any, command: Any, json: Any) -> None:
-    """The `metrics` subcommand (`command` and `json` add a subcommand and its --json, as the CLI's others)."""
+def add_parser(sub: Subparsers) -> None:
+    """The `metrics` subcommand."""
     p = command(sub, "metrics", "serve every run's Prometheus metrics (read-only, token required)", [
         "ftrain metrics", "ftrain metrics --listen 127.0.0.1:9478 --token-file ~/.config/ftrain-metrics.token",
         "ftrain metrics --rules > ftrain.rules.yml", "ftrain metrics --dashboard > ftrain-dashboard.json",
@@ -46,8 +46,8 @@ def add_parser(sub: Any, command: Any, json: Any) -> None:
     shipped.add_argument(
         "--dashboard", action="store_true", help="print the shipped Grafana dashboard, and exit"
     )
-    json(p, "where it serves and the token file, once listening")
-    p.set_defaults(handler=metrics_command)
+    json_flag(p, "where it serves and the token file, once listening")
+    p.set_defaults(entry=lambda args: metrics_command(args, os.environ))
 
 
 def _address(text: str) -> tuple[str, int]:

@@ -1,5 +1,6 @@
 """The read-only commands: status, list, cost (per project, or one run's goodput), audit verify, replay.
-Each prints lines for a person, or with `--json` one JSON document (its keys in each builder's docstring)."""
+Each prints lines for a person, or with `--json` one JSON document (its keys in each builder's docstring).
+Their parser: `query_cmd`."""
 
 import argparse
 from collections.abc import Iterable
@@ -10,13 +11,14 @@ import msgspec
 import nats.errors
 
 from ftrain.cli import goodput_view, render
+from ftrain.domain.lifecycle import CheckpointRef, RunState
 from ftrain.errors import NotFound
 from ftrain.events.jetstream.lease import LeaseView
 from ftrain.events.lease_record import held_for
 from ftrain.events.log_port import LogUnavailable
 from ftrain.events.schema import now
-from ftrain.projections.lifecycle import CheckpointRef, RunState
-from ftrain.service import RunService, RunView
+from ftrain.service import RunService
+from ftrain.service.run_queries import RunView
 
 # -- queries ---------------------------------------------------------------------------------------------------
 

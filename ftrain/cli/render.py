@@ -8,13 +8,13 @@ from collections import Counter
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
-from ftrain.cli.output import emit as emit
-from ftrain.cli.output import emit_json as emit_json
-from ftrain.cli.visible import visible
+from ftrain.console.output import emit as emit
+from ftrain.console.output import emit_json as emit_json
+from ftrain.console.visible import visible
+from ftrain.domain.chain_walk import Finding
+from ftrain.domain.lifecycle import RunState, skipped_line
+from ftrain.domain.vouching import Vouched
 from ftrain.events.schema import AnyEvent, Checkpointed, Completed, CorruptSkipped, Failed, Launched, Resumed
-from ftrain.projections.audit import Finding
-from ftrain.projections.lifecycle import RunState, skipped_line
-from ftrain.projections.vouching import Vouched
 from ftrain.supervise.launch_spec import format_command
 
 

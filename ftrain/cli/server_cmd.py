@@ -3,34 +3,31 @@ accept, on record, a stream that is no longer the one anchored, and issue the re
 stream consumers sign in with."""
 
 import argparse
-import asyncio
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ftrain import settings
-from ftrain.cli.output import emit, emit_json
+from ftrain.cli.arguments import Subparsers, command, json_flag
+from ftrain.console.output import emit, emit_json
 from ftrain.errors import NOT_RUNNING, Refused, UsageError
-from ftrain.events.jetstream.connection import NatsSettings, open_store
-from ftrain.events.jetstream.server import (
-    NatsServerError,
-    ensure_server,
-    issue_reader,
-    server_status,
-    stop_server,
-)
-from ftrain.events.jetstream.server_files import nats_dir, reader_seed_path
-from ftrain.events.private import open_private
+
+if TYPE_CHECKING:
+    from ftrain.events.jetstream.connection import NatsSettings
 
 
 def server_command(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     """Run one server action; the embedded server only exists when FTRAIN_NATS_URL is unset."""
+    from ftrain import settings
+    from ftrain.events.jetstream.server import NatsServerError, ensure_server, server_status, stop_server
+
     action = args.action
     if action != "credentials" and (args.read_only or args.out):
         raise UsageError("--read-only and --out go with `ftrain server credentials`")
     nats = settings.nats(env)
     if action == "repair":
+        import asyncio
+
         return asyncio.run(_repair(nats, args.json))
     if nats.url is not None:
         hint = " (give a reader on it the permissions the README lists)" if action == "credentials" else ""
@@ -75,10 +72,15 @@ def _credentials(home: Path, read_only: bool, out: Path | None, json: bool) -> i
     """Issue the read-only key (the same one every time) and say how a reader signs in with it; `out`: a
     private copy to hand over, never written over a file that holds anything else. --json: `{"public_key",
     "seed_file", "url", "env"}` (`env`: the variables a reader sets)."""
+    from ftrain import settings
+
     if not read_only:
         raise UsageError(
             f"only a read-only key is issued: add --read-only (writers sign in with {home}/nats/user.nk)"
         )
+    from ftrain.events.jetstream.server import issue_reader
+    from ftrain.events.jetstream.server_files import nats_dir, reader_seed_path
+
     if out is not None:
         _check_out(out, reader_seed_path(nats_dir(home, create=False)))
     reader = issue_reader(home)
@@ -105,6 +107,8 @@ def _check_out(out: Path, kept: Path) -> None:
 
 def _copy(seed: Path, out: Path) -> None:
     """Write the seed to `out`, 0600 from its first byte; a copy already there is left as it is."""
+    from ftrain.events.private import open_private
+
     try:
         fd = open_private(out, os.O_WRONLY | os.O_EXCL)
     except FileExistsError:
@@ -113,10 +117,12 @@ def _copy(seed: Path, out: Path) -> None:
         f.write(seed.read_bytes())
 
 
-async def _repair(nats: NatsSettings, json: bool) -> int:
+async def _repair(nats: "NatsSettings", json: bool) -> int:
     """Re-create a vanished stream, restore ftrain's retention settings, and anchor the stream as it is,
     with what differed: later opens accept it, and `audit verify` lists it as accepted. --json: `{"stream",
     "created", "last_seq", "change" (null: nothing differed), "ignored"}`."""
+    from ftrain.events.jetstream.connection import open_store
+
     async with open_store(nats) as store:
         change, facts, ignored = await store.repair()
     if json:
@@ -128,3 +134,20 @@ async def _repair(nats: NatsSettings, json: bool) -> int:
     emit(f"stream {facts.stream} (created {facts.created}, last seq {facts.last_seq}) accepted and anchored")
     emit(f"what differed: {change}" if change else "nothing differed from the newest anchor")
     return 0
+
+
+def add_parser(sub: Subparsers) -> None:
+    """`server` and its actions."""
+    p = command(sub, "server", "the embedded nats-server that holds the log", [
+        "ftrain server start", "ftrain server status --json", "ftrain server credentials --read-only --out r.nk",
+    ], "repair: accept a changed stream, on record; credentials --read-only: the key auditors and stream "
+       "consumers sign in with.")  # fmt: skip
+    p.add_argument(
+        "action", choices=("start", "stop", "status", "repair", "credentials"), help="what to do with it"
+    )
+    p.add_argument(
+        "--read-only", action="store_true", help="credentials: a key that may read and tail, never append"
+    )
+    p.add_argument("--out", type=Path, metavar="FILE", help="credentials: also write the seed to FILE (0600)")
+    json_flag(p, "what the action found or did")
+    p.set_defaults(entry=lambda args: server_command(args, os.environ))

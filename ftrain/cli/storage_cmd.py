@@ -8,24 +8,28 @@ variables that select its profile (the key itself stays in 0600 files).
 """
 
 import argparse
+import os
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ftrain import settings
-from ftrain.cli.output import emit, emit_json
+from ftrain.cli.arguments import Subparsers, command, json_flag
+from ftrain.console.output import emit, emit_json
 from ftrain.errors import NOT_RUNNING, Refused
-from ftrain.workers.s3.server import (
-    DEFAULT_BUCKET,
-    SeaweedError,
-    SeaweedProcess,
-    ensure_storage_server,
-    stop_storage_server,
-    storage_server_status,
-)
+
+if TYPE_CHECKING:
+    from ftrain.workers.s3.server import SeaweedProcess
 
 
 def storage_command(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     """Run one action; `status` exits 3 when no server runs."""
+    from ftrain import settings
+    from ftrain.workers.s3.server import (
+        SeaweedError,
+        ensure_storage_server,
+        stop_storage_server,
+        storage_server_status,
+    )
+
     home = settings.home(env)
     try:
         if args.action == "stop":
@@ -41,7 +45,10 @@ def storage_command(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     return _say(args.json, *_described(running))
 
 
-def _described(proc: SeaweedProcess) -> tuple[dict[str, Any], list[str]]:
+def _described(proc: "SeaweedProcess") -> tuple[dict[str, Any], list[str]]:
+    from ftrain import settings
+    from ftrain.workers.s3.server import DEFAULT_BUCKET
+
     variables = {**proc.env(), settings.STORAGE: f"s3://{DEFAULT_BUCKET}/checkpoints"}
     exports = " ".join(f"export {k}={v};" for k, v in variables.items())
     doc = {"running": True, "endpoint": proc.endpoint, "pid": proc.pid, "data_dir": str(proc.data_dir),
@@ -56,3 +63,13 @@ def _say(json: bool, doc: dict[str, Any], lines: list[str]) -> int:
     else:
         emit(lines)
     return 0
+
+
+def add_parser(sub: Subparsers) -> None:
+    """`storage` and its actions."""
+    p = command(sub, "storage", "the embedded SeaweedFS S3 server, for development and tests", [
+        "ftrain storage start", "eval \"$(ftrain storage status --json | jq -r .exports)\"",
+    ])  # fmt: skip
+    p.add_argument("action", choices=("start", "stop", "status"), help="what to do with it")
+    json_flag(p, "what the action found or did")
+    p.set_defaults(entry=lambda args: storage_command(args, os.environ))

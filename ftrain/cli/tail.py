@@ -1,5 +1,5 @@
 """`ftrain events tail`: every stored event, oldest first, each with its chain and signature verdicts; with
-`--follow`, new events as they land, until SIGINT or SIGTERM.
+`--follow`, new events as they land, until SIGINT or SIGTERM. Its parser: `events_cmd`.
 
 Following polls the store's batched direct-get read from the last sequence shown: the same fast read every
 query uses, with nothing on the server (no consumer) to create or clean up.
@@ -12,9 +12,9 @@ from contextlib import aclosing, suppress
 from typing import Any
 
 from ftrain.cli import render
+from ftrain.domain.chain_walk import ChainWalk
 from ftrain.errors import NotFound
 from ftrain.events.log_port import EventLog
-from ftrain.projections.audit import ChainWalk
 from ftrain.projections.event_verdict import EventVerdict, event_verdict
 from ftrain.service import RunService
 

@@ -13,7 +13,7 @@ from msgspec import UNSET
 
 from ftrain.events.schema import FAILURE_REASONS, AnyEvent, Checkpointed, Failed
 from ftrain.projections.goodput import Goodput, measure
-from ftrain.service import RunView
+from ftrain.service.run_queries import RunView
 
 OTHER_REASON = "other"
 REASONS = (*FAILURE_REASONS, OTHER_REASON)

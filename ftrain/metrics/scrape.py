@@ -9,10 +9,10 @@ the one `status` and `replay` make), so a scrape costs the runs' count, not the 
 
 from collections import defaultdict
 
+from ftrain.domain.chain_walk import ChainWalk, Finding
 from ftrain.events.schema import AnyEvent, now
 from ftrain.metrics.exposition import render
 from ftrain.metrics.figures import RunFigures, figures_of
-from ftrain.projections.audit import ChainWalk, Finding
 from ftrain.service import RunService
 
 

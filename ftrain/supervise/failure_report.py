@@ -10,7 +10,7 @@ import signal
 import sys
 from typing import IO, Final
 
-from ftrain.projections.lifecycle import FailIntent
+from ftrain.domain.lifecycle import FailIntent
 from ftrain.supervise.node_exec import NodeExit, parse_node_exit
 from ftrain.train.preemption import PREEMPTED_EXIT
 

@@ -11,13 +11,13 @@ import msgspec
 from msgspec import UNSET
 from nats.errors import Error as NatsError
 
+from ftrain.domain.command_handler import BrokenRun, ContendedRun, RunLog
+from ftrain.domain.lifecycle import IllegalTransition, RunState, relaunch
 from ftrain.events.jetstream.connection import NatsSettings, open_store
 from ftrain.events.jetstream.server import NatsServerError
 from ftrain.events.keyring import KeyringError
 from ftrain.events.log_port import EventLog, LogTampered, LogUnavailable
 from ftrain.events.schema import Resumed, SchedulerJob
-from ftrain.projections.lifecycle import IllegalTransition, RunState, relaunch
-from ftrain.projections.run_log import BrokenRun, ContendedRun, RunLog
 
 OPEN_TIMEOUT = 30.0
 

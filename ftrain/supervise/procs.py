@@ -1,10 +1,9 @@
-"""Signalling a whole torchrun job, and making sure none of an attempt's processes outlives it.
+"""Making sure none of an attempt's processes outlives it.
 
-torchrun starts each worker in a session of its own, so signalling the agent's process group alone leaves the
-workers running; and when the agent dies first (a SIGKILL to its group, the OOM killer) its workers become
-orphans nobody tracks. What every process of an attempt keeps is its environment: the supervisor starts the
-attempt with the run, the attempt number and a nonce of the attempt's own in it (`attempt_marks`), and every
-worker inherits them. The nonce is what tells them apart: run ids repeat (every `ftrain demo` is
+When torchrun's agent dies first (a SIGKILL to its group, the OOM killer) its workers, each in a session of
+its own, become orphans nobody tracks. What every process of an attempt keeps is its environment: the
+supervisor starts the attempt with the run, the attempt number and a nonce of the attempt's own in it
+(`attempt_marks`), and every worker inherits them. The nonce is what tells them apart: run ids repeat (every `ftrain demo` is
 dist-demo-1x2-fsdp, a script is run twice against two logs), and ending one attempt must never kill another
 supervisor's attempt with the same run and number on the host.
 """
@@ -20,32 +19,6 @@ from pathlib import Path
 from ftrain import settings
 
 REAP_POLL_SECONDS = 0.05
-
-
-def children(pid: int) -> list[int]:
-    """Direct children of `pid` (Linux /proc; none found elsewhere, nor once `pid` has exited: its /proc entry
-    can vanish between listing its threads and reading them, and a process that is gone has no children)."""
-    tasks = Path(f"/proc/{pid}/task")
-    try:
-        threads = os.listdir(tasks)
-    except OSError:
-        return []
-    found: list[int] = []
-    for thread in threads:
-        with contextlib.suppress(OSError, ValueError):
-            found += [int(word) for word in (tasks / thread / "children").read_text().split()]
-    return found
-
-
-def signal_job(agent: int, signum: int) -> None:
-    """Send `signum` to the agent's process group first, then to each worker's (the caller's own last, if it
-    is one). Workers are listed before the agent is signalled (they are its children only while it lives);
-    the agent goes first because two workers killing each other at once must not both die before it."""
-    workers = children(agent)
-    me = os.getpid()
-    for group in [agent, *sorted(workers, key=lambda pid: pid == me)]:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(group, signum)
 
 
 def attempt_marks(run_id: str, attempt: int) -> dict[str, str]:

@@ -29,7 +29,7 @@ from types import FrameType
 from typing import Final
 
 from ftrain import settings
-from ftrain.supervise.procs import children
+from ftrain.host.job_signals import children
 from ftrain.train.lifeline import die_with_parent
 
 STOP_SIGNALS: Final = (signal.SIGTERM, signal.SIGINT)

@@ -27,14 +27,15 @@ import msgspec
 import structlog
 
 from ftrain import settings
-from ftrain.cli import render
-from ftrain.projections.lifecycle import CompleteIntent, FailIntent
+from ftrain.console.output import emit
+from ftrain.domain.lifecycle import CompleteIntent, FailIntent
+from ftrain.host.job_signals import signal_job
 from ftrain.supervise.elastic import next_hosts
 from ftrain.supervise.failure_report import FailureReport, describe, failure, signal_name, tee_stderr
 from ftrain.supervise.fencing import claim_opened
 from ftrain.supervise.lease_keeper import LeaseKeeper
 from ftrain.supervise.opening import OPEN_TIMEOUT, NotOpened
-from ftrain.supervise.procs import attempt_marks, end_attempt, signal_job
+from ftrain.supervise.procs import attempt_marks, end_attempt
 from ftrain.supervise.relay import STOP_SIGNALS, stop_signals, warning_signal
 from ftrain.supervise.watchdog import Hang, Watchdog
 from ftrain.train.lifeline import die_with_parent
@@ -185,13 +186,13 @@ class Supervisor:
                 returncode, report, survivors = self._attempt()
             except SetupFailed as exc:  # opened in the log, so recorded: never left `running`
                 recorded = self._record(FailIntent(reason="setup", message=str(exc), attempt=self.number))
-                render.emit(f"Attempt {self.number} of {last} not started: {exc}")
+                emit(f"Attempt {self.number} of {last} not started: {exc}")
                 return Outcome(
                     "gave-up", 1, f"run {self.run_id} gave up: attempt {self.number}: {exc}", recorded
                 )
             ended = time.monotonic()
             if (lost := self._lost()) is not None:  # the new holder recorded this attempt's end
-                render.emit(f"Attempt {self.number} of {last} stopped after {ended - started:.1f} s: {lost}")
+                emit(f"Attempt {self.number} of {last} stopped after {ended - started:.1f} s: {lost}")
                 return Outcome("gave-up", 1, lost, recorded=False)
             step = self._newest()
             self.vouched = self.vouched or step is not None
@@ -213,11 +214,11 @@ class Supervisor:
                     attempt=self.number,
                 )
                 recorded = self._record(stop)
-                render.emit(f"{head} stopped by {name} {where}")
+                emit(f"{head} stopped by {name} {where}")
                 return self._stopped(" (recorded as failed: preempted)", recorded)
             if returncode == 0:
                 recorded = self._record(CompleteIntent(attempt=self.number))
-                render.emit(f"{head} succeeded {where}")
+                emit(f"{head} succeeded {where}")
                 return Outcome("completed", 0, recorded=recorded)
             hang, self._hang = self._hang, None
             failed = msgspec.structs.replace(
@@ -230,14 +231,14 @@ class Supervisor:
             delay = backoff_delay(self.relaunches.backoff, attempt)
             recorded = self._record(failed)
             if failed.reason == "preempted":  # the scheduler signalled the workers itself: it wants the nodes
-                render.emit(f"{head} preempted: the workers saved and exited {PREEMPTED_EXIT} {where}")
+                emit(f"{head} preempted: the workers saved and exited {PREEMPTED_EXIT} {where}")
                 return Outcome(
                     "stopped", PREEMPTED_EXIT, f"run {self.run_id} preempted (recorded as failed)", recorded
                 )
             said = describe(failed) if hang is None else f"hung: {hang.message}"
             line = f"{head} failed ({said}) {where}" + ("" if progress else " (no progress)")
             if survivors:
-                render.emit(line)
+                emit(line)
                 return Outcome(
                     "gave-up",
                     1,
@@ -246,7 +247,7 @@ class Supervisor:
                     recorded,
                 )
             if stalled >= STALLED_ATTEMPTS or attempt == total:
-                render.emit(line)
+                emit(line)
                 why = (
                     f": {stalled} attempts in a row made no progress"
                     if stalled >= STALLED_ATTEMPTS
@@ -255,7 +256,7 @@ class Supervisor:
                 return Outcome("gave-up", 1, f"run {self.run_id} gave up{why} (last: {said})", recorded)
             hosts = next_hosts(self.hosts, report.node, self.min_nodes)
             if self.requeue and report.node is not None and report.node.lost and hosts == self.hosts:
-                render.emit(line)
+                emit(line)
                 return Outcome(
                     "gave-up",
                     1,
@@ -270,7 +271,7 @@ class Supervisor:
                     f"{len(hosts)} node(s), {', '.join(hosts)}"
                 )
                 self.hosts = hosts
-            render.emit(f"{line}; retrying in {delay:g} s")
+            emit(f"{line}; retrying in {delay:g} s")
             self._sleep_until(ended + delay)  # the time spent recording counts towards the backoff
 
     def _open(self) -> int:

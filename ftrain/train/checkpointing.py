@@ -43,9 +43,9 @@ from torch._C._distributed_c10d import HashStore
 
 from ftrain import settings
 from ftrain.cadence import parse_checkpoint_every
+from ftrain.domain.lifecycle import CheckpointIntent
 from ftrain.events.run_id import InvalidRunId, validate_run_id
 from ftrain.events.schema import Checkpointed, DataPosition
-from ftrain.projections.lifecycle import CheckpointIntent
 from ftrain.train.attempt_clock import AttemptClock
 from ftrain.train.beacon import ProgressBeacon
 from ftrain.train.config import CheckpointConfig

@@ -21,7 +21,7 @@ import time
 
 from ftrain import settings
 from ftrain.events.private import FILE_MODE, private_dir
-from ftrain.supervise.procs import signal_job
+from ftrain.host.job_signals import signal_job
 
 _KILLS = settings.kill_targets()  # at import: a typo fails the trainer before it trains
 _STOPS = settings.stop_targets()

@@ -24,7 +24,7 @@ import structlog
 import torch.distributed as dist
 
 from ftrain import settings
-from ftrain.projections.lifecycle import (
+from ftrain.domain.lifecycle import (
     Candidate,
     FailIntent,
     IllegalTransition,

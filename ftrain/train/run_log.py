@@ -10,12 +10,12 @@ import asyncio
 import structlog
 from nats.errors import Error as NatsError
 
+from ftrain.domain.command_handler import BrokenRun, RunLog
+from ftrain.domain.lifecycle import RunState
 from ftrain.events.jetstream.connection import NatsSettings, open_store
 from ftrain.events.jetstream.server import NatsServerError
 from ftrain.events.keyring import KeyringError
 from ftrain.events.log_port import LogTampered, LogUnavailable
-from ftrain.projections.lifecycle import RunState
-from ftrain.projections.run_log import BrokenRun, RunLog
 
 log = structlog.get_logger(__name__)
 

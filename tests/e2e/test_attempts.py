@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from ftrain.supervise.procs import children, signal_job
+from ftrain.host.job_signals import children, signal_job
 from ftrain.workers.layout import MARKER, complete_steps
 from ftrain.workers.manifest import decode_marker
 from ftrain.workers.storage.file.fence_file import owner

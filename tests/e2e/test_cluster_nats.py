@@ -84,7 +84,7 @@ RECORDER = """
 import hashlib, os, sys
 from ftrain.events.schema import Checkpointed
 from ftrain import settings
-from ftrain.projections.lifecycle import CheckpointIntent
+from ftrain.domain.lifecycle import CheckpointIntent
 from ftrain.workers.recorder import Recorder
 
 run, root, steps = sys.argv[1], sys.argv[2], [int(s) for s in sys.argv[3:]]
@@ -173,7 +173,7 @@ import asyncio, os, sys
 from ftrain.events.jetstream.connection import open_store
 from ftrain.events.log_port import LogTampered, LogUnavailable
 from ftrain import settings
-from ftrain.projections.run_log import RunLog
+from ftrain.domain.command_handler import RunLog
 
 async def main(run):
     async with open_store(settings.nats(os.environ), deadline=3) as store:

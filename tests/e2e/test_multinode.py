@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from ftrain.projections.lifecycle import CheckpointIntent
+from ftrain.domain.lifecycle import CheckpointIntent
 from ftrain.supervise.procs import attempt_processes, end_attempt
 from ftrain.workers.layout import MARKER, complete_steps, set_asides
 from ftrain.workers.manifest import decode_marker

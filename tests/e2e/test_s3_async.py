@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
-from ftrain.supervise.procs import attempt_processes, children, signal_job
+from ftrain.host.job_signals import children, signal_job
+from ftrain.supervise.procs import attempt_processes
 from ftrain.workers.layout import MARKER, WRITER_CLAIM
 from ftrain.workers.s3.server import kill_storage_server, throwaway_storage_server
 from ftrain.workers.storage.s3 import fence_object

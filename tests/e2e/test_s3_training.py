@@ -253,17 +253,17 @@ def test_the_store_killed_mid_run_fails_saves_closed_and_once_restarted_the_next
         assert audit.returncode == 0 and "every chain intact" in audit.stdout, audit
 
 
-def readme_blocks(section: str) -> list[str]:
-    """The python blocks of a README section, as written."""
-    text = (ROOT / "README.md").read_text()
+def page_blocks(page: str, section: str) -> list[str]:
+    """The python blocks of a page's section, as written."""
+    text = (ROOT / page).read_text()
     body = text.split(f"\n## {section}\n", 1)[1].split("\n## ", 1)[0]
     return re.findall(r"```python\n(.*?)```", body, re.DOTALL)
 
 
-def test_readme_getting_weights_out_runs_on_local_and_s3_checkpoints(
+def test_the_stock_pytorch_recipe_runs_on_local_and_s3_checkpoints(
     weed: Endpoint, reference_run: tuple[Path, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    local, s3 = readme_blocks("Getting weights out")
+    local, s3 = page_blocks("docs/export.md", "Without ftrain: stock PyTorch")
     ckpt, digest = reference_run
     monkeypatch.chdir(tmp_path)
     ns: dict[str, object] = {}

@@ -178,6 +178,7 @@ def test_read_only_commands_never_start_the_embedded_server_and_writers_say_they
             ["cost"],
             ["replay"],
             ["metrics"],
+            ["ui"],
         ):
             done = ftrain_process(argv, env)
             assert (done.returncode, done.stdout) == (1, ""), done.stderr

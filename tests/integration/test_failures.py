@@ -40,7 +40,9 @@ from ftrain.events.schema import (
 )
 from ftrain.projections.projector import Projector
 from ftrain.projections.readmodel import ReadModel
-from ftrain.service import RunService, checkpoint_storage, readmodel_path
+from ftrain.service import RunService
+from ftrain.service.run_commands import checkpoint_storage
+from ftrain.service.run_queries import readmodel_path
 from tests.support.builders import SIGNER
 from tests.support.processes import ftrain_process
 from tests.support.runs import checkpoint, launch, launch_maker, stored

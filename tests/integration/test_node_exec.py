@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from ftrain.domain.lifecycle import FailIntent
 from ftrain.events.jetstream.server import ServerProcess
-from ftrain.projections.lifecycle import FailIntent
 from ftrain.supervise.node_exec import (
     NodeExit,
     each_node_command,

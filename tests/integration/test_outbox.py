@@ -22,19 +22,19 @@ import pytest
 import structlog
 
 from ftrain import settings
+from ftrain.domain.command_handler import RunLog
+from ftrain.domain.lifecycle import (
+    CompleteIntent,
+    FailIntent,
+    Intent,
+    ResumeIntent,
+)
 from ftrain.events.jetstream.server import ServerProcess
 from ftrain.events.schema import (
     Actor,
     Checkpointed,
     Launched,
 )
-from ftrain.projections.lifecycle import (
-    CompleteIntent,
-    FailIntent,
-    Intent,
-    ResumeIntent,
-)
-from ftrain.projections.run_log import RunLog
 from ftrain.service import RunService
 from ftrain.workers.outbox import Outbox, outbox_path
 from ftrain.workers.recorder import Recorder, deliver
@@ -153,7 +153,7 @@ CHILD = """
 import os, signal, sys
 from ftrain import settings
 from ftrain.workers.recorder import Recorder
-from ftrain.projections.lifecycle import CheckpointIntent, FailIntent
+from ftrain.domain.lifecycle import CheckpointIntent, FailIntent
 from ftrain.events.schema import Checkpointed
 
 run_id, first, count, then = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
@@ -244,7 +244,7 @@ UNREAD = """
 import os, sys, time
 from ftrain import settings
 from ftrain.logs import configure
-from ftrain.projections.lifecycle import FailIntent
+from ftrain.domain.lifecycle import FailIntent
 from ftrain.workers.recorder import Recorder
 
 configure()  # logging as the trainer sets it up: warnings and errors to stderr

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from ftrain import settings
 from ftrain.events.jetstream.server import ServerProcess
-from ftrain.service import RunService, readmodel_path
+from ftrain.service import RunService
+from ftrain.service.run_queries import readmodel_path
 from tests.support.builders import launched
 from tests.support.processes import ftrain_process
 

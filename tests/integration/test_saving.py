@@ -14,8 +14,8 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import HashStore
 
+from ftrain.domain.lifecycle import OnDisk
 from ftrain.events.schema import RETIRED_MAX
-from ftrain.projections.lifecycle import OnDisk
 from ftrain.train.config import CheckpointConfig
 from ftrain.train.saving import Saver, SavesFailing
 from ftrain.workers.manifest import FileEntry, Manifest

@@ -14,7 +14,7 @@ from urllib.parse import urlparse
 
 import pytest
 
-from ftrain.projections.lifecycle import OnDisk
+from ftrain.domain.lifecycle import OnDisk
 from ftrain.workers.integrity import digest_of, to_hex
 from ftrain.workers.layout import MANIFEST
 from ftrain.workers.manifest import FileEntry, Manifest

@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 
 from ftrain import settings
-from ftrain.projections.lifecycle import FailIntent
+from ftrain.domain.lifecycle import FailIntent
+from ftrain.host.job_signals import children
 from ftrain.supervise.opening import NotOpened
-from ftrain.supervise.procs import attempt_marks, attempt_processes, children, end_attempt
+from ftrain.supervise.procs import attempt_marks, attempt_processes, end_attempt
 from ftrain.supervise.supervisor import Relaunches, Supervisor
 from tests.support.builders import Intents
 from tests.support.cli import Cli

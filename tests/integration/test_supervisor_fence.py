@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ftrain.projections.lifecycle import CompleteIntent, FailIntent
+from ftrain.domain.lifecycle import CompleteIntent, FailIntent
 from ftrain.supervise.supervisor import Relaunches, Supervisor
 from ftrain.workers.storage.errors import Fenced
 from ftrain.workers.storage.location import run_location

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ftrain.projections.lifecycle import FailIntent
+from ftrain.domain.lifecycle import FailIntent
 from ftrain.supervise.supervisor import Relaunches, Supervisor
 from tests.support.builders import Intents
 from tests.support.cli import Cli

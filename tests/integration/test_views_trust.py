@@ -13,11 +13,12 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from ftrain import settings
+from ftrain.domain.lifecycle import completed_event
 from ftrain.events.jetstream.server import ServerProcess
 from ftrain.events.schema import now
 from ftrain.events.signing import Signature, Signer
-from ftrain.projections.lifecycle import completed_event
-from ftrain.service import RunService, readmodel_path
+from ftrain.service import RunService
+from ftrain.service.run_queries import readmodel_path
 from tests.integration.test_trust import forge
 from tests.support.builders import SIGNER
 from tests.support.processes import ftrain_process

@@ -7,10 +7,10 @@ from typing import Any
 
 import msgspec
 
+from ftrain.domain.lifecycle import CompleteIntent, FailIntent, RunState, apply
 from ftrain.events.chain import ChainHead
 from ftrain.events.schema import AnyEvent, Checkpointed, Launched
 from ftrain.events.signed_log import process_actor
-from ftrain.projections.lifecycle import CompleteIntent, FailIntent, RunState, apply
 from ftrain.workers.manifest import Manifest
 from ftrain.workers.storage.file.run_dir import FileRun
 from ftrain.workers.storage.location import Location, path_uri, uri_path

@@ -10,7 +10,9 @@ from ftrain.events.jetstream.connection import log_writer
 from ftrain.events.memory_log import InProcessLog, MemoryStream
 from ftrain.projections.projector import Projector
 from ftrain.projections.readmodel import ReadModel
-from ftrain.service import RunService, checkpoint_storage, readmodel_path
+from ftrain.service import RunService
+from ftrain.service.run_commands import checkpoint_storage
+from ftrain.service.run_queries import readmodel_path
 
 OpenService = Callable[[], AbstractAsyncContextManager[RunService]]
 """Opens another service over one stream, as another process's `RunService.open(env)` would."""

@@ -16,13 +16,13 @@ import msgspec
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from ftrain.domain.chain_walk import ChainWalk, Finding
+from ftrain.domain.vouching import Vouched
 from ftrain.events.anchor_file import AnchorFiles
 from ftrain.events.chain import GENESIS, ChainHead
 from ftrain.events.log_port import AppendConflict, EventLog, LogTampered
 from ftrain.events.run_id import InvalidRunId
 from ftrain.events.signing import Signer, TrustList
-from ftrain.projections.audit import ChainWalk, Finding
-from ftrain.projections.vouching import Vouched
 from tests.support.builders import checkpointed, launched
 
 

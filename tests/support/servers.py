@@ -14,8 +14,9 @@ import pytest
 import structlog
 
 from ftrain.events.jetstream.server import NatsServerError, ServerProcess, nats_server_binary, start_server
-from ftrain.events.jetstream.server_procs import send_signal, server_alive, wait_gone
+from ftrain.events.jetstream.server_procs import server_alive
 from ftrain.events.record import STREAM
+from ftrain.host.processes import send_signal, wait_gone
 
 log = structlog.get_logger(__name__)
 

@@ -28,10 +28,10 @@ from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 import ftrain.train.metrics
 import ftrain.workers.dcp_writer
 import ftrain.workers.files
+from ftrain.domain.lifecycle import apply, plan_resume
 from ftrain.events.chain import ChainHead
 from ftrain.examples.data import ResumableLoader, synthetic_tokens
 from ftrain.experiments.inputs import set_aside_steps
-from ftrain.projections.lifecycle import apply, plan_resume
 from ftrain.train.checkpointing import CheckpointManager
 from ftrain.train.resume import set_aside_planned
 from ftrain.train.resume_load import owned

@@ -62,7 +62,8 @@ def test_every_run_id_argument_takes_the_one_rule() -> None:
     """One rule for run ids (events/run_id.py), no dots (issue 32: `status a.b` was refused for a "run"
     that `list` and `audit` named, now a stray under no run's subject): every argument that names a run or
     a project parses with it, so every command refuses `a.b` alike, `launch --run-id` included."""
-    from ftrain.cli.main import _project, _run_id
+    from ftrain.cli.arguments import project as _project
+    from ftrain.cli.arguments import run_id as _run_id
 
     checked = []
     for path, parser, _ in subcommands(build_parser()):
@@ -76,3 +77,12 @@ def test_every_run_id_argument_takes_the_one_rule() -> None:
             ("events", "tail", "run_id"), ("cost", "run"), ("launch", "project")} <= set(checked)  # fmt: skip
     with pytest.raises(argparse.ArgumentTypeError, match=r"'a\.b' is invalid"):
         _run_id("a.b")
+
+
+def test_every_command_names_the_function_that_runs_it() -> None:
+    """Each command module adds its commands with `add_parser` and sets `entry` on each (issue 33): main.py
+    dispatches on nothing else."""
+    leaves = [(path, parser) for path, parser, _ in subcommands(build_parser())
+              if not any(isinstance(a, argparse._SubParsersAction) for a in parser._actions)]  # fmt: skip
+    assert len(leaves) > 20
+    assert [path for path, parser in leaves if not callable(parser.get_default("entry"))] == []

@@ -5,8 +5,8 @@ import hashlib
 import os
 from pathlib import Path
 
+from ftrain.domain.command_handler import RunLog
 from ftrain.events.schema import Checkpointed
-from ftrain.projections.run_log import RunLog
 from ftrain.service import RunService
 from ftrain.workers.storage.errors import OUTSIDE_RUN
 from ftrain.workers.storage.location import path_uri

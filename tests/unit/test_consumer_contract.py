@@ -18,13 +18,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 from packaging.requirements import Requirement
 
+from ftrain.domain.chain_walk import ChainWalk, Finding
 from ftrain.events.anchors import PrefixRoot
 from ftrain.events.chain import GENESIS
 from ftrain.events.jetstream.connection import NatsSettings, anchor_files
 from ftrain.events.record import StoredRecord
 from ftrain.events.schema import FAILURE_REASONS, MAX_AMOUNT, Completed, Failed, encode_event
 from ftrain.events.stored_schema import stored_schema
-from ftrain.projections.audit import ChainWalk, Finding
 from tests.support.docs import blocks
 from tests.support.paths import ROOT, VECTORS
 

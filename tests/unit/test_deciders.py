@@ -6,19 +6,7 @@ from datetime import UTC, datetime, timedelta
 import msgspec
 import pytest
 
-from ftrain.events.schema import (
-    Actor,
-    AnyEvent,
-    Checkpointed,
-    CheckpointPolicy,
-    Completed,
-    CorruptSkipped,
-    DataPosition,
-    Failed,
-    Resumed,
-    encode_event,
-)
-from ftrain.projections.lifecycle import (
+from ftrain.domain.lifecycle import (
     CheckpointIntent,
     CompleteIntent,
     FailIntent,
@@ -36,7 +24,19 @@ from ftrain.projections.lifecycle import (
     resume_from,
     resumed_event,
 )
-from ftrain.projections.lifecycle import skip as skip_checkpoint
+from ftrain.domain.lifecycle import skip as skip_checkpoint
+from ftrain.events.schema import (
+    Actor,
+    AnyEvent,
+    Checkpointed,
+    CheckpointPolicy,
+    Completed,
+    CorruptSkipped,
+    DataPosition,
+    Failed,
+    Resumed,
+    encode_event,
+)
 from tests.unit.test_judge_rules import FAILED, RUN, T0, ckpt, fold, launched
 
 AT = T0 + timedelta(hours=1)

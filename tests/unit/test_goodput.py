@@ -11,10 +11,10 @@ import msgspec
 import pytest
 from msgspec import UNSET
 
+from ftrain.domain.lifecycle import RunState, apply
 from ftrain.events.chain import ChainHead
 from ftrain.events.schema import AnyEvent, Checkpointed, Completed, CorruptSkipped, Failed, Resumed
 from ftrain.projections.goodput import Goodput, measure
-from ftrain.projections.lifecycle import RunState, apply
 from tests.support.builders import launched
 
 RUN = "r"

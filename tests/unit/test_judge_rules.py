@@ -10,9 +10,9 @@ from datetime import timedelta
 
 import pytest
 
+from ftrain.domain.lifecycle import IllegalTransition, RunState, check
 from ftrain.events.chain import ChainHead
 from ftrain.events.schema import AnyEvent, Checkpointed, Completed, CorruptSkipped, Failed, Launched, Resumed
-from ftrain.projections.lifecycle import IllegalTransition, RunState, check
 from tests.support.builders import T0, fold
 
 RUN = "r"

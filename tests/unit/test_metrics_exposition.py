@@ -6,11 +6,11 @@ import msgspec
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from ftrain.domain.chain_walk import Finding
 from ftrain.events.schema import CheckpointPolicy, Failed
 from ftrain.metrics.exposition import label, render
 from ftrain.metrics.figures import REASONS, RunFigures, figures_of
-from ftrain.projections.audit import Finding
-from ftrain.service import RunView
+from ftrain.service.run_queries import RunView
 from tests.support.prometheus import Samples
 from tests.support.prometheus import samples as parse
 from tests.unit.test_goodput import RUN, Log, at, failed_and_resumed, first_attempt

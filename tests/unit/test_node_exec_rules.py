@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from ftrain.projections.lifecycle import FailIntent
+from ftrain.domain.lifecycle import FailIntent
 from ftrain.supervise.attempts import attempt_commands
 from ftrain.supervise.elastic import next_hosts
 from ftrain.supervise.failure_report import FailureReport, failure

@@ -7,16 +7,7 @@ from datetime import timedelta
 import msgspec
 import pytest
 
-from ftrain.events.chain import ChainHead
-from ftrain.events.schema import (
-    AnyEvent,
-    Checkpointed,
-    Completed,
-    CorruptSkipped,
-    Failed,
-    Resumed,
-)
-from ftrain.projections.lifecycle import (
+from ftrain.domain.lifecycle import (
     CheckpointIntent,
     CompleteIntent,
     FailIntent,
@@ -28,6 +19,15 @@ from ftrain.projections.lifecycle import (
     apply,
     check,
     decide_intent,
+)
+from ftrain.events.chain import ChainHead
+from ftrain.events.schema import (
+    AnyEvent,
+    Checkpointed,
+    Completed,
+    CorruptSkipped,
+    Failed,
+    Resumed,
 )
 from tests.support.builders import T0, fold, launched
 

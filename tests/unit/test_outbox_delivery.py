@@ -5,11 +5,11 @@ against a real server that is killed and restarted, and real processes: tests/in
 import pytest
 
 from ftrain import settings
+from ftrain.domain import command_handler
+from ftrain.domain.command_handler import ContendedRun, RunLog
+from ftrain.domain.lifecycle import FailIntent, ResumeIntent, decide_intent
 from ftrain.events.chain import unseal
 from ftrain.events.schema import AnyEvent, decode_event
-from ftrain.projections import run_log
-from ftrain.projections.lifecycle import FailIntent, ResumeIntent, decide_intent
-from ftrain.projections.run_log import ContendedRun, RunLog
 from ftrain.service import RunService
 from ftrain.workers.outbox import Outbox, outbox_path
 from ftrain.workers.recorder import deliver
@@ -91,7 +91,7 @@ async def test_a_run_other_writers_keep_appending_to_keeps_its_intents_pending_n
     await launch(app)
     outbox = node_outbox(env)
     ids = [outbox.put(RUN, ckpt(100)), outbox.put(RUN, ckpt(200))]
-    monkeypatch.setattr(run_log, "CONFLICT_RETRIES", 0)  # as if another writer won every race
+    monkeypatch.setattr(command_handler, "CONFLICT_RETRIES", 0)  # as if another writer won every race
     with pytest.raises(ContendedRun):
         await deliver(RunLog(app.store, RUN), outbox)
     assert [row.intent_id for row in outbox.pending(RUN)] == ids and outbox.rejected(RUN) == []

@@ -8,7 +8,8 @@ from pathlib import Path
 from ftrain.errors import Refused
 from ftrain.events.chain import GENESIS
 from ftrain.events.schema import AnyEvent, CorruptSkipped, Failed, Resumed
-from ftrain.service import ResumeOutcome, RunService
+from ftrain.service import RunService
+from ftrain.service.run_commands import ResumeOutcome
 from tests.support.in_process import OpenService
 from tests.support.runs import checkpoint, launch, launch_maker, stored
 

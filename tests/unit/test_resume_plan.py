@@ -3,8 +3,7 @@
 import msgspec
 import pytest
 
-from ftrain.events.schema import Checkpointed, Completed, CorruptSkipped, Failed
-from ftrain.projections.lifecycle import (
+from ftrain.domain.lifecycle import (
     Candidate,
     IllegalTransition,
     OnDisk,
@@ -12,6 +11,7 @@ from ftrain.projections.lifecycle import (
     check_relaunch,
     plan_resume,
 )
+from ftrain.events.schema import Checkpointed, Completed, CorruptSkipped, Failed
 from tests.unit.test_state import ckpt, fold, launched
 
 

@@ -2,7 +2,7 @@
 evidence that it had checkpoints, so a start that finds no valid one stops instead of training from step 0,
 on every later start, until one starts over on purpose (the trial: tests/integration/test_start_up.py)."""
 
-from ftrain.projections.lifecycle import Candidate, OnDisk, ResumePlan, plan_resume
+from ftrain.domain.lifecycle import Candidate, OnDisk, ResumePlan, plan_resume
 from tests.unit.test_judge_rules import FAILED, fold, launched
 
 ASIDE = ("file:///c/run/step-10.corrupt-1700000000", "file:///c/run/step-5.corrupt-1700000000")

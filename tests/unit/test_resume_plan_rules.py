@@ -1,6 +1,6 @@
 """Which directories a resume plan sets aside as unrecorded: exactly those newer than anything the log recorded."""
 
-from ftrain.projections.lifecycle import OnDisk, plan_resume
+from ftrain.domain.lifecycle import OnDisk, plan_resume
 from tests.unit.test_judge_rules import FAILED, ckpt, fold, launched, restart
 
 

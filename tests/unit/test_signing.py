@@ -13,6 +13,8 @@ import msgspec
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from ftrain.domain.chain_walk import ChainWalk, Finding
+from ftrain.domain.vouching import Vouched
 from ftrain.events.anchor_file import AnchorBusy, AnchorFiles, read_lines
 from ftrain.events.anchors import (
     Anchor,
@@ -36,9 +38,7 @@ from ftrain.events.signing import (
     parse_public_key,
     signature_valid,
 )
-from ftrain.projections.audit import ChainWalk, Finding
 from ftrain.projections.log_anchors import AnchorCheck
-from ftrain.projections.vouching import Vouched
 from tests.support.builders import T0, checkpointed, launched
 from tests.support.paths import VECTORS as VECTOR_DIR
 from tests.unit.test_formats import vector_events, verified_body

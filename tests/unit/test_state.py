@@ -6,9 +6,7 @@ from datetime import UTC, datetime, timedelta
 import msgspec
 import pytest
 
-from ftrain.events.chain import ChainHead
-from ftrain.events.schema import AnyEvent, Checkpointed, Completed, CorruptSkipped, Failed, Launched, Resumed
-from ftrain.projections.lifecycle import (
+from ftrain.domain.lifecycle import (
     IllegalTransition,
     ResumeIntent,
     RunState,
@@ -17,6 +15,8 @@ from ftrain.projections.lifecycle import (
     relaunch,
     restart_event,
 )
+from ftrain.events.chain import ChainHead
+from ftrain.events.schema import AnyEvent, Checkpointed, Completed, CorruptSkipped, Failed, Launched, Resumed
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 

@@ -4,7 +4,7 @@ through torchrun: tests/e2e/test_supervisor.py)."""
 
 from pathlib import Path
 
-from ftrain.projections.lifecycle import FailIntent
+from ftrain.domain.lifecycle import FailIntent
 from ftrain.supervise.attempts import child_env, srun_command
 from ftrain.supervise.failure_report import FailureReport, failure
 from ftrain.supervise.launch_spec import LaunchSpec

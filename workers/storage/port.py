@@ -19,7 +19,7 @@ from typing import Protocol
 
 import msgspec
 
-from ftrain.projections.lifecycle import OnDisk
+from ftrain.domain.lifecycle import OnDisk
 from ftrain.workers.layout import SetAsideKind
 from ftrain.workers.manifest import FileEntry, Manifest
 from ftrain.workers.storage.errors import StorageUnavailable

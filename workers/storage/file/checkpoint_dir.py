@@ -16,9 +16,10 @@ from pathlib import Path
 import msgspec
 import structlog
 
+from ftrain.domain.lifecycle import OnDisk
 from ftrain.events.atomic_file import fsync_dir, write_atomic
 from ftrain.events.private import DIR_MODE, private_dir
-from ftrain.projections.lifecycle import OnDisk
+from ftrain.host.processes import pid_alive
 from ftrain.workers.files import copy_hashing, write_file
 from ftrain.workers.integrity import digest_of, hash_files, to_hex
 from ftrain.workers.layout import (
@@ -96,23 +97,13 @@ def remove_dead_assemblies(run: Path) -> list[Path]:
     host, removed = socket.gethostname(), []
     for path in assemblies(run):
         writer = assembly_writer(path)
-        if writer is not None and writer[0] == host and not _process_exists(writer[1]):
+        if writer is not None and writer[0] == host and not pid_alive(writer[1]):
             try:
                 if remove_dir(run, path.name, unlink_link=True):
                     removed.append(path)
             except OSError as exc:
                 log.warning("assembly_not_removed", path=str(path), error=str(exc))
     return removed
-
-
-def _process_exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
 
 
 def seal_checkpoint(tmp: Path, final: Path, manifest: Manifest, attempt: int = 0) -> StoredCheckpoint:

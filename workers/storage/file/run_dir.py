@@ -17,8 +17,8 @@ from pathlib import Path
 
 import structlog
 
+from ftrain.domain.lifecycle import OnDisk
 from ftrain.events.private import private_dir
-from ftrain.projections.lifecycle import OnDisk
 from ftrain.workers.layout import (
     SetAsideKind,
     assemblies,

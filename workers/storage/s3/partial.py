@@ -13,6 +13,7 @@ import uuid
 import msgspec
 import structlog
 
+from ftrain.host.processes import pid_alive
 from ftrain.workers.layout import MARKER, WRITER_CLAIM, parse_step
 from ftrain.workers.storage.s3.bucket import Bucket, ObjectMissing
 
@@ -67,14 +68,4 @@ def _stale(bucket: Bucket, step_key: str) -> bool:
         claim = msgspec.json.decode(bucket.get(step_key + WRITER_CLAIM), type=Claim)
     except (ObjectMissing, msgspec.DecodeError, msgspec.ValidationError):
         return not bucket.exists(step_key + MARKER)  # sealed meanwhile: a complete step, never stale
-    return claim.host == socket.gethostname() and not _process_exists(claim.pid)
-
-
-def _process_exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return claim.host == socket.gethostname() and not pid_alive(claim.pid)

@@ -31,7 +31,7 @@ from urllib.parse import urlparse
 import msgspec
 import structlog
 
-from ftrain.projections.lifecycle import OnDisk
+from ftrain.domain.lifecycle import OnDisk
 from ftrain.workers.integrity import Hashed, digest_of, to_hex
 from ftrain.workers.layout import (
     MANIFEST,

@@ -22,7 +22,7 @@ from typing import Any, Final
 
 import structlog
 
-from ftrain.projections.lifecycle import OnDisk
+from ftrain.domain.lifecycle import OnDisk
 from ftrain.workers.dcp_reader import Rejected
 from ftrain.workers.integrity import Hashed
 from ftrain.workers.layout import SetAsideKind, parse_set_aside, rank_stage_dir, run_key, step_dir

@@ -1,13 +1,14 @@
-"""One record through the chain check and the fold: shared by the projector and `audit verify`."""
+"""One record through the chain check and the fold: the chain walk the command handler, the projector
+and `audit verify` share."""
 
 import msgspec
 
+from ftrain.domain.lifecycle import IllegalTransition, RunState, apply
+from ftrain.domain.vouching import Unvouched, Vouched, Vouching
 from ftrain.events.chain import Broken, ChainHead, check_link
 from ftrain.events.record import StoredRecord
 from ftrain.events.schema import AnyEvent
 from ftrain.events.signing import Signature, TrustList
-from ftrain.projections.lifecycle import IllegalTransition, RunState, apply
-from ftrain.projections.vouching import Unvouched, Vouched, Vouching
 
 
 class Finding(msgspec.Struct, frozen=True):

@@ -8,7 +8,7 @@ deciders that turn a writer's request into the event the judge checks. No I/O; u
 - `intents`: what trainers and supervisors ask to record through the outbox.
 """
 
-from ftrain.projections.lifecycle.deciders import (
+from ftrain.domain.lifecycle.deciders import (
     check_owner,
     check_relaunch,
     completed_event,
@@ -21,7 +21,7 @@ from ftrain.projections.lifecycle.deciders import (
     skip,
     supervisor_lost,
 )
-from ftrain.projections.lifecycle.intents import (
+from ftrain.domain.lifecycle.intents import (
     CheckpointIntent,
     CompleteIntent,
     FailIntent,
@@ -29,15 +29,15 @@ from ftrain.projections.lifecycle.intents import (
     ResumeIntent,
     SkipIntent,
 )
-from ftrain.projections.lifecycle.judge import (
+from ftrain.domain.lifecycle.judge import (
     IllegalTransition,
     apply,
     check,
     check_may_resume,
     check_open,
 )
-from ftrain.projections.lifecycle.resume_plan import Candidate, OnDisk, ResumePlan, plan_resume, skipped_line
-from ftrain.projections.lifecycle.state import CheckpointRef, RunState, RunStatus
+from ftrain.domain.lifecycle.resume_plan import Candidate, OnDisk, ResumePlan, plan_resume, skipped_line
+from ftrain.domain.lifecycle.state import CheckpointRef, RunState, RunStatus
 
 __all__ = [
     "Candidate",

@@ -1,4 +1,4 @@
-"""One run's own log: its events folded on demand, and appends decided against them.
+"""The command handler: one run's own log, its events folded on demand, and appends decided against them.
 
 The port through which the trainer, the outbox and every command append: it reads the run's own subject
 (`ftrain.run.<id>.*`), never the whole stream and never the read model, so its cost does not grow with other
@@ -8,11 +8,11 @@ the expected position; when another writer got there first, it folds the new eve
 
 from collections.abc import Callable
 
+from ftrain.domain.chain_walk import ChainWalk, Finding
+from ftrain.domain.lifecycle import RunState, apply, check
 from ftrain.events.chain import ChainHead
 from ftrain.events.log_port import AppendConflict, Appended, EventLog
 from ftrain.events.schema import AnyEvent
-from ftrain.projections.audit import ChainWalk, Finding
-from ftrain.projections.lifecycle import RunState, check
 
 CONFLICT_RETRIES = 20
 
@@ -23,9 +23,11 @@ class BrokenRun(Exception):
     """The run's chain or state machine is broken, or no trusted writer's signature covers its newest
     events: its state cannot be trusted, nothing is appended and nothing acted on."""
 
-    def __init__(self, finding: Finding) -> None:
+    def __init__(self, finding: Finding, accepted: RunState | None = None) -> None:
         super().__init__(f"run {finding.run_id}'s log is broken: {finding.describe()}")
         self.finding = finding
+        self.accepted = accepted
+        """The state its events accepted before the break (None: none was)."""
 
 
 class ContendedRun(Exception):
@@ -47,11 +49,12 @@ class RunLog:
             for record in records:
                 self._walk.feed(record)
             self._read_to = records[-1].stream_seq
+        accepted = self._walk.states.get(self.run_id)
         if finding := self._walk.findings.get(self.run_id):
-            raise BrokenRun(finding)
+            raise BrokenRun(finding, accepted)
         if isinstance(vouched := self._walk.vouched(self.run_id), Finding):
-            raise BrokenRun(vouched)
-        return self._walk.states.get(self.run_id)
+            raise BrokenRun(vouched, accepted)
+        return accepted
 
     async def append(self, decide: Decide) -> Appended | None:
         """Append what `decide` makes of the current state, judged first; None when it decides nothing.
@@ -69,3 +72,8 @@ class RunLog:
         raise ContendedRun(
             f"run {self.run_id}: gave up after {CONFLICT_RETRIES} conflicting concurrent appends"
         )
+
+    def after(self, appended: Appended) -> RunState:
+        """The run's state after `appended`, this log's own latest append, folded without reading it back:
+        the append named the head this log had read, so nothing landed in between."""
+        return apply(self._walk.states.get(self.run_id), appended.event, appended.head)

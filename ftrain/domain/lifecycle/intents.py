@@ -2,7 +2,7 @@
 
 An intent names a transition by what the writer knows (a checkpoint's digest, a step), never by the log's
 position: the position is decided when the log is reachable, against the run's state then
-(`projections.lifecycle.deciders.decide_intent`). Each carries the attempt of the process that wants it
+(`domain.lifecycle.deciders.decide_intent`). Each carries the attempt of the process that wants it
 (0: an old outbox row), so an intent of an attempt that has since been superseded is refused.
 """
 

@@ -10,6 +10,15 @@ from datetime import datetime
 import msgspec
 from msgspec import UNSET
 
+from ftrain.domain.lifecycle.intents import (
+    CheckpointIntent,
+    FailIntent,
+    Intent,
+    ResumeIntent,
+    SkipIntent,
+)
+from ftrain.domain.lifecycle.judge import IllegalTransition, check_open
+from ftrain.domain.lifecycle.state import CheckpointRef, RunState
 from ftrain.events.schema import (
     AnyEvent,
     Checkpointed,
@@ -19,15 +28,6 @@ from ftrain.events.schema import (
     Failed,
     Resumed,
 )
-from ftrain.projections.lifecycle.intents import (
-    CheckpointIntent,
-    FailIntent,
-    Intent,
-    ResumeIntent,
-    SkipIntent,
-)
-from ftrain.projections.lifecycle.judge import IllegalTransition, check_open
-from ftrain.projections.lifecycle.state import CheckpointRef, RunState
 
 
 def check_relaunch(

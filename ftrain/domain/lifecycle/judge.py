@@ -7,6 +7,7 @@ when the projector or the audit folds it: one place says which transition is leg
 import msgspec
 from msgspec import UnsetType
 
+from ftrain.domain.lifecycle.state import CheckpointRef, RunState
 from ftrain.events.chain import ChainHead
 from ftrain.events.schema import (
     AnyEvent,
@@ -18,7 +19,6 @@ from ftrain.events.schema import (
     Resumed,
     event_type,
 )
-from ftrain.projections.lifecycle.state import CheckpointRef, RunState
 
 
 class IllegalTransition(Exception):
