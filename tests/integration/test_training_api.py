@@ -147,8 +147,9 @@ def test_a_trainer_on_a_logged_run_names_what_retention_retires_and_status_shows
 
 @pytest.mark.usefixtures("no_group")
 def test_the_log_records_the_data_position_of_each_checkpoint_and_of_the_resume(cli: Cli) -> None:
-    """A loader over a GlobalSampler: every `checkpointed` carries the position of the state it sealed, and the
-    trainer's `resumed` the world that saved it, the world that resumed it and the position."""
+    """A loader over a GlobalSampler: every `checkpointed` carries the position of the state it sealed, the
+    trainer's `resumed` the world that saved it, the world that resumed it and the position, and `status`
+    shows the newest valid checkpoint's."""
     launch(cli)
     for start, steps in ((0, (1, 2, 3)), (3, (4,))):
         sampler = GlobalSampler(64, 16, seed=5)
@@ -169,3 +170,8 @@ def test_the_log_records_the_data_position_of_each_checkpoint_and_of_the_resume(
     assert sealed[4] == {"epoch": 1, "offset": 0, "consumed": 64, "seed": 5}  # 4 global batches an epoch
     resumed = next(e for e in seen if e["type"] == "resumed")
     assert (resumed["saved_world"], resumed["world"], resumed["data"]) == (1, 1, sealed[3])
+    status = cli.ok("status", RUN)
+    assert (
+        "data        epoch 1, 0 samples into it, 64 trained in all (seed 5); saved by 1 ranks, resumable on "
+        "any number" in status
+    ), status
