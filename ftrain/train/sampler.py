@@ -40,7 +40,13 @@ def accumulation(global_batch: int, micro_batch: int, world: int) -> int:
             f"and a global batch of at least one sample per rank ({world} ranks)"
         )
     largest_slice = -(-global_batch // world)
-    return -(-largest_slice // micro_batch)
+    count = -(-largest_slice // micro_batch)
+    if global_batch // world < count:
+        raise ValueError(
+            f"global_batch={global_batch} on {world} ranks in micro-batches of {micro_batch}: a rank would get "
+            "an empty micro-batch; choose a larger micro_batch or a global batch divisible by the world"
+        )
+    return count
 
 
 def sample_generator(seed: int, step: int, index: int) -> torch.Generator:

@@ -76,6 +76,8 @@ def test_every_rank_accumulates_as_many_micro_batches_and_the_scales_make_a_glob
 def test_bad_numbers_and_a_foreign_position_are_refused() -> None:
     with pytest.raises(ValueError, match="at least one sample per rank"):
         accumulation(2, 1, 4)
+    with pytest.raises(ValueError, match="a rank would get an empty micro-batch"):
+        accumulation(10, 1, 4)  # slices 3, 3, 2, 2 in 3 micro-batches each
     with pytest.raises(ValueError, match="smaller than one global batch"):
         GlobalSampler(10, 24)
     sampler = GlobalSampler(SIZE, GLOBAL, seed=SEED)
