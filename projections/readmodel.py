@@ -23,8 +23,8 @@ from typing import Any, Self
 
 import aiosqlite
 import msgspec
-from msgspec import UNSET
 import structlog
+from msgspec import UNSET
 
 from ftrain.domain.chain_walk import Finding
 from ftrain.domain.lifecycle import CheckpointRef, RunState
