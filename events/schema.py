@@ -75,6 +75,16 @@ class CheckpointPolicy(msgspec.Struct, frozen=True):
     steps: Count | None = None
 
 
+class DataPosition(msgspec.Struct, frozen=True):
+    """Where a run stands in its global sample stream, on any world size: the epoch, the samples of it already
+    trained, every sample trained since the run began, and the seed of the epochs' permutations."""
+
+    epoch: Count
+    offset: Count
+    consumed: Count
+    seed: Annotated[int, msgspec.Meta(ge=INT64_MIN, le=INT64_MAX)]
+
+
 class SchedulerJob(msgspec.Struct, frozen=True):
     """The batch job a supervisor ran in: `slurm` or `pbs`, its id (which survives a requeue), how many
     times the scheduler had requeued it (Slurm's SLURM_RESTART_COUNT; None: the scheduler does not say), the
@@ -139,6 +149,8 @@ class Checkpointed(Event, frozen=True, kw_only=True, tag="checkpointed"):
     lost_seconds: Amount | UnsetType = UNSET
     """The training-loop time the previous attempt spent on those steps, as its metrics timed them."""
     retired: Annotated[tuple[Count, ...], msgspec.Meta(max_length=RETIRED_MAX)] | UnsetType = UNSET
+    data: DataPosition | UnsetType = UNSET
+    """The global data position of the saved state, when its loader keeps one (absent otherwise)."""
     """The steps of earlier checkpoints retention deletes now that this one is sealed (deleted only after this
     event was recorded): those the log then shows `pruned`. Unset (absent) when it retires none, or written by
     a trainer from before retention named them. At most RETIRED_MAX: the oldest first, the rest next time."""
@@ -178,6 +190,12 @@ class Resumed(Event, frozen=True, kw_only=True, tag="resumed"):
     mlflow_run_id: str | UnsetType = UNSET
     """The MLflow run the attempt it opens continues (its `MLFLOW_RUN_ID`), when a supervisor opened it under
     one; unset: the launch's `mlflow_run_id` (old logs, or a run with no MLflow run)."""
+    saved_world: Shards | UnsetType = UNSET
+    """The ranks that saved the checkpoint resumed from, when the trainer recorded the event."""
+    world: Shards | UnsetType = UNSET
+    """The ranks that resumed it, when the trainer recorded the event."""
+    data: DataPosition | UnsetType = UNSET
+    """The global data position resumed from, when the trainer recorded the event and its loader keeps one."""
 
 
 class CorruptSkipped(Event, frozen=True, kw_only=True, tag="corrupt_skipped"):

@@ -24,12 +24,13 @@ from typing import Any, Self
 import aiosqlite
 import msgspec
 import structlog
+from msgspec import UNSET
 
 from ftrain.domain.chain_walk import Finding
 from ftrain.domain.lifecycle import CheckpointRef, RunState
 from ftrain.domain.vouching import Stretch, Unvouched, Vouched, judge
 from ftrain.events.private import private_dir, private_file
-from ftrain.events.schema import Checkpointed
+from ftrain.events.schema import Checkpointed, DataPosition
 from ftrain.events.signing import TrustList
 
 SCHEMA = """
@@ -41,7 +42,7 @@ CREATE INDEX IF NOT EXISTS runs_by_project ON runs (project, run_id);
 CREATE TABLE IF NOT EXISTS checkpoints (
     run_id TEXT NOT NULL, seq INTEGER NOT NULL, step INTEGER NOT NULL, epoch INTEGER NOT NULL,
     shards INTEGER NOT NULL, uri TEXT NOT NULL, checkpoint_hash TEXT NOT NULL, size_bytes INTEGER NOT NULL,
-    status TEXT NOT NULL, reason TEXT, time TEXT NOT NULL, PRIMARY KEY (run_id, seq));
+    status TEXT NOT NULL, reason TEXT, time TEXT NOT NULL, data TEXT, PRIMARY KEY (run_id, seq));
 CREATE TABLE IF NOT EXISTS audit (
     stream_seq INTEGER PRIMARY KEY, run_id TEXT NOT NULL, seq INTEGER, type TEXT NOT NULL, time TEXT,
     actor TEXT, hash TEXT, prev_hash TEXT, status TEXT NOT NULL, reason TEXT);
@@ -53,9 +54,10 @@ CREATE TABLE IF NOT EXISTS signers (
     PRIMARY KEY (run_id, idx));
 CREATE INDEX IF NOT EXISTS signers_unchecked ON signers (run_id, idx) WHERE valid IS NULL;
 """
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """`PRAGMA user_version` of a model this code wrote. 0: before versioning (no `signers`); 1: `signers`; 2:
-checkpoints a `checkpointed` retired are `pruned` (a model folded before shows them `valid`: replayed)."""
+checkpoints a `checkpointed` retired are `pruned` (a model folded before shows them `valid`: replayed); 3:
+a checkpoint's global data position (`data`, JSON or NULL)."""
 TABLES = ("runs", "checkpoints", "audit", "broken_runs", "signers")
 OPEN_ATTEMPTS = 10
 log = structlog.get_logger(__name__)
@@ -145,8 +147,9 @@ def _stretch_text(stretch: Stretch) -> str:
 
 
 def _checkpoint_ref(run_id: str, row: Sequence[Any]) -> CheckpointRef:
-    """A checkpoint from (seq, step, epoch, shards, uri, checkpoint_hash, size_bytes, status, reason, time)."""
-    seq, step, epoch, shards, uri, checkpoint_hash, size_bytes, status, reason, time_text = row
+    """A checkpoint from (seq, step, epoch, shards, uri, checkpoint_hash, size_bytes, status, reason, time,
+    data)."""
+    seq, step, epoch, shards, uri, checkpoint_hash, size_bytes, status, reason, time_text, data = row
     recorded = Checkpointed(
         run_id=run_id,
         seq=seq,
@@ -157,6 +160,7 @@ def _checkpoint_ref(run_id: str, row: Sequence[Any]) -> CheckpointRef:
         uri=uri,
         checkpoint_hash=checkpoint_hash,
         size_bytes=size_bytes,
+        data=UNSET if data is None else msgspec.convert(data, DataPosition),
     )
     return CheckpointRef(recorded=recorded, status=status, reason=reason)
 
@@ -195,8 +199,9 @@ async def _version(db: aiosqlite.Connection) -> int:
 
 def _checkpoint_row(run_id: str, c: CheckpointRef) -> tuple[Any, ...]:
     r = c.recorded
+    data = None if isinstance(r.data, msgspec.UnsetType) else _encoder.encode(r.data).decode()
     return (run_id, r.seq, r.step, r.epoch, r.shards, r.uri, r.checkpoint_hash, r.size_bytes, c.status, c.reason,
-            r.time.isoformat())  # fmt: skip
+            r.time.isoformat(), data)  # fmt: skip
 
 
 class ReadModel:
@@ -309,7 +314,7 @@ class ReadModel:
                 ],
             )
             await db.executemany(
-                "INSERT OR REPLACE INTO checkpoints VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT OR REPLACE INTO checkpoints VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [_checkpoint_row(run_id, c) for (run_id, _), c in batch.checkpoints.items()],
             )
             await db.executemany(
@@ -359,7 +364,7 @@ class ReadModel:
         One statement, so one snapshot: another process may commit between two separate reads."""
         query = (
             "SELECT r.state, (SELECT json_group_array(json_array(c.seq, c.step, c.epoch, c.shards, c.uri, "
-            "c.checkpoint_hash, c.size_bytes, c.status, c.reason, c.time)) FROM "
+            "c.checkpoint_hash, c.size_bytes, c.status, c.reason, c.time, json(c.data))) FROM "
             "(SELECT * FROM checkpoints WHERE run_id = r.run_id ORDER BY seq) AS c), "
             "(SELECT json_group_array(json_array(json(s.stretch), s.valid)) FROM "
             f"(SELECT * FROM signers WHERE run_id = r.run_id ORDER BY idx) AS s) FROM runs AS r {where}"

@@ -202,7 +202,7 @@ def build_state(
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
     data = synthetic_tokens(256, config["seq"] + 1, config["vocab"], train_args.seed)
     loader = ResumableLoader(data, config["batch"], rank, dist.get_world_size(), train_args.seed)
-    inputs, targets = loader.next()
+    inputs, targets, _ = loader.next()
     # one step, so the AdamW moments exist and are saved
     model(inputs.to(device), targets.to(device)).backward()
     optimizer.step()

@@ -14,7 +14,16 @@ from ftrain.console.visible import visible
 from ftrain.domain.chain_walk import Finding
 from ftrain.domain.lifecycle import RunState, skipped_line
 from ftrain.domain.vouching import Vouched
-from ftrain.events.schema import AnyEvent, Checkpointed, Completed, CorruptSkipped, Failed, Launched, Resumed
+from ftrain.events.schema import (
+    AnyEvent,
+    Checkpointed,
+    Completed,
+    CorruptSkipped,
+    DataPosition,
+    Failed,
+    Launched,
+    Resumed,
+)
 from ftrain.supervise.launch_spec import format_command
 
 
@@ -77,9 +86,18 @@ def completed(event: Completed, unit: str) -> str:
     return f"Completed {event.run_id} — {event.cost_gpu_hours:.2f} {unit} ({source})"
 
 
+def data_position(data: DataPosition, shards: int) -> str:
+    """Where a checkpoint stands in the run's global sample stream, and the world that saved it."""
+    return (
+        f"epoch {data.epoch}, {data.offset} samples into it, {data.consumed} trained in all (seed "
+        f"{data.seed}); saved by {shards} ranks, resumable on any number"
+    )
+
+
 def status(state: RunState, moment: datetime) -> list[str]:
     """`ftrain status` output."""
     valid = next(iter(state.valid_checkpoints()), None)
+    data = valid.recorded.data if valid is not None else None
     last = (
         f"step {valid.step} epoch {valid.epoch} {valid.uri} (hash {short_hash(valid.checkpoint_hash)})"
         if valid
@@ -92,6 +110,11 @@ def status(state: RunState, moment: datetime) -> list[str]:
         f"state       {state.status}",
         f"step        {state.step} (epoch {state.epoch})",
         f"checkpoint  {last}",
+        *(
+            [f"data        {data_position(data, valid.recorded.shards)}"]
+            if valid and isinstance(data, DataPosition)
+            else []
+        ),
         f"launch      {allocation(launch)}, {launch.strategy}, rdzv {launch.rdzv_endpoint}",
         *(
             [

@@ -1,12 +1,16 @@
-"""A deterministic synthetic dataset and a resumable, sharded, shuffling batch iterator.
+"""A deterministic synthetic dataset and a resumable, distributed, shuffling batch iterator.
 
-The loader's position (epoch, batch index) is part of the checkpoint: after a resume the same batches come
-in the same order, which bit-identical resume needs.
+The loader's position is a global one (epoch, samples consumed, seed) and part of the checkpoint: after a
+resume, on any world size, the same global batches come in the same order, which exact resume needs.
 """
 
+from collections.abc import Iterator
 from typing import Any
 
 import torch
+
+from ftrain.events.schema import DataPosition
+from ftrain.train.sampler import GlobalSampler
 
 
 def synthetic_tokens(count: int, length: int, vocab: int, seed: int) -> torch.Tensor:
@@ -18,38 +22,53 @@ def synthetic_tokens(count: int, length: int, vocab: int, seed: int) -> torch.Te
 
 
 class ResumableLoader:
-    """Each rank's batches: a per-epoch permutation (seeded), split across ranks, walked in order."""
+    """ftrain's own loader over a tensor of sequences: this rank's micro-batches of every global batch, from a
+    global data position (`GlobalSampler`), so a resume on any world size goes on with the next global batch."""
 
-    def __init__(self, data: torch.Tensor, batch: int, rank: int, world: int, seed: int) -> None:
-        self.data, self.batch, self.rank, self.world, self.seed = data, batch, rank, world, seed
-        self.epoch = 0
-        self.index = 0
-        self._order: tuple[int, torch.Tensor] | None = None
+    def __init__(
+        self,
+        data: torch.Tensor,
+        batch: int,
+        rank: int,
+        world: int,
+        seed: int,
+        global_batch: int | None = None,
+    ) -> None:
+        """`batch`: samples per micro-batch on one rank; `global_batch`: per optimizer step, over every rank
+        (default: `batch` × `world`, no accumulation)."""
+        self.data = data
+        self.sampler = GlobalSampler(
+            len(data), global_batch or batch * world, micro_batch=batch, seed=seed, rank=rank, world=world
+        )
+        self._batches: Iterator[torch.Tensor] | None = None
 
     @property
-    def batches_per_epoch(self) -> int:
-        """Full batches each rank gets per epoch."""
-        return len(self.data) // self.world // self.batch
+    def epoch(self) -> int:
+        """The epoch of the data position."""
+        return self.sampler.position().epoch
 
-    def _indices(self) -> torch.Tensor:
-        if self._order is None or self._order[0] != self.epoch:
-            perm = torch.randperm(
-                len(self.data), generator=torch.Generator().manual_seed(self.seed + self.epoch)
-            )
-            self._order = (self.epoch, perm[self.rank :: self.world])
-        return self._order[1]
+    @property
+    def accumulation(self) -> int:
+        """Micro-batches per optimizer step on this world."""
+        return self.sampler.accumulation
 
-    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The next (inputs, targets) batch, rolling into the next epoch when this one is used up."""
-        if self.index >= self.batches_per_epoch:
-            self.epoch, self.index = self.epoch + 1, 0
-        rows = self._indices()[self.index * self.batch : (self.index + 1) * self.batch]
-        self.index += 1
+    def next(self) -> tuple[torch.Tensor, torch.Tensor, float]:
+        """The next micro-batch's (inputs, targets) and its loss scale (`GlobalSampler.loss_scale`)."""
+        if self._batches is None:  # from the position `load` restored
+            self._batches = self.sampler.micro_batches()
+        rows = next(self._batches)
         seqs = self.data[rows]
-        return seqs[:, :-1], seqs[:, 1:]
+        return seqs[:, :-1], seqs[:, 1:], self.sampler.loss_scale(len(rows))
+
+    def reached(self, step: int) -> None:
+        self.sampler.reached(step)
+
+    def position(self) -> DataPosition:
+        return self.sampler.position()
 
     def state_dict(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "index": self.index}
+        return self.sampler.state_dict()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.epoch, self.index = int(state_dict["epoch"]), int(state_dict["index"])
+        self.sampler.load_state_dict(state_dict)
+        self._batches = None

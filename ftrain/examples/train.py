@@ -73,6 +73,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--checkpoint-every", default=None, help="save every duration (10min, 90s) or count (50steps)"
     )
     p.add_argument("--train-iters", type=int, default=100)
+    p.add_argument(
+        "--global-batch",
+        type=int,
+        default=None,
+        help="samples per step over all ranks (default: the model's batch × 2); the same on any world",
+    )
     p.add_argument("--async-ckpt", action="store_true", help="stage to host memory, write and fan out behind")
     p.add_argument("--ckpt-stage-dir", type=Path, default=None, help="node-local staging (async)")
     p.add_argument("--no-resume", action="store_true", help="start fresh instead of resuming")
@@ -184,7 +190,12 @@ def train(args: argparse.Namespace) -> int:
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 20))
     data = synthetic_tokens(4096, config["seq"] + 1, config["vocab"], args.seed)
-    loader = ResumableLoader(data, config["batch"], rank, world, args.seed)
+    global_batch = args.global_batch or 2 * config["batch"]
+    try:
+        loader = ResumableLoader(data, config["batch"], rank, world, args.seed, global_batch=global_batch)
+    except ValueError as exc:
+        dist.destroy_process_group()
+        _usage(f"--global-batch: {exc}")
     try:
         manager = CheckpointManager(
             args.ckpt_dir,
@@ -247,9 +258,12 @@ def _loop(
     try:
         while step < args.train_iters:
             start = time.perf_counter()
-            inputs, targets = loader.next()
-            loss = model(inputs.to(device), targets.to(device))
-            loss.backward()
+            loss = torch.zeros((), device=device)
+            for _ in range(loader.accumulation):  # more micro-batches on a smaller world, fewer on a larger
+                inputs, targets, scale = loader.next()
+                micro = model(inputs.to(device), targets.to(device)) * scale
+                micro.backward()
+                loss += micro.detach()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             scheduler.step()

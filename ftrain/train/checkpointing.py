@@ -58,19 +58,21 @@ from ftrain.errors import (
     UnresumableState,
 )
 from ftrain.events.run_id import InvalidRunId, validate_run_id
-from ftrain.events.schema import Checkpointed
+from ftrain.events.schema import Checkpointed, DataPosition
 from ftrain.train.attempt_clock import AttemptClock
 from ftrain.train.beacon import ProgressBeacon
 from ftrain.train.config import CheckpointConfig
 from ftrain.train.faults import fault_point
 from ftrain.train.lifeline import die_with_launcher
+from ftrain.train.loaders import adopt
 from ftrain.train.lost_work import ProgressFile
 from ftrain.train.preemption import PREEMPTED_EXIT, SaveSignals, stop_name
 from ftrain.train.process_exit import one_line_errors
 from ftrain.train.resume import ResumePoint, resume
+from ftrain.train.sampler import accumulation
 from ftrain.train.save_check import check_resumable
 from ftrain.train.saving import Saver
-from ftrain.train.state import Resumable, TrainState, resumable
+from ftrain.train.state import Resumable, TrainState
 from ftrain.workers.integrity import digest_of, to_hex
 from ftrain.workers.layout import rank_stage_dir
 from ftrain.workers.manifest import FileEntry, Manifest
@@ -130,6 +132,7 @@ def make_config(
     resume: bool = True,
     dataset_revision: str | None = None,
     max_failed_saves: int | None = None,
+    world_change: str = "refuse",
     env: Mapping[str, str] = os.environ,
 ) -> CheckpointConfig:
     """The configuration from the arguments and, under `ftrain run`, what the supervisor passed (which wins:
@@ -187,6 +190,7 @@ def make_config(
         resume=resume,
         dataset_revision=dataset_revision,
         max_failed_saves=failures,
+        world_change=world_change,
     )
 
 
@@ -231,25 +235,30 @@ class CheckpointManager:
         resume: bool = True,
         run_id: str | None = None,
         dataset_revision: str | None = None,
+        world_change: str = "refuse",
     ) -> None:
         """`location`: the run's checkpoints, a directory or `s3://bucket/prefix/<run>` (under `ftrain run`:
         the run's). `states`: every other object that shapes training, by name. `loader`: the data loader,
-        saved when it can save its position (torchdata's `StatefulDataLoader`, a loader of your own); one
-        that cannot is accepted, and a resume then starts its iteration over (a warning says so). `every`:
-        steps between saves, or a cadence like `"500steps"`, `"10min"`. Raises ValueError naming a bad
-        argument before anything is created."""
+        saved when it can save its position (a loader over `ftrain.train.sampler.GlobalSampler`: a global
+        position; torchdata's `StatefulDataLoader`, a loader of your own: per rank), and given a generator of
+        its own when it has none (`ftrain.train.loaders`); one that cannot is accepted, and a resume then
+        starts its iteration over (a warning says so). `world_change`: a resume on another world size whose
+        loader position is per rank (or absent) is refused ("refuse") or goes on with a warning ("warn").
+        `every`: steps between saves, or a cadence like `"500steps"`, `"10min"`. Raises ValueError naming a
+        bad argument before anything is created."""
         named = dict(states or {})
-        if loader is not None:
+        source = adopt(loader) if loader is not None else None
+        if source is not None:
             if "loader" in named:
                 raise ValueError("loader: given twice (as loader= and in states)")
-            if resumable(loader):
-                named["loader"] = loader  # type: ignore[assignment]
+            if source.saved is not None:
+                named["loader"] = source.saved
             else:
                 log.warning(
                     "loader_not_resumable",
-                    loader=type(loader).__name__,
+                    loader=source.name,
                     consequence="a resume restarts its iteration; exact resume needs a resumable loader "
-                    "such as torchdata's StatefulDataLoader",
+                    "such as torchdata's StatefulDataLoader, or ftrain.train.sampler.GlobalSampler",
                 )
         config = make_config(
             location,
@@ -260,8 +269,11 @@ class CheckpointManager:
             stage_dir=stage_dir,
             resume=resume,
             dataset_revision=dataset_revision,
+            world_change=world_change,
         )
-        self._start(config, TrainState(model, optimizer, named, _rank()))
+        state = TrainState(model, optimizer, named, _rank())
+        state.data = source
+        self._start(config, state)
 
     @classmethod
     def from_config(cls, config: CheckpointConfig, state: TrainState) -> "CheckpointManager":
@@ -306,6 +318,8 @@ class CheckpointManager:
         self._inflight: Future[None] | None = None
         self._sealed: int | None = None
         """The newest step this job sealed or resumed from: what a final save of the same step skips."""
+        self._data_at: dict[int, DataPosition] = {}
+        """The data position of each step in flight, for its `checkpointed`."""
         self.attempt = 0
         """The run's attempt this job records in (set by `load`; 0: no log to say)."""
         self.resumed: ResumePoint | None = None
@@ -361,6 +375,11 @@ class CheckpointManager:
         self._loop_start, self._stalled = time.monotonic(), 0.0
         return step
 
+    def micro_batches(self, global_batch: int, micro_batch: int) -> int:
+        """Micro-batches each rank trains per optimizer step so that this world trains `global_batch`
+        samples a step (gradient accumulation: more on a smaller world, fewer on a larger one)."""
+        return accumulation(global_batch, micro_batch, self.world)
+
     @property
     def epoch(self) -> int:
         """The epoch the state was saved in (0 on a fresh start)."""
@@ -373,6 +392,7 @@ class CheckpointManager:
         or because a warning signal came (every rank makes the same decision, or their collectives would
         diverge: one small all-reduce per step when a clock or a signal must be agreed on)."""
         self._beacon.finished(step)
+        self._reached(step)
         if self._progress is not None:
             self._progress.finished(step, self._trained())
         fault_point("step", step)
@@ -406,6 +426,8 @@ class CheckpointManager:
             return msgspec.structs.replace(times, drain_seconds=times.drain_seconds + drain + self.drain())
         self._beacon.saving(step)
         self.state.step, self.state.epoch = step, epoch
+        if (position := self._reached(step)) is not None:
+            self._data_at[step] = position
         self._last_save = time.monotonic()
         if self._progress is not None:
             self._progress.saved(step, self._trained())
@@ -434,6 +456,15 @@ class CheckpointManager:
         """Save `state` as `step` (in the caller's thread, or the pipeline's), noting it once sealed."""
         if self._saver.save(step, epoch, state, self.attempt, staged=staged):
             self._sealed = step
+
+    def _reached(self, step: int) -> DataPosition | None:
+        """Move the loader's global data position past step `step` (a script may call `save` without `due`);
+        returns it (None: the loader keeps none)."""
+        position = self.state.data.position if self.state.data is not None else None
+        if position is None:
+            return None
+        position.reached(step)
+        return position.position()
 
     def _resumable(self, step: int) -> dict[str, Any]:
         """The state to save, once every rank found that a resume could load all of it: else every rank
@@ -537,6 +568,7 @@ class CheckpointManager:
         retired: tuple[int, ...],
     ) -> None:
         """Rank 0: `checkpointed`, naming the steps retention retires, through the durable outbox."""
+        data = self._data_at.pop(step, UNSET)
         if self.recorder is not None:
             self.recorder.record(
                 CheckpointIntent(
@@ -552,6 +584,7 @@ class CheckpointManager:
                             size_bytes=manifest.size_bytes,
                             attempt=self.attempt,
                             retired=retired or UNSET,
+                            data=data,
                         ),
                     )
                 )

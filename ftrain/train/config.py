@@ -30,6 +30,8 @@ class CheckpointConfig(msgspec.Struct, frozen=True, kw_only=True):
     dataset_revision: str | None = None
     max_failed_saves: int = 3
     """Saves in a row that may fail (storage out of reach, a full disk) before the job stops."""
+    world_change: str = "refuse"
+    """A resume on another world size whose data position is per rank or absent: "refuse" or "warn"."""
 
     def __post_init__(self) -> None:
         check_keep(self.keep)
@@ -37,6 +39,8 @@ class CheckpointConfig(msgspec.Struct, frozen=True, kw_only=True):
             raise ValueError(f"save_interval={self.save_interval}: a positive number of steps, or None")
         if self.every_seconds is not None and not 0 < self.every_seconds < float("inf"):
             raise ValueError(f"every_seconds={self.every_seconds}: a positive number of seconds, or None")
+        if self.world_change not in ("refuse", "warn"):
+            raise ValueError(f"world_change={self.world_change!r}: 'refuse' or 'warn'")
         if self.max_failed_saves < 1:
             raise ValueError(f"max_failed_saves={self.max_failed_saves}: at least 1")
 

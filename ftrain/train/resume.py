@@ -39,6 +39,7 @@ from ftrain.errors import NoValidCheckpoint as NoValidCheckpoint
 from ftrain.errors import ResumeRefused as ResumeRefused
 from ftrain.errors import UnknownRun
 from ftrain.train.config import CheckpointConfig
+from ftrain.train.loaders import world_change_refusal
 from ftrain.train.resume_load import ResumeFailed as ResumeFailed
 from ftrain.train.resume_load import ResumeStopped as ResumeStopped
 from ftrain.train.resume_load import load_verified, owned, stopped
@@ -110,11 +111,13 @@ def resume(
         reason = header.manifest if isinstance(header.manifest, str) else None
         if reason is None and header.uri is not None:
             manifest = cast(Manifest, header.manifest)
+            _check_world(config, state, manifest, world)
             mine = owned(manifest.files, rank, world)
             with store.readable(header.uri, manifest, mine, start=decision.start, rank=rank) as local:
                 reason = load_verified(local, manifest, state, group)
         if reason is None:
-            return _resumed(candidate, state, recorder, attempt), attempt, plan
+            saved_world = cast(Manifest, header.manifest).world_size
+            return _resumed(candidate, state, recorder, attempt, saved_world), attempt, plan
         if rank == 0:
             _skip(store, candidate, header.uri, reason, recorder)
     if plan.had_checkpoints:
@@ -122,6 +125,18 @@ def resume(
     if plan.restart:
         _record(recorder, ResumeIntent(checkpoint_hash=None, step=0, attempt=attempt))
     return None, attempt, plan
+
+
+def _check_world(config: CheckpointConfig, state: TrainState, manifest: Manifest, world: int) -> None:
+    """Every rank, before loading: a resume on another world whose data position is per rank (or absent) is
+    refused (ResumeRefused, nothing loaded or trained), or with `world_change="warn"` goes on, said once."""
+    refusal = world_change_refusal(state.data, manifest.world_size, world, manifest.step)
+    if refusal is None:
+        return
+    if config.world_change == "refuse":
+        raise ResumeRefused(refusal)
+    if dist.get_rank() == 0:
+        log.warning("world_changed_data_per_rank", detail=refusal)
 
 
 def _no_valid(config: CheckpointConfig, plan: ResumePlan) -> NoValidCheckpoint:
@@ -162,13 +177,25 @@ def _header(reader: StepReader, candidate: Candidate, run_id: str) -> Header:
         return Header(None, str(exc))
 
 
-def _resumed(candidate: Candidate, state: TrainState, recorder: Recorder | None, attempt: int) -> ResumePoint:
+def _resumed(
+    candidate: Candidate, state: TrainState, recorder: Recorder | None, attempt: int, saved_world: int
+) -> ResumePoint:
     point = ResumePoint(state.step, state.epoch)
     if dist.get_rank() == 0:
-        _record(
-            recorder, ResumeIntent(checkpoint_hash=candidate.digest or "", step=point.step, attempt=attempt)
+        world = dist.get_world_size()
+        data = state.data.position.position() if state.data and state.data.position else None
+        intent = ResumeIntent(
+            checkpoint_hash=candidate.digest or "",
+            step=point.step,
+            attempt=attempt,
+            saved_world=saved_world,
+            world=world,
+            data=data,
         )
-        print(f"RESUMED from step={point.step} (epoch={point.epoch})", flush=True)
+        _record(recorder, intent)
+        changed = f", saved by {saved_world} ranks, resumed by {world}" if saved_world != world else ""
+        at = f", data at sample {data.offset} of epoch {data.epoch}" if data is not None else ""
+        print(f"RESUMED from step={point.step} (epoch={point.epoch}){changed}{at}", flush=True)
     return point
 
 

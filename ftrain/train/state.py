@@ -10,7 +10,7 @@ as pickled bytes; those still load, through the allowlisted unpickler.
 
 import random
 from collections.abc import Mapping
-from typing import Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import numpy as np
 import torch
@@ -19,6 +19,9 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.distributed.checkpoint.stateful import Stateful
 
 from ftrain.workers.unpickle import restricted_loads
+
+if TYPE_CHECKING:
+    from ftrain.train.loaders import DataSource
 
 
 class Resumable(Protocol):
@@ -100,6 +103,8 @@ class TrainState(Stateful):
         self.step = 0
         self.epoch = 0
         self.restore_rng = True
+        self.data: DataSource | None = None
+        """The loader as the checkpoint manager saves it (None: none was given)."""
 
     def state_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = {name: value.state_dict() for name, value in self.states.items()}

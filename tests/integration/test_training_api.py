@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from ftrain.train.checkpointing import CheckpointManager
+from ftrain.train.sampler import GlobalSampler
 from ftrain.workers.manifest import decode_manifest
 from tests.support.cli import RUN, Cli, launch
 
@@ -166,3 +167,34 @@ def test_a_final_save_is_the_runs_last_checkpoint_in_status(cli: Cli) -> None:
         (10, "valid"),
         (12, "valid"),
     ]
+
+
+def test_the_log_records_the_data_position_of_each_checkpoint_and_of_the_resume(cli: Cli) -> None:
+    """A loader over a GlobalSampler: every `checkpointed` carries the position of the state it sealed, the
+    trainer's `resumed` the world that saved it, the world that resumed it and the position, and `status`
+    shows the newest valid checkpoint's."""
+    launch(cli)
+    for start, steps in ((0, (1, 2, 3)), (3, (4,))):
+        sampler = GlobalSampler(64, 16, seed=5)
+        loader = torch.utils.data.DataLoader(list(range(64)), batch_sampler=sampler)
+        ckpt = CheckpointManager(
+            cli.storage() / RUN, model=nn.Linear(4, 1), loader=loader, run_id=RUN, every=1
+        )
+        try:
+            assert ckpt.load() == start
+            for step in steps:
+                if ckpt.due(step):
+                    ckpt.save(step)
+        finally:
+            ckpt.close()
+    seen = [entry["event"] for entry in json.loads("\n".join(cli.ok("replay", RUN, "--json")))]
+    sealed = {e["step"]: e["data"] for e in seen if e["type"] == "checkpointed"}
+    assert sealed[3] == {"epoch": 0, "offset": 48, "consumed": 48, "seed": 5}
+    assert sealed[4] == {"epoch": 1, "offset": 0, "consumed": 64, "seed": 5}  # 4 global batches an epoch
+    resumed = next(e for e in seen if e["type"] == "resumed")
+    assert (resumed["saved_world"], resumed["world"], resumed["data"]) == (1, 1, sealed[3])
+    status = cli.ok("status", RUN)
+    assert (
+        "data        epoch 1, 0 samples into it, 64 trained in all (seed 5); saved by 1 ranks, resumable on "
+        "any number" in status
+    ), status

@@ -31,7 +31,7 @@ def state(seed: int) -> TrainState:
     loader = ResumableLoader(
         synthetic_tokens(64, config["seq"] + 1, config["vocab"], seed), 4, rank, world, seed
     )
-    inputs, targets = loader.next()
+    inputs, targets, _ = loader.next()
     model(inputs, targets).backward()
     optimizer.step()
     scheduler.step()

@@ -32,8 +32,10 @@ from ftrain.events.schema import (
     CheckpointPolicy,
     Completed,
     CorruptSkipped,
+    DataPosition,
     Failed,
     Resumed,
+    encode_event,
 )
 from tests.unit.test_judge_rules import FAILED, RUN, T0, ckpt, fold, launched
 
@@ -97,6 +99,18 @@ def test_a_resume_from_a_checkpoint_the_log_never_recorded_names_it_for_the_judg
         run_id=RUN, id="i", time=AT, checkpoint_seq=0, step=30, epoch=0, uri="", checkpoint_hash="e" * 64,
         resume_count=1, forced=False, command=COMMAND, attempt=2,
     )  # fmt: skip
+
+
+def test_a_trainers_resume_says_the_world_before_and_after_and_the_data_position() -> None:
+    position = DataPosition(epoch=1, offset=64, consumed=576, seed=3)
+    intent = ResumeIntent(checkpoint_hash="e" * 64, step=30, saved_world=4, world=2, data=position)
+    decided = decide_intent(unrecorded_state(), intent, "i", AT)
+    assert isinstance(decided, Resumed)
+    assert (decided.saved_world, decided.world, decided.data) == (4, 2, position)
+    payload = msgspec.json.decode(encode_event(decided))
+    assert payload["data"] == {"epoch": 1, "offset": 64, "consumed": 576, "seed": 3}
+    older = decide_intent(unrecorded_state(), ResumeIntent(checkpoint_hash="e" * 64, step=30), "i", AT)
+    assert not {"saved_world", "world", "data"} & set(msgspec.json.decode(encode_event(older)))
 
 
 def test_a_restart_intent_is_forced_only_while_the_log_says_running() -> None:

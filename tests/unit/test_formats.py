@@ -424,7 +424,7 @@ def test_the_published_json_schema_names_every_event_type() -> None:
     defs, variants = schema["$defs"], schema["anyOf"]
     assert isinstance(defs, dict) and isinstance(variants, list)
     types = ["Launched", "Checkpointed", "Failed", "Resumed", "CorruptSkipped", "Completed"]
-    assert sorted(defs) == sorted([*types, "Actor", "CheckpointPolicy", "SchedulerJob"])
+    assert sorted(defs) == sorted([*types, "Actor", "CheckpointPolicy", "DataPosition", "SchedulerJob"])
     assert [variant["$ref"] for variant in variants] == [f"#/$defs/{name}" for name in types]
 
 

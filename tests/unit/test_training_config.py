@@ -24,6 +24,7 @@ from tests.support.paths import ROOT
         ({"every": 0}, "save_interval=0"),
         ({"every": 2.5}, "every=2.5: a step count"),
         ({"run_id": "no spaces allowed"}, "run_id"),
+        ({"world_change": "ignore"}, "world_change='ignore': 'refuse' or 'warn'"),
     ],
 )
 def test_a_bad_argument_is_a_value_error_naming_it(

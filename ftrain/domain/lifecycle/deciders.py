@@ -224,7 +224,12 @@ def _intent_event(state: RunState, intent: Intent, at: datetime) -> AnyEvent | N
         # built for the named checkpoint even when it is not the newest valid one: the judge refuses it then,
         # rather than the run silently resuming from a checkpoint the trainer did not load
         ref = _by_hash(state, intent.checkpoint_hash) or _unknown(intent.checkpoint_hash, intent.step, at)
-        return resumed_event(state, ref, forced=running, attempt=intent.attempt)
+        return msgspec.structs.replace(
+            resumed_event(state, ref, forced=running, attempt=intent.attempt),
+            saved_world=intent.saved_world or UNSET,
+            world=intent.world or UNSET,
+            data=intent.data or UNSET,
+        )
     if isinstance(intent, FailIntent):
         if not running:  # a failure of a stopped run is no transition
             return None

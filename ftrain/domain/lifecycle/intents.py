@@ -8,7 +8,7 @@ position: the position is decided when the log is reachable, against the run's s
 
 import msgspec
 
-from ftrain.events.schema import Checkpointed
+from ftrain.events.schema import Checkpointed, DataPosition
 
 
 class CheckpointIntent(msgspec.Struct, frozen=True, kw_only=True, tag="checkpoint"):
@@ -31,6 +31,11 @@ class ResumeIntent(msgspec.Struct, frozen=True, kw_only=True, tag="resume"):
     checkpoint_hash: str | None
     step: int
     attempt: int = 0
+    saved_world: int | None = None
+    """The ranks that saved the checkpoint, and those that resumed it (None: not said)."""
+    world: int | None = None
+    data: DataPosition | None = None
+    """The global data position resumed from (None: the loader keeps none)."""
 
 
 class FailIntent(msgspec.Struct, frozen=True, kw_only=True, tag="fail"):

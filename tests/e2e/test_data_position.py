@@ -1,0 +1,145 @@
+"""Exact data and randomness with the loaders people use: each loader killed mid-run (SIGKILL) resumes to the
+uninterrupted run's losses bit for bit, dropout included; a run shrunk from 4 ranks to 2 and grown back to 4
+trains every step on the uninterrupted 4-rank run's samples; a per-rank loader on another world is refused.
+(The sampler's arithmetic: tests/unit/test_global_sampler.py.)"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.support.processes import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+TOLERANCE = 1e-6
+"""Final parameters of a run that changed its world agree with the uninterrupted run's to this (absolute): only
+the float summation order differs (4.5e-8 measured on 2026-12-05, parameters up to 0.27)."""
+
+
+def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "FTRAIN_HOME": str(tmp_path / "home"),
+        "PYTHONPATH": str(ROOT),
+    }
+    for name in ("FTRAIN_KILL_AT", "FTRAIN_KILL_ONCE", "FTRAIN_RUN_ID", "FTRAIN_CKPT_DIR", "FTRAIN_ATTEMPT"):
+        env.pop(name, None)
+    return {**env, **extra}
+
+
+def _run(command: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    # a session of its own: a kill point signals the job's process group, workers included
+    return subprocess.run(
+        command,
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+        start_new_session=True,
+    )
+
+
+def _torchrun(nproc: int, module: str, *args: str) -> list[str]:
+    return [
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "-m", module, *args,
+    ]  # fmt: skip
+
+
+def _losses(path: Path) -> dict[int, float]:
+    """Each step's loss, the last written winning (a resumed run writes the steps after its checkpoint again)."""
+    return {line["step"]: line["loss"] for line in map(json.loads, path.read_text().splitlines())}
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize(
+    ("loader", "saving"),
+    [("stateful", "sync"), ("stateful-shuffle", "async"), ("global", "async"), ("own", "sync")],
+)
+def test_each_loader_killed_mid_run_resumes_to_the_uninterrupted_losses_bit_exact(
+    tmp_path: Path, loader: str, saving: str
+) -> None:
+    job = [sys.executable, "-m", "tests.support.loader_job", "--loader", loader, "--location", "run"]
+    job += ["--async-save"] if saving == "async" else []
+    killed = _run([*job, "--losses", "resumed.jsonl"], _env(tmp_path, FTRAIN_KILL_AT="step:17"), tmp_path)
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    assert max(_losses(tmp_path / "resumed.jsonl")) == 17
+    resumed = _run(
+        [*job, "--losses", "resumed.jsonl", "--reference", "ref", "ref.jsonl"], _env(tmp_path), tmp_path
+    )
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    # saved at 15 (async: the save of 15 may still have been in flight, then from 10): the steps after it again
+    assert re.match(
+        r"RESUMED from step=(15|10) " if saving == "async" else "RESUMED from step=15 ", resumed.stdout
+    )
+    reference = _losses(tmp_path / "ref.jsonl")
+    assert len(reference) == 30 and _losses(tmp_path / "resumed.jsonl") == reference
+
+
+def _trained(record: Path) -> tuple[dict[int, list[int]], dict[int, int]]:
+    """Each step's trained ids over every rank (sorted: a multiset), and the world that trained it."""
+    ids: dict[int, list[int]] = defaultdict(list)
+    worlds: dict[int, int] = {}
+    for path in record.glob("ids-*.jsonl"):
+        for line in map(json.loads, path.read_text().splitlines()):
+            ids[line["step"]] += line["ids"]
+            worlds[line["step"]] = line["world"]
+    return {step: sorted(every) for step, every in ids.items()}, worlds
+
+
+def _params(record: Path) -> list[torch.Tensor]:
+    return [torch.tensor(p) for p in json.loads((record / "params.json").read_text())]
+
+
+@pytest.mark.timeout(420)
+def test_a_run_shrunk_to_2_ranks_and_grown_back_to_4_trains_the_uninterrupted_samples_every_step(
+    tmp_path: Path,
+) -> None:
+    env = _env(tmp_path)
+    for name in ("uninterrupted", "elastic"):
+        (tmp_path / name).mkdir()
+    example = "ftrain.examples.elastic"
+    done = _run(
+        _torchrun(4, example, "--location", "u", "--steps", "12", "--record", "uninterrupted"), env, tmp_path
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    for nproc, steps in ((4, 4), (2, 8), (4, 12)):  # saved at 4 by 4 ranks, at 8 by 2
+        part = _run(_torchrun(nproc, example, "--location", "e", "--steps", str(steps), "--record", "elastic"), env,
+                    tmp_path)  # fmt: skip
+        assert part.returncode == 0, part.stderr[-3000:]
+    expected, _ = _trained(tmp_path / "uninterrupted")
+    trained, worlds = _trained(tmp_path / "elastic")
+    assert [worlds[s] for s in range(1, 13)] == [4] * 4 + [2] * 4 + [4] * 4
+    assert trained == expected and all(len(ids) == 32 for ids in trained.values())
+    seen = [i for step in range(1, 13) for i in trained[step]]
+    assert len(set(seen)) == len(seen) == 12 * 32  # an epoch is 16 steps: no sample seen twice, none skipped
+    difference = max(
+        (a - b).abs().max().item()
+        for a, b in zip(_params(tmp_path / "elastic"), _params(tmp_path / "uninterrupted"), strict=True)
+    )
+    assert difference <= TOLERANCE
+
+
+@pytest.mark.timeout(240)
+def test_a_per_rank_loader_resumed_on_another_world_is_refused_before_training(tmp_path: Path) -> None:
+    job = ["--loader", "stateful", "--location", "run", "--losses", "losses.jsonl"]
+    saved = _run(
+        [sys.executable, "-m", "tests.support.loader_job", *job, "--steps", "5"], _env(tmp_path), tmp_path
+    )
+    assert saved.returncode == 0, saved.stderr[-2000:]
+    refused = _run(_torchrun(2, "tests.support.loader_job", *job), _env(tmp_path), tmp_path)
+    assert refused.returncode != 0
+    assert (
+        "loader_job: step 5 was saved by 1 ranks and this start has 2: the loader StatefulDataLoader keeps a "
+        "per-rank position" in refused.stderr
+    ), refused.stderr[-3000:]
+    assert max(_losses(tmp_path / "losses.jsonl")) == 5  # nothing trained after the refusal
