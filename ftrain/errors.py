@@ -25,8 +25,8 @@ Every refusal is one line on stderr; a usage error or a refusal writes nothing.
 
 from typing import Final
 
-from ftrain.events.errors import FtrainError
-from ftrain.workers.storage.errors import Fenced, MissingCredentials, StorageUnavailable
+from ftrain.events.base_error import FtrainError
+from ftrain.workers.storage.storage_errors import Fenced, MissingCredentials, StorageUnavailable
 
 __all__ = [
     "Fenced",

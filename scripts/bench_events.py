@@ -51,9 +51,9 @@ from nats.js import JetStreamContext
 from ftrain.domain.lifecycle import RunState, apply, corrupt_skipped_event, resumed_event
 from ftrain.events.anchor_file import AnchorFiles
 from ftrain.events.chain import ChainHead, SignHash, seal
-from ftrain.events.jetstream.client import Nats
 from ftrain.events.jetstream.connection import NatsSettings, anchor_files
-from ftrain.events.jetstream.server import nats_server_binary, throwaway_server
+from ftrain.events.jetstream.nats_client import Nats
+from ftrain.events.jetstream.nats_server import nats_server_binary, throwaway_server
 from ftrain.events.jetstream.store import EventStore
 from ftrain.events.keyring import load_signer, load_trust
 from ftrain.events.record import run_subject
@@ -71,7 +71,7 @@ from ftrain.events.schema import (
 from ftrain.events.signed_log import process_actor
 from ftrain.logs import configure as configure_logs
 from ftrain.service import RunService
-from ftrain.train.run_log import read_run
+from ftrain.train.start_query import read_run
 
 CONCURRENT_RUNS = 8
 SEQ_BLOCKS = 10

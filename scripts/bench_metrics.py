@@ -27,7 +27,7 @@ from pathlib import Path
 import msgspec
 
 from ftrain.events.chain import ChainHead
-from ftrain.events.jetstream.server import throwaway_server
+from ftrain.events.jetstream.nats_server import throwaway_server
 from ftrain.events.schema import AnyEvent, Checkpointed, Failed, Launched, Resumed, now
 from ftrain.service import RunService
 

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ftrain.events.jetstream.server import throwaway_server
+from ftrain.events.jetstream.nats_server import throwaway_server
 
 FTRAIN = str(Path(sys.executable).with_name("ftrain"))
 

@@ -70,7 +70,7 @@ from ftrain.logs import configure as configure_logs
 from ftrain.train.checkpointing import CheckpointManager
 from ftrain.train.config import CheckpointConfig
 from ftrain.train.process_exit import run_then_exit
-from ftrain.workers.s3.server import REGION, throwaway_storage_server
+from ftrain.workers.s3.seaweed_server import REGION, throwaway_storage_server
 from ftrain.workers.storage.location import parse_s3_uri, run_location
 from ftrain.workers.storage.s3.boto_client import make_client
 from ftrain.workers.storage.s3.bucket import TRANSFER

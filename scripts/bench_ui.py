@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the test support modules it shares with the e2e test
 
-from ftrain.events.jetstream.server import throwaway_server  # noqa: E402
+from ftrain.events.jetstream.nats_server import throwaway_server  # noqa: E402
 from ftrain.service import RunService  # noqa: E402
 from tests.support.big_run import long_run, publish  # noqa: E402
 from tests.support.browser import Browser  # noqa: E402

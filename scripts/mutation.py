@@ -33,9 +33,9 @@ CONSTANTS: tuple[tuple[str, str, str], ...] = (
     ("ftrain/workers/manifest.py", "FORMAT = 2", "FORMAT = 3"),
     ("ftrain/workers/integrity.py", 'ALGORITHM: Final = "sha256"', 'ALGORITHM: Final = "sha-256"'),
     ("ftrain/workers/layout.py", 'MARKER: Final = ".complete"', 'MARKER: Final = ".done"'),
-    ("ftrain/domain/lifecycle/state.py", "    step: int = 0", "    step: int = 1"),
-    ("ftrain/domain/lifecycle/state.py", "    epoch: int = 0", "    epoch: int = 1"),
-    ("ftrain/domain/lifecycle/state.py", "    resume_count: int = 0", "    resume_count: int = 1"),
+    ("ftrain/domain/lifecycle/run_state.py", "    step: int = 0", "    step: int = 1"),
+    ("ftrain/domain/lifecycle/run_state.py", "    epoch: int = 0", "    epoch: int = 1"),
+    ("ftrain/domain/lifecycle/run_state.py", "    resume_count: int = 0", "    resume_count: int = 1"),
 )
 """(file, text, mutated text): mutants mutmut does not make. Each must be killed; none is equivalent."""
 _RESULT = re.compile(r"^\s*(?P<name>(?P<module>[\w.]+?)\.x[_ǁ]\S+): (?P<status>.+)$")

@@ -37,7 +37,7 @@ from typing import Literal
 from ftrain import settings
 from ftrain.errors import UsageError
 from ftrain.events.redact import redact_url
-from ftrain.experiments.config import (
+from ftrain.experiments.experiment_config import (
     CONFIG,
     KILLS,
     PHASES,

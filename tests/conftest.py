@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from ftrain.events.jetstream.server import ServerProcess, throwaway_server
+from ftrain.events.jetstream.nats_server import ServerProcess, throwaway_server
 from ftrain.service import RunService
 from tests.support.cli import Cli
 from tests.support.s3 import S3_KINDS, Endpoint, moto_server, seaweedfs

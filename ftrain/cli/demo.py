@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Final
 
 from ftrain import settings
-from ftrain.cli.shell import Shell
+from ftrain.cli.demo_runner import Shell
 from ftrain.supervise.attempts import free_port
 
 ITERS, INTERVAL, KILL_STEP = 60, 10, 35
@@ -52,7 +52,7 @@ def _tee(argv: list[str], env: dict[str, str]) -> tuple[int, str]:
 def _embedded_s3() -> tuple[dict[str, str], Callable[[str], list[int]]]:
     """Start (or reuse) the embedded SeaweedFS: the variables that point the job at it, and a lister of a
     run's sealed steps there."""
-    from ftrain.workers.s3.server import DEFAULT_BUCKET, ensure_storage_server
+    from ftrain.workers.s3.seaweed_server import DEFAULT_BUCKET, ensure_storage_server
     from ftrain.workers.storage.s3.boto_client import make_client
     from ftrain.workers.storage.s3.root_store import S3Storage
 

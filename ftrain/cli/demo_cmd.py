@@ -20,8 +20,8 @@ def add_parser(sub: Subparsers) -> None:
 
 def _demo(args: argparse.Namespace) -> int:
     """Play the demo through the CLI's own entry point, as a user would type it."""
+    from ftrain.cli.demo_runner import Shell
     from ftrain.cli.main import main
-    from ftrain.cli.shell import Shell
 
     if args.log_only:
         from ftrain.cli.demo_log import run_log_demo

@@ -12,7 +12,7 @@ import os
 import re
 import sys
 
-from ftrain.cli.shell import Shell
+from ftrain.cli.demo_runner import Shell
 from ftrain.errors import UsageError
 from ftrain.service.run_commands import checkpoint_storage
 from ftrain.workers.layout import checkpoint_path

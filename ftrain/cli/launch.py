@@ -33,7 +33,7 @@ from ftrain.supervise.hostlist import HostlistError, resolve_allocation
 from ftrain.supervise.launch_spec import DEFAULT_TRAIN_CMD, LaunchSpec, LaunchSpecError, build_command
 from ftrain.supervise.lease_keeper import LeaseKeeper, this_supervisor
 from ftrain.supervise.node_exec import TemplateError, parse_template
-from ftrain.supervise.opening import NotOpened, append_relaunch, open_attempt
+from ftrain.supervise.open_attempt import NotOpened, append_relaunch, open_attempt
 from ftrain.supervise.scheduler_job import (
     NotAJob,
     current_job,
@@ -53,9 +53,9 @@ from ftrain.supervise.watchdog import progress_root
 from ftrain.trackers.configured import lifecycle_feed, mlflow_run
 from ftrain.trackers.identity import tracker_env
 from ftrain.workers.layout import run_dir
-from ftrain.workers.storage.errors import Fenced, StorageError, StorageUnavailable
 from ftrain.workers.storage.location import uri_path
 from ftrain.workers.storage.open import is_object_storage
+from ftrain.workers.storage.storage_errors import Fenced, StorageError, StorageUnavailable
 
 T = TypeVar("T")
 REQUEUE_TIMEOUT = 60.0

@@ -24,13 +24,13 @@ def log_ready(command: str, env: Mapping[str, str]) -> None:
     nats = settings.nats(env)
     if nats.url is not None:
         return
-    from ftrain.events.jetstream.server import ensure_server, server_status
+    from ftrain.events.jetstream.nats_server import ensure_server, server_status
     from ftrain.events.jetstream.server_files import nats_dir, store_path
 
     home = nats.home
     if command in READ_ONLY:
         if home.exists():
-            from ftrain.events.private import safe_dir
+            from ftrain.host.private_files import safe_dir
 
             safe_dir(home)  # a home that is not this user's is refused as a writer would refuse it
         if server_status(home) is None:

@@ -31,7 +31,7 @@ from ftrain.cli import (
     ui_cmd,
 )
 from ftrain.cli.arguments import Parser
-from ftrain.console.visible import visible
+from ftrain.console.visible_text import visible
 from ftrain.errors import EXIT_CODES
 
 CLOSED_PIPE = 141
@@ -135,14 +135,14 @@ _USAGE = (
     ("ftrain.errors", "UsageError"),
     ("ftrain.settings", "InvalidSetting"),
     ("ftrain.events.schema", "InvalidEvent"),
-    ("ftrain.events.private", "UnsafeDirectory"),
+    ("ftrain.host.private_files", "UnsafeDirectory"),
 )
 _REFUSED = (
     ("ftrain.errors", "Refused"),
     ("ftrain.events.log_port", "LogUnavailable"),
     ("ftrain.events.log_port", "LogTampered"),
     ("ftrain.events.keyring", "KeyringError"),
-    ("ftrain.events.jetstream.server", "NatsServerError"),
+    ("ftrain.events.jetstream.nats_server", "NatsServerError"),
 )
 
 

@@ -64,7 +64,7 @@ def token_at(path: Path) -> str:
     not this user's regular file, or holds no usable token, is refused (UsageError: exit 2)."""
     import secrets
 
-    from ftrain.events.private import open_private
+    from ftrain.host.private_files import open_private
 
     try:
         fd = open_private(path, os.O_WRONLY | os.O_EXCL)
@@ -116,7 +116,7 @@ def metrics_command(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     log_ready("metrics", env)
     path = args.token_file or settings.home(env) / TOKEN_FILE
     if args.token_file is None:
-        from ftrain.events.private import private_dir
+        from ftrain.host.private_files import private_dir
 
         private_dir(path.parent)
     token = token_at(path)

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 
 from ftrain.console.output import emit as emit
 from ftrain.console.output import emit_json as emit_json
-from ftrain.console.visible import visible
+from ftrain.console.visible_text import visible
 from ftrain.domain.chain_walk import Finding
 from ftrain.domain.lifecycle import RunState, skipped_line
 from ftrain.domain.vouching import Vouched

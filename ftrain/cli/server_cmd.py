@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 def server_command(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     """Run one server action; the embedded server only exists when FTRAIN_NATS_URL is unset."""
     from ftrain import settings
-    from ftrain.events.jetstream.server import NatsServerError, ensure_server, server_status, stop_server
+    from ftrain.events.jetstream.nats_server import NatsServerError, ensure_server, server_status, stop_server
 
     action = args.action
     if action != "credentials" and (args.read_only or args.out):
@@ -78,7 +78,7 @@ def _credentials(home: Path, read_only: bool, out: Path | None, json: bool) -> i
         raise UsageError(
             f"only a read-only key is issued: add --read-only (writers sign in with {home}/nats/user.nk)"
         )
-    from ftrain.events.jetstream.server import issue_reader
+    from ftrain.events.jetstream.nats_server import issue_reader
     from ftrain.events.jetstream.server_files import nats_dir, reader_seed_path
 
     if out is not None:
@@ -107,7 +107,7 @@ def _check_out(out: Path, kept: Path) -> None:
 
 def _copy(seed: Path, out: Path) -> None:
     """Write the seed to `out`, 0600 from its first byte; a copy already there is left as it is."""
-    from ftrain.events.private import open_private
+    from ftrain.host.private_files import open_private
 
     try:
         fd = open_private(out, os.O_WRONLY | os.O_EXCL)

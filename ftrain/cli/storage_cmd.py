@@ -17,13 +17,13 @@ from ftrain.console.output import emit, emit_json
 from ftrain.errors import NOT_RUNNING, Refused
 
 if TYPE_CHECKING:
-    from ftrain.workers.s3.server import SeaweedProcess
+    from ftrain.workers.s3.seaweed_server import SeaweedProcess
 
 
 def storage_command(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     """Run one action; `status` exits 3 when no server runs."""
     from ftrain import settings
-    from ftrain.workers.s3.server import (
+    from ftrain.workers.s3.seaweed_server import (
         SeaweedError,
         ensure_storage_server,
         stop_storage_server,
@@ -47,7 +47,7 @@ def storage_command(args: argparse.Namespace, env: Mapping[str, str]) -> int:
 
 def _described(proc: "SeaweedProcess") -> tuple[dict[str, Any], list[str]]:
     from ftrain import settings
-    from ftrain.workers.s3.server import DEFAULT_BUCKET
+    from ftrain.workers.s3.seaweed_server import DEFAULT_BUCKET
 
     variables = {**proc.env(), settings.STORAGE: f"s3://{DEFAULT_BUCKET}/checkpoints"}
     exports = " ".join(f"export {k}={v};" for k, v in variables.items())

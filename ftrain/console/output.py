@@ -10,7 +10,7 @@ Stdlib only until a JSON document is written: every command's start-up imports t
 import sys
 from typing import Any, TextIO
 
-from ftrain.console.visible import visible
+from ftrain.console.visible_text import visible
 
 _human_to_stderr = False
 

@@ -27,6 +27,7 @@ from torch.distributed.tensor import DTensor
 from ftrain import settings
 from ftrain.examples.data import ResumableLoader, synthetic_tokens
 from ftrain.examples.model import MODELS, TinyGPT, parameter_count
+from ftrain.host.lifeline import die_with_launcher
 from ftrain.logs import configure as configure_logging
 from ftrain.train.checkpointing import (
     CheckpointManager,
@@ -40,7 +41,6 @@ from ftrain.train.checkpointing import (
     UnresumableState,
     UnsafeDirectory,
 )
-from ftrain.train.lifeline import die_with_launcher
 from ftrain.train.metrics import MetricsWriter, process_start_time
 from ftrain.train.process_exit import run_then_exit
 

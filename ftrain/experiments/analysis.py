@@ -18,7 +18,7 @@ from typing import Final
 
 from ftrain.events.schema import AnyEvent, Checkpointed, Completed, Failed, Launched, Resumed
 from ftrain.experiments.checks import count_problems, failure_problems
-from ftrain.experiments.config import Kill
+from ftrain.experiments.experiment_config import Kill
 from ftrain.experiments.goodput_check import check_goodput, disagreements
 from ftrain.experiments.readings import PhaseInput
 from ftrain.experiments.results import ExperimentResult, Failure, Overhead, PhaseResult, Stall

@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Final
 
 from ftrain import settings
-from ftrain.events.jetstream.server import server_status, stop_server
+from ftrain.events.jetstream.nats_server import server_status, stop_server
 from ftrain.events.schema import AnyEvent, Launched
 from ftrain.experiments.analysis import analyze
-from ftrain.experiments.config import PHASES, ExperimentConfig, Kill, read_config, read_kills
+from ftrain.experiments.experiment_config import PHASES, ExperimentConfig, Kill, read_config, read_kills
 from ftrain.experiments.readings import PhaseInput
 from ftrain.experiments.results import ExperimentResult
 from ftrain.service import RunService

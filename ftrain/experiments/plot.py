@@ -15,10 +15,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
 
-from ftrain.events.atomic_file import write_atomic
-from ftrain.events.private import private_dir
 from ftrain.experiments.report import PLOT, REPORT, markdown
 from ftrain.experiments.results import ExperimentResult, PhaseResult
+from ftrain.host.atomic_file import write_atomic
+from ftrain.host.private_files import private_dir
 
 COLORS = {"baseline": "tab:gray", "sync": "tab:blue", "async": "tab:orange"}
 

@@ -3,7 +3,7 @@
 import msgspec
 
 from ftrain.events.schema import AnyEvent
-from ftrain.experiments.config import Kill
+from ftrain.experiments.experiment_config import Kill
 from ftrain.train.metrics import Record
 
 

@@ -1,7 +1,7 @@
 """When the restart-cost driver kills a job: step-gated or time-based, decided from the clock and the newest
 settled checkpoint. Pure: the driver feeds it what it observed and delivers the SIGKILL itself."""
 
-from ftrain.experiments.config import Injection
+from ftrain.experiments.experiment_config import Injection
 
 
 class KillSchedule:

@@ -20,9 +20,9 @@ from ftrain.domain.lifecycle import CheckpointRef, RunState
 from ftrain.errors import Refused
 from ftrain.workers.dcp_reader import load_metadata
 from ftrain.workers.manifest import Manifest
-from ftrain.workers.storage.errors import OUTSIDE_RUN, StorageError, StorageUnavailable
 from ftrain.workers.storage.location import under_root
 from ftrain.workers.storage.open import open_run
+from ftrain.workers.storage.storage_errors import OUTSIDE_RUN, StorageError, StorageUnavailable
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 The target is judged before anything is read or written: refused (exit 2) when it exists and is not an empty
 directory of this user's that no one else can write to, or when a directory above it lets another user swap
-what is below (`events.private` decides, as for every private directory). The files are written into a
+what is below (`host.private_files` decides, as for every private directory). The files are written into a
 private directory created beside it, and that directory is renamed onto the target only once every file is
 written and synced: an export that fails or is interrupted leaves no partial output under the target's name.
 """
@@ -15,8 +15,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ftrain.errors import UsageError
-from ftrain.events.atomic_file import fsync_dir
-from ftrain.events.private import check_above, check_dir
+from ftrain.host.atomic_file import fsync_dir
+from ftrain.host.private_files import check_above, check_dir
 
 
 def check_target(to: Path) -> Path:

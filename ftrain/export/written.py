@@ -1,5 +1,5 @@
 """One exported file: created private, filled, synced and hashed from the page cache while the disk syncs
-(`workers.files.synced_digest`, the save path's way: no byte is read twice from disk)."""
+(`workers.durable_files.synced_digest`, the save path's way: no byte is read twice from disk)."""
 
 import os
 from collections.abc import Callable
@@ -8,8 +8,8 @@ from typing import BinaryIO
 
 import msgspec
 
-from ftrain.events.private import open_private
-from ftrain.workers.files import synced_digest
+from ftrain.host.private_files import open_private
+from ftrain.workers.durable_files import synced_digest
 from ftrain.workers.integrity import Digest
 
 

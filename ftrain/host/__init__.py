@@ -1,6 +1,7 @@
-"""The machine ftrain runs on, below every other package: the processes ftrain starts, watches and signals.
+"""The machine ftrain runs on, below every other package: what ftrain asks of the operating system.
 
-Nothing of ftrain's is imported here: the log (`events`) and the storage (`workers`) both run a server of their
-own on this machine, and the supervisor and the trainer both signal a torchrun job; each shares the handling
-here rather than one reaching into the other.
+Files and directories kept private whatever the umask, atomic writes, removing without following links; the
+processes ftrain starts, watches and signals, and how a process dies with its parent. Nothing of ftrain's is
+imported here: the log, the storage, the supervisor and the trainer share it rather than one reaching into
+another.
 """

@@ -47,11 +47,16 @@ from ftrain.events.schema import (
 )
 from ftrain.workers import progress
 from ftrain.workers.layout import SetAsideKind
-from ftrain.workers.storage.errors import OUTSIDE_RUN, CheckpointExists, StorageError, StorageUnavailable
 from ftrain.workers.storage.location import parse_root, under_root
 from ftrain.workers.storage.one_rank import write_step
 from ftrain.workers.storage.open import open_run
 from ftrain.workers.storage.port import RunStorage, StepReader, StoredCheckpoint
+from ftrain.workers.storage.storage_errors import (
+    OUTSIDE_RUN,
+    CheckpointExists,
+    StorageError,
+    StorageUnavailable,
+)
 
 log = structlog.get_logger(__name__)
 

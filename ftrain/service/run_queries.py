@@ -11,6 +11,7 @@ from typing import TypeVar
 
 import msgspec
 
+from ftrain.auditor import AuditReport, TimelineEntry, timeline, verify
 from ftrain.domain.chain_walk import Finding
 from ftrain.domain.lifecycle import RunState
 from ftrain.domain.vouching import Unvouched, Vouched
@@ -20,7 +21,6 @@ from ftrain.events.jetstream.lease import LeaseStore, LeaseView
 from ftrain.events.log_port import EventLog
 from ftrain.events.run_id import InvalidRunId, validate_run_id
 from ftrain.events.schema import now
-from ftrain.history import AuditReport, TimelineEntry, timeline, verify
 from ftrain.projections.goodput import Goodput, measure
 from ftrain.projections.projector import Projector
 from ftrain.projections.readmodel import ReadModel, StoredRun, damaged

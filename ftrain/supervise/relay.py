@@ -32,7 +32,7 @@ from typing import Final
 
 from ftrain import settings
 from ftrain.host.job_signals import children
-from ftrain.train.lifeline import die_with_parent
+from ftrain.host.lifeline import die_with_parent
 
 STOP_SIGNALS: Final = (signal.SIGTERM, signal.SIGINT)
 TORCHRUN_HANDLES: Final = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")

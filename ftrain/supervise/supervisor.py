@@ -32,20 +32,20 @@ from ftrain import settings
 from ftrain.console.output import emit
 from ftrain.domain.lifecycle import CompleteIntent, FailIntent
 from ftrain.host.job_signals import signal_job
-from ftrain.supervise.elastic import next_hosts
+from ftrain.host.lifeline import die_with_parent
 from ftrain.supervise.failure_report import FailureReport, describe, failure, signal_name, tee_stderr
 from ftrain.supervise.fencing import claim_opened
 from ftrain.supervise.lease_keeper import LeaseKeeper
-from ftrain.supervise.opening import OPEN_TIMEOUT, NotOpened
+from ftrain.supervise.open_attempt import OPEN_TIMEOUT, NotOpened
 from ftrain.supervise.procs import attempt_marks, end_attempt
+from ftrain.supervise.relaunch_nodes import next_hosts
 from ftrain.supervise.relay import STOP_SIGNALS, note_stop, stop_signals, warning_signal
 from ftrain.supervise.watchdog import Hang, Watchdog
-from ftrain.train.lifeline import die_with_parent
 from ftrain.train.preemption import PREEMPTED_EXIT
 from ftrain.workers.layout import complete_steps
-from ftrain.workers.storage.errors import Fenced, StorageError, StorageUnavailable
 from ftrain.workers.storage.location import run_location
 from ftrain.workers.storage.open import open_run
+from ftrain.workers.storage.storage_errors import Fenced, StorageError, StorageUnavailable
 
 BACKOFF_CAP: Final = 60.0
 GRACE_SECONDS: Final = 25.0

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Final, NamedTuple
 
-from ftrain.events.private import private_dir
+from ftrain.host.private_files import private_dir
 from ftrain.train.beacon import Progress, read_progress
 
 SAVE_ALLOWANCE: Final = 10

@@ -9,11 +9,11 @@ import time
 from collections.abc import Mapping
 
 from ftrain import settings
-from ftrain.console.visible import visible
+from ftrain.console.visible_text import visible
 from ftrain.trackers.cursor import Cursors, cursor_path
 from ftrain.trackers.feed import TrackerFeed
 from ftrain.trackers.mlflow_rest import MlflowServer, MlflowTracker
-from ftrain.trackers.port import TrackerDown
+from ftrain.trackers.tracker_port import TrackerDown
 
 
 def mlflow_server(env: Mapping[str, str]) -> MlflowServer | None:

@@ -5,7 +5,7 @@ the outbox: what lies past the cursor is what the tracker still lacks)."""
 import sqlite3
 from pathlib import Path
 
-from ftrain.events.private import private_dir, private_file
+from ftrain.host.private_files import private_dir, private_file
 
 SCHEMA = """CREATE TABLE IF NOT EXISTS delivered (
     run_id TEXT NOT NULL, tracker TEXT NOT NULL, seq INTEGER NOT NULL, PRIMARY KEY (run_id, tracker))"""

@@ -19,7 +19,7 @@ from ftrain.service import RunService
 from ftrain.service.run_queries import RunView
 from ftrain.trackers.cursor import Cursors
 from ftrain.trackers.lifecycle import run_tags, writes
-from ftrain.trackers.port import Tracker, TrackerDown
+from ftrain.trackers.tracker_port import Tracker, TrackerDown
 
 INTERVAL_S = 5.0
 MAX_BACKOFF_S = 60.0

@@ -11,7 +11,7 @@ from msgspec import UNSET
 from ftrain.events.schema import AnyEvent, Checkpointed, Completed, Failed, Resumed
 from ftrain.projections.goodput import measure
 from ftrain.service.run_queries import RunView
-from ftrain.trackers.port import Write
+from ftrain.trackers.tracker_port import Write
 
 BROKEN = "broken"
 """The `ftrain.state` of a run whose chain is broken or unvouched, whatever it folded to."""

@@ -14,7 +14,7 @@ import urllib.request
 from collections.abc import Mapping
 from typing import Any, Final
 
-from ftrain.trackers.port import TrackerDown, Write
+from ftrain.trackers.tracker_port import TrackerDown, Write
 
 TIMEOUT_S: Final = 5.0
 DEFAULT_EXPERIMENT: Final = "0"

@@ -25,7 +25,7 @@ from typing import Final, Literal, NamedTuple
 import structlog
 
 from ftrain import settings
-from ftrain.events.private import FILE_MODE, private_dir
+from ftrain.host.private_files import FILE_MODE, private_dir
 
 RECORD: Final = struct.Struct("<QqBxxxxxxxdI4x")
 """reports (every report adds one), step, phase (0 finished, 1 saving), wall time (for people), pid."""

@@ -59,11 +59,11 @@ from ftrain.errors import (
 )
 from ftrain.events.run_id import InvalidRunId, validate_run_id
 from ftrain.events.schema import Checkpointed, DataPosition
+from ftrain.host.lifeline import die_with_launcher
 from ftrain.train.attempt_clock import AttemptClock
 from ftrain.train.beacon import ProgressBeacon
 from ftrain.train.config import CheckpointConfig
 from ftrain.train.faults import fault_point
-from ftrain.train.lifeline import die_with_launcher
 from ftrain.train.loaders import adopt
 from ftrain.train.lost_work import ProgressFile
 from ftrain.train.preemption import PREEMPTED_EXIT, SaveSignals, stop_name
@@ -79,9 +79,9 @@ from ftrain.workers.manifest import FileEntry, Manifest
 from ftrain.workers.recorder import Recorder
 from ftrain.workers.stage_dir import UnsafeDirectory, default_stage_dir
 from ftrain.workers.staging import StagingBuffers
-from ftrain.workers.storage.errors import Fenced, StorageError
 from ftrain.workers.storage.location import Location, run_location
 from ftrain.workers.storage.open import open_run
+from ftrain.workers.storage.storage_errors import Fenced, StorageError
 from ftrain.workers.unpickle import allow_pickled
 
 __all__ = [

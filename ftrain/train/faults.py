@@ -20,8 +20,8 @@ import signal
 import time
 
 from ftrain import settings
-from ftrain.events.private import FILE_MODE, private_dir
 from ftrain.host.job_signals import signal_job
+from ftrain.host.private_files import FILE_MODE, private_dir
 
 _KILLS = settings.kill_targets()  # at import: a typo fails the trainer before it trains
 _STOPS = settings.stop_targets()

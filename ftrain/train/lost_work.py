@@ -17,7 +17,7 @@ from typing import Final
 import msgspec
 import structlog
 
-from ftrain.events.private import open_private
+from ftrain.host.private_files import open_private
 
 KEPT_SAVES: Final = 16
 """Saves remembered: enough for any checkpoint a resume can fall back to within retention."""

@@ -13,7 +13,7 @@ from typing import Any
 
 import msgspec
 
-from ftrain.events.private import open_private, private_dir
+from ftrain.host.private_files import open_private, private_dir
 
 _encoder = msgspec.json.Encoder()
 

@@ -43,13 +43,13 @@ from ftrain.train.loaders import world_change_refusal
 from ftrain.train.resume_load import ResumeFailed as ResumeFailed
 from ftrain.train.resume_load import ResumeStopped as ResumeStopped
 from ftrain.train.resume_load import load_verified, owned, stopped
-from ftrain.train.run_log import RunBroken, read_run
+from ftrain.train.start_query import RunBroken, read_run
 from ftrain.train.state import TrainState
 from ftrain.workers.manifest import Manifest
 from ftrain.workers.recorder import Recorder
-from ftrain.workers.storage.errors import OUTSIDE_RUN, Fenced, StorageError, StorageUnavailable
 from ftrain.workers.storage.location import Location, under_root
 from ftrain.workers.storage.port import RunGuard, RunStorage, StepReader
+from ftrain.workers.storage.storage_errors import OUTSIDE_RUN, Fenced, StorageError, StorageUnavailable
 
 FLUSH_TIMEOUT = 15.0
 LOG_TIMEOUT = 15.0

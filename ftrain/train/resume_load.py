@@ -27,8 +27,8 @@ from ftrain.workers.dcp_reader import (
     parse_metadata,
 )
 from ftrain.workers.manifest import FileEntry, Manifest
-from ftrain.workers.storage.errors import MissingCredentials, StorageUnavailable
 from ftrain.workers.storage.port import Readable
+from ftrain.workers.storage.storage_errors import MissingCredentials, StorageUnavailable
 from ftrain.workers.unpickle import RefusedPickle
 
 _SHARD = re.compile(r"__(\d+)_\d+\.distcp$")

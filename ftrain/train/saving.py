@@ -40,8 +40,8 @@ from ftrain.train.faults import fault_point
 from ftrain.workers.dcp_writer import HashingWriter
 from ftrain.workers.layout import retire
 from ftrain.workers.manifest import FileEntry, Manifest
-from ftrain.workers.storage.errors import Fenced
 from ftrain.workers.storage.port import RunStorage
+from ftrain.workers.storage.storage_errors import Fenced
 
 log = structlog.get_logger(__name__)
 REASON_CHARS = 400

@@ -6,7 +6,7 @@ any other way. Pages carry no inline script, so no text is ever placed in a scri
 import html
 from urllib.parse import quote
 
-from ftrain.console.visible import visible
+from ftrain.console.visible_text import visible
 
 
 def text(value: object) -> str:

@@ -11,10 +11,10 @@ from typing import Any
 
 import msgspec
 
+from ftrain.auditor import AuditReport
 from ftrain.cli import goodput_view, render
 from ftrain.cli.queries import view_document
 from ftrain.events.schema import Failed
-from ftrain.history import AuditReport
 from ftrain.projections.event_verdict import EventVerdict, Judged
 from ftrain.projections.goodput import TERMS, AttemptSpan, Goodput
 from ftrain.service.run_queries import RunView

@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from ftrain.auditor import AuditReport
 from ftrain.domain.chain_walk import ChainWalk
 from ftrain.errors import NotFound
 from ftrain.events.schema import AnyEvent, now
-from ftrain.history import AuditReport
 from ftrain.projections.event_verdict import EventVerdict, Judged, judged, signed
 from ftrain.projections.goodput import attempt_spans, measure
 from ftrain.service import RunService

@@ -16,9 +16,9 @@ from typing import Any
 import msgspec
 import pytest
 
-from ftrain.events.jetstream.server import stop_server
+from ftrain.events.jetstream.nats_server import stop_server
 from ftrain.events.schema import AnyEvent, Checkpointed, Failed, Resumed, event_type
-from ftrain.experiments.config import PHASES, ExperimentConfig, Kill, read_config, read_kills
+from ftrain.experiments.experiment_config import PHASES, ExperimentConfig, Kill, read_config, read_kills
 from ftrain.service import RunService
 from tests.support.docs import blocks, commands
 from tests.support.paths import ROOT

@@ -22,7 +22,7 @@ from botocore.exceptions import ClientError
 from ftrain.host.job_signals import children, signal_job
 from ftrain.supervise.procs import attempt_processes
 from ftrain.workers.layout import MARKER, WRITER_CLAIM
-from ftrain.workers.s3.server import kill_storage_server, throwaway_storage_server
+from ftrain.workers.s3.seaweed_server import kill_storage_server, throwaway_storage_server
 from ftrain.workers.storage.s3 import fence_object
 from tests.e2e.test_s3_training import job_env, keys, sealed
 from tests.support.processes import ftrain_process, run_marks

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from ftrain.workers.layout import MARKER
-from ftrain.workers.s3.server import kill_storage_server, throwaway_storage_server
+from ftrain.workers.s3.seaweed_server import kill_storage_server, throwaway_storage_server
 from tests.support.paths import ROOT
 from tests.support.processes import ftrain_process
 from tests.support.s3 import Endpoint, restart_seaweedfs

@@ -12,7 +12,7 @@ from typing import Any
 import nkeys
 import pytest
 
-from ftrain.events.jetstream.server import nats_server_binary
+from ftrain.events.jetstream.nats_server import nats_server_binary
 from tests.e2e.test_slurm_jobs import EXAMPLES, events, gist, job_env, trained, wait_for
 from tests.support.processes import free_port
 from tests.support.slurm_cluster import Slurm

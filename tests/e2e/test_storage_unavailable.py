@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ftrain import settings
-from ftrain.events.jetstream.server import ServerProcess
+from ftrain.events.jetstream.nats_server import ServerProcess
 from ftrain.events.schema import Checkpointed, Resumed
 from ftrain.service import RunService
 from ftrain.workers.recorder import Recorder

@@ -10,7 +10,7 @@ import msgspec
 import pytest
 
 from ftrain import settings
-from ftrain.events.jetstream.server import ServerProcess
+from ftrain.events.jetstream.nats_server import ServerProcess
 from ftrain.events.schema import Checkpointed, CorruptSkipped, Launched, Resumed
 from ftrain.service import RunService
 from ftrain.workers.outbox import Outbox, outbox_path

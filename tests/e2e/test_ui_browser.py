@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ftrain.events.jetstream.server import ServerProcess
+from ftrain.events.jetstream.nats_server import ServerProcess
 from ftrain.service import RunService
 from tests.integration.test_failures import checkpoint, launch
 from tests.integration.test_terminal_text import hostile_log

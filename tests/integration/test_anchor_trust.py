@@ -13,7 +13,7 @@ from nats.js import JetStreamContext
 
 from ftrain import settings
 from ftrain.events.anchor_file import read_lines
-from ftrain.events.jetstream.server import ServerProcess
+from ftrain.events.jetstream.nats_server import ServerProcess
 from ftrain.events.keyring import load_signer
 from ftrain.events.record import STREAM
 from ftrain.events.schema import now

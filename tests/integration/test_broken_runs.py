@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from ftrain.events.jetstream.server import ServerProcess
+from ftrain.events.jetstream.nats_server import ServerProcess
 from ftrain.events.record import run_subject
 from tests.integration.test_failures import raw_publish
 from tests.support.processes import ftrain_process

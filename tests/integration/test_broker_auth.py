@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ftrain.events.jetstream.server import (
+from ftrain.events.jetstream.nats_server import (
     ServerProcess,
     ensure_server,
     nats_server_binary,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ftrain.events.jetstream.server import server_status, stop_server
+from ftrain.events.jetstream.nats_server import server_status, stop_server
 from tests.support.cli import TIME, Cli, checkpoint, launch
 from tests.support.processes import ftrain_process
 
@@ -237,7 +237,7 @@ def test_the_library_never_writes_to_stdout_and_keeps_a_users_structlog(tmp_path
         "import sys\n"
         "if sys.argv[1] == 'user':\n"
         "    import structlog; structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stdout))\n"
-        "from ftrain.events.jetstream.server import ensure_server\n"
+        "from ftrain.events.jetstream.nats_server import ensure_server\n"
         f"ensure_server({str(home)!r}); ensure_server({str(home)!r})\n"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("FTRAIN_")}

@@ -3,7 +3,7 @@
 
 import asyncio
 
-from ftrain.events.jetstream.server import ServerProcess
+from ftrain.events.jetstream.nats_server import ServerProcess
 from tests.integration.test_failures import raw_publish
 from tests.support.cli import Cli
 from tests.support.cli import launch as launch_run

@@ -5,7 +5,7 @@ tests/e2e/test_embedded.py)."""
 import subprocess
 from pathlib import Path
 
-from ftrain.events.jetstream.server import ServerProcess
+from ftrain.events.jetstream.nats_server import ServerProcess
 from tests.support.builders import SIGNER
 from tests.support.processes import ftrain_process, modules_imported_by
 from tests.support.servers import login

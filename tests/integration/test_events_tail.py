@@ -19,7 +19,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from ftrain.events.chain import seal
-from ftrain.events.jetstream.server import ServerProcess
+from ftrain.events.jetstream.nats_server import ServerProcess
 from ftrain.events.schema import Checkpointed, decode_event, encode_event, now
 from ftrain.events.signing import Signer
 from tests.integration.test_failures import MALLORY, raw_publish

@@ -25,7 +25,7 @@ from ftrain import settings
 from ftrain.errors import Refused
 from ftrain.events.chain import ChainHead, link_hash, seal, unseal
 from ftrain.events.jetstream.connection import open_store
-from ftrain.events.jetstream.server import ServerProcess
+from ftrain.events.jetstream.nats_server import ServerProcess
 from ftrain.events.jetstream.store import WRONG_LAST_SEQUENCE
 from ftrain.events.log_port import AppendConflict, Appended, LogUnavailable
 from ftrain.events.record import run_subject

@@ -9,7 +9,7 @@ import msgspec
 import pytest
 
 from ftrain.events.chain import ChainHead
-from ftrain.events.jetstream.server import ServerProcess
+from ftrain.events.jetstream.nats_server import ServerProcess
 from ftrain.events.record import run_subject
 from ftrain.events.schema import AnyEvent
 from ftrain.service import RunService

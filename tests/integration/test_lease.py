@@ -11,7 +11,7 @@ import pytest
 
 from ftrain.errors import Refused
 from ftrain.events.jetstream.lease import LeaseTaken, open_leases
-from ftrain.events.jetstream.server import ServerProcess, stop_server
+from ftrain.events.jetstream.nats_server import ServerProcess, stop_server
 from ftrain.events.lease_record import Holder
 from ftrain.events.log_port import LogUnavailable
 from ftrain.events.schema import Failed, Launched

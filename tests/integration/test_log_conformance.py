@@ -7,8 +7,8 @@ from collections.abc import AsyncIterator
 import pytest
 
 from ftrain.events.anchor_file import AnchorFiles
-from ftrain.events.jetstream.client import Nats
-from ftrain.events.jetstream.server import ServerProcess
+from ftrain.events.jetstream.nats_client import Nats
+from ftrain.events.jetstream.nats_server import ServerProcess
 from ftrain.events.jetstream.store import EventStore
 from ftrain.events.record import STREAM
 from ftrain.events.signing import Signer, TrustList

@@ -18,7 +18,7 @@ import msgspec
 import pytest
 import yaml
 
-from ftrain.events.jetstream.server import ServerProcess
+from ftrain.events.jetstream.nats_server import ServerProcess
 from ftrain.events.record import run_subject
 from ftrain.events.schema import now
 from ftrain.metrics.exposition import BADPUT_TERMS

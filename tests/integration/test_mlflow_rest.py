@@ -10,7 +10,7 @@ import pytest
 from ftrain.trackers import configured
 from ftrain.trackers.mlflow_rest import MlflowServer as Client
 from ftrain.trackers.mlflow_rest import MlflowTracker
-from ftrain.trackers.port import TrackerDown, Write
+from ftrain.trackers.tracker_port import TrackerDown, Write
 from tests.support.trackers import MlflowServer, tags
 from tests.support.trackers import mlflow_process as mlflow_process  # the fixtures
 from tests.support.trackers import mlflow_server as mlflow_server

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from nats.js.api import StorageType
 
-from ftrain.events.jetstream.server import (
+from ftrain.events.jetstream.nats_server import (
     NatsServerError,
     ServerProcess,
     ensure_server,
@@ -110,7 +110,7 @@ def test_start_server_refuses_a_second_server_on_the_same_store(home: Path) -> N
 
 def test_concurrent_ensure_from_processes_starts_one_server(home: Path) -> None:
     code = (
-        "import sys, msgspec; from pathlib import Path; from ftrain.events.jetstream.server import ensure_server; "
+        "import sys, msgspec; from pathlib import Path; from ftrain.events.jetstream.nats_server import ensure_server; "
         "sys.stdout.buffer.write(msgspec.json.encode(ensure_server(Path(sys.argv[1]))))"
     )
     procs = [

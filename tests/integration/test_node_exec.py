@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from ftrain.domain.lifecycle import FailIntent
-from ftrain.events.jetstream.server import ServerProcess
+from ftrain.events.jetstream.nats_server import ServerProcess
 from ftrain.supervise.node_exec import (
     NodeExit,
     each_node_command,

@@ -29,7 +29,7 @@ from ftrain.domain.lifecycle import (
     Intent,
     ResumeIntent,
 )
-from ftrain.events.jetstream.server import ServerProcess
+from ftrain.events.jetstream.nats_server import ServerProcess
 from ftrain.events.schema import (
     Actor,
     Checkpointed,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ftrain.events.private import UnsafeDirectory
+from ftrain.host.private_files import UnsafeDirectory
 from ftrain.projections.readmodel import ReadModel
 from ftrain.workers.outbox import Outbox
 from tests.unit.test_private_files import mode

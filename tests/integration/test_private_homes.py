@@ -15,8 +15,8 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
 
-from ftrain.events.private import private_dir
 from ftrain.events.signing import KEY_PREFIX, Signer
+from ftrain.host.private_files import private_dir
 from ftrain.projections.readmodel import ReadModel
 from ftrain.workers.outbox import Outbox
 

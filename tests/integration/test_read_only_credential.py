@@ -16,7 +16,7 @@ import nkeys
 import pytest
 from nats.js.api import ConsumerConfig, StreamConfig
 
-from ftrain.events.jetstream.server import admits, ensure_server, server_status, stop_server
+from ftrain.events.jetstream.nats_server import admits, ensure_server, server_status, stop_server
 from ftrain.events.record import STREAM
 from tests.support.processes import ftrain_process
 from tests.support.servers import last_seq_at

@@ -7,7 +7,7 @@ import sqlite3
 from pathlib import Path
 
 from ftrain import settings
-from ftrain.events.jetstream.server import ServerProcess
+from ftrain.events.jetstream.nats_server import ServerProcess
 from ftrain.service import RunService
 from ftrain.service.run_queries import readmodel_path
 from tests.support.builders import launched

@@ -5,9 +5,9 @@ store out of reach is never read as "no claim"."""
 import pytest
 
 from ftrain.workers.layout import ATTEMPT
-from ftrain.workers.storage.errors import Fenced, StorageUnavailable
 from ftrain.workers.storage.s3 import fence_object
 from ftrain.workers.storage.s3.root_store import S3Storage
+from ftrain.workers.storage.storage_errors import Fenced, StorageUnavailable
 from tests.support.s3 import Endpoint, write_whole
 
 RUN = "r1"

@@ -14,8 +14,8 @@ import pytest
 
 from ftrain.workers.integrity import digest_of
 from ftrain.workers.manifest import FileEntry
-from ftrain.workers.storage.errors import StorageUnavailable
 from ftrain.workers.storage.s3.ranged import Ranges, fetch_file, fetch_files
+from ftrain.workers.storage.storage_errors import StorageUnavailable
 from tests.support.s3 import S3_KINDS, Endpoint, endpoint
 
 KINDS = list(S3_KINDS)

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from ftrain.workers.dcp_reader import Rejected
-from ftrain.workers.storage.errors import StorageUnavailable
 from ftrain.workers.storage.s3.run_prefix import FetchForLoad
+from ftrain.workers.storage.storage_errors import StorageUnavailable
 from tests.support.s3 import Endpoint, write_whole
 
 pytestmark = pytest.mark.timeout(300)

@@ -10,9 +10,9 @@ import pytest
 
 from ftrain.workers.integrity import Hashed, hash_file
 from ftrain.workers.layout import MARKER, WRITER_CLAIM
-from ftrain.workers.storage.errors import CheckpointExists, StorageError, StorageUnavailable
 from ftrain.workers.storage.s3.partial import Claim
 from ftrain.workers.storage.s3.root_store import S3Storage
+from ftrain.workers.storage.storage_errors import CheckpointExists, StorageError, StorageUnavailable
 from tests.support.s3 import S3_KINDS, Endpoint, endpoint, write_whole
 
 KINDS = list(S3_KINDS)

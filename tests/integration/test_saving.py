@@ -19,10 +19,10 @@ from ftrain.events.schema import RETIRED_MAX
 from ftrain.train.config import CheckpointConfig
 from ftrain.train.saving import Saver, SavesFailing
 from ftrain.workers.manifest import FileEntry, Manifest
-from ftrain.workers.storage.errors import Fenced
 from ftrain.workers.storage.file.run_dir import FileRun
 from ftrain.workers.storage.location import run_location
 from ftrain.workers.storage.port import RunStorage
+from ftrain.workers.storage.storage_errors import Fenced
 from tests.integration.test_storage_conformance import RUN, Backend, s3_backend
 from tests.integration.test_storage_conformance import save as seal_elsewhere
 

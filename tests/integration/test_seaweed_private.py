@@ -18,7 +18,7 @@ from botocore.auth import S3SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
-from ftrain.workers.s3.server import (
+from ftrain.workers.s3.seaweed_server import (
     REGION,
     SeaweedProcess,
     ensure_storage_server,

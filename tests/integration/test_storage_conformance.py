@@ -18,13 +18,13 @@ from ftrain.domain.lifecycle import OnDisk
 from ftrain.workers.integrity import digest_of, to_hex
 from ftrain.workers.layout import MANIFEST
 from ftrain.workers.manifest import FileEntry, Manifest
-from ftrain.workers.storage.errors import CheckpointExists, Fenced, StorageError, StorageUnavailable
 from ftrain.workers.storage.file.run_dir import FileRun
 from ftrain.workers.storage.location import Location, run_location
 from ftrain.workers.storage.one_rank import write_step
 from ftrain.workers.storage.open import open_run
 from ftrain.workers.storage.port import RunStorage, StoredCheckpoint
 from ftrain.workers.storage.s3.run_prefix import S3Run
+from ftrain.workers.storage.storage_errors import CheckpointExists, Fenced, StorageError, StorageUnavailable
 from tests.support.s3 import Endpoint
 
 RUN = "conf-run"

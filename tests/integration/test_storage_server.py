@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from ftrain.cli.main import main
-from ftrain.workers.s3.server import DEFAULT_BUCKET, read_record, seaweed_dir
+from ftrain.workers.s3.seaweed_server import DEFAULT_BUCKET, read_record, seaweed_dir
 from ftrain.workers.storage.s3.boto_client import make_client
 from tests.support.json_docs import documented
 

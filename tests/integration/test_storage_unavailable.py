@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ftrain.events.jetstream.server import ServerProcess
+from ftrain.events.jetstream.nats_server import ServerProcess
 from ftrain.service import RunService
 from tests.integration.test_failures import files_under
 from tests.support.processes import ftrain_process

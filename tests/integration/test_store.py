@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from ftrain.events.chain import GENESIS, ChainHead
-from ftrain.events.jetstream.client import Nats
-from ftrain.events.jetstream.server import ServerProcess
+from ftrain.events.jetstream.nats_client import Nats
+from ftrain.events.jetstream.nats_server import ServerProcess
 from ftrain.events.jetstream.store import EventStore
 from ftrain.events.record import STREAM
 from tests.support.builders import checkpointed, launched
@@ -73,7 +73,7 @@ async def test_stored_headers_cannot_impersonate_the_servers(store: EventStore) 
 
 RETRY_UNTIL_UNAVAILABLE = """
 import asyncio, sys
-from ftrain.events.jetstream.client import Nats
+from ftrain.events.jetstream.nats_client import Nats
 from ftrain.events.jetstream.store import EventStore
 from ftrain.events.log_port import LogUnavailable
 from ftrain.logs import configure

@@ -15,7 +15,7 @@ import pytest
 from ftrain import settings
 from ftrain.domain.lifecycle import FailIntent
 from ftrain.host.job_signals import children
-from ftrain.supervise.opening import NotOpened
+from ftrain.supervise.open_attempt import NotOpened
 from ftrain.supervise.procs import attempt_marks, attempt_processes, end_attempt
 from ftrain.supervise.supervisor import Relaunches, Supervisor
 from tests.support.builders import Intents

@@ -13,10 +13,10 @@ import pytest
 
 from ftrain.domain.lifecycle import CompleteIntent, FailIntent
 from ftrain.supervise.supervisor import Relaunches, Supervisor
-from ftrain.workers.storage.errors import Fenced
 from ftrain.workers.storage.location import run_location
 from ftrain.workers.storage.open import open_run
 from ftrain.workers.storage.port import RunStorage
+from ftrain.workers.storage.storage_errors import Fenced
 from tests.support.builders import Intents
 from tests.support.cli import Cli
 from tests.support.s3 import Endpoint

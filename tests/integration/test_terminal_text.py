@@ -12,7 +12,7 @@ import msgspec
 import pytest
 
 from ftrain.events.chain import seal
-from ftrain.events.jetstream.server import ServerProcess
+from ftrain.events.jetstream.nats_server import ServerProcess
 from ftrain.events.record import run_subject
 from ftrain.events.schema import Failed, Launched, encode_event, now
 from ftrain.service import RunService

@@ -21,12 +21,12 @@ from ftrain.domain.chain_walk import Folded, fold_record
 from ftrain.domain.lifecycle import RunState, completed_event
 from ftrain.events.chain import seal, unseal
 from ftrain.events.jetstream.connection import open_store
-from ftrain.events.jetstream.server import ServerProcess
+from ftrain.events.jetstream.nats_server import ServerProcess
 from ftrain.events.record import STREAM, StoredRecord, run_subject
 from ftrain.events.schema import AnyEvent, CorruptSkipped, Failed, Resumed, encode_event, event_type, now
 from ftrain.events.signing import Signer
 from ftrain.service import RunService
-from ftrain.train.run_log import RunBroken, read_run
+from ftrain.train.start_query import RunBroken, read_run
 from tests.integration.test_failures import MALLORY
 from tests.support.builders import SIGNER
 from tests.support.processes import ftrain_process

@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from ftrain.events.jetstream.server import ServerProcess
+from ftrain.events.jetstream.nats_server import ServerProcess
 from ftrain.service import RunService
 from tests.integration.test_failures import checkpoint, launch
 from tests.integration.test_terminal_text import hostile_log

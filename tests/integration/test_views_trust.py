@@ -14,7 +14,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from ftrain import settings
 from ftrain.domain.lifecycle import completed_event
-from ftrain.events.jetstream.server import ServerProcess
+from ftrain.events.jetstream.nats_server import ServerProcess
 from ftrain.events.schema import now
 from ftrain.events.signing import Signature, Signer
 from ftrain.service import RunService

@@ -13,7 +13,7 @@ from typing import Any
 
 import msgspec
 
-from ftrain.workers.s3.server import (
+from ftrain.workers.s3.seaweed_server import (
     SeaweedProcess,
     ensure_storage_server,
     kill_storage_server,

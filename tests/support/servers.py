@@ -13,7 +13,12 @@ import nats
 import pytest
 import structlog
 
-from ftrain.events.jetstream.server import NatsServerError, ServerProcess, nats_server_binary, start_server
+from ftrain.events.jetstream.nats_server import (
+    NatsServerError,
+    ServerProcess,
+    nats_server_binary,
+    start_server,
+)
 from ftrain.events.jetstream.server_procs import server_alive
 from ftrain.events.record import STREAM
 from ftrain.host.processes import send_signal, wait_gone

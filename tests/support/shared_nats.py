@@ -17,7 +17,7 @@ import time
 import uuid
 from pathlib import Path
 
-from ftrain.events.jetstream.server import ServerProcess, admits
+from ftrain.events.jetstream.nats_server import ServerProcess, admits
 from ftrain.events.jetstream.server_files import seed_path, user_key
 from tests.support.processes import free_port
 from tests.support.servers import SHARED_PIDS, start_configured_server

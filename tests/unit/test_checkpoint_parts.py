@@ -27,7 +27,7 @@ from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 import ftrain.train.metrics
 import ftrain.workers.dcp_writer
-import ftrain.workers.files
+import ftrain.workers.durable_files
 from ftrain.domain.lifecycle import apply, plan_resume
 from ftrain.events.chain import ChainHead
 from ftrain.examples.data import ResumableLoader, synthetic_tokens
@@ -113,7 +113,7 @@ def test_hashing_writer_lists_every_file_dcp_wrote_with_its_digest(
     from_disk = spy_hash_file(monkeypatch)
     synced: list[int] = []
     read_back: list[int] = []
-    real_fsync, real_hash_fd = os.fsync, ftrain.workers.files.hash_fd
+    real_fsync, real_hash_fd = os.fsync, ftrain.workers.durable_files.hash_fd
 
     def fsync(fd: int) -> None:
         synced.append(os.fstat(fd).st_ino)
@@ -124,7 +124,7 @@ def test_hashing_writer_lists_every_file_dcp_wrote_with_its_digest(
         return real_hash_fd(fd)
 
     monkeypatch.setattr(os, "fsync", fsync)
-    monkeypatch.setattr(ftrain.workers.files, "hash_fd", hash_fd)
+    monkeypatch.setattr(ftrain.workers.durable_files, "hash_fd", hash_fd)
     ckpt = tmp_path / "ckpt"
     writer = HashingWriter(ckpt, sync_files=durable)
     dcp_save(model_and_optimizer_state(), storage_writer=writer, no_dist=True)

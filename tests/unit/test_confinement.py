@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from ftrain.workers.layout import MARKER, assembly_dir, complete_steps, process_writer, retire
-from ftrain.workers.storage.errors import StorageUnavailable
 from ftrain.workers.storage.file.checkpoint_dir import (
     confined,
     on_disk,
@@ -20,6 +19,7 @@ from ftrain.workers.storage.file.checkpoint_dir import (
 from ftrain.workers.storage.file.retention import prune
 from ftrain.workers.storage.file.run_dir import FileRun
 from ftrain.workers.storage.location import path_uri, run_location
+from ftrain.workers.storage.storage_errors import StorageUnavailable
 from tests.support.builders import write_checkpoint
 
 RUN = "conf-run"

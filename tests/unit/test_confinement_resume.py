@@ -8,8 +8,8 @@ from pathlib import Path
 from ftrain.domain.command_handler import RunLog
 from ftrain.events.schema import Checkpointed
 from ftrain.service import RunService
-from ftrain.workers.storage.errors import OUTSIDE_RUN
 from ftrain.workers.storage.location import path_uri
+from ftrain.workers.storage.storage_errors import OUTSIDE_RUN
 from tests.support.runs import checkpoint, launch
 from tests.unit.test_confinement import RUN, snapshot, victim
 

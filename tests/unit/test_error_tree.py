@@ -6,7 +6,7 @@ import sys
 
 from ftrain import errors
 from ftrain.train import checkpointing, resume, resume_load, save_check, saving
-from ftrain.workers.storage import errors as storage_errors
+from ftrain.workers.storage import storage_errors as storage_errors
 
 
 def test_every_documented_error_is_an_ftrain_error_and_keeps_its_old_name_and_base() -> None:

@@ -4,7 +4,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from nats.aio.client import Client
 
-from ftrain.events.jetstream.client import Nats, parse_header_lines
+from ftrain.events.jetstream.nats_client import Nats, parse_header_lines
 
 SERVER_HEADERS = (
     b"Nats-Msg-Id: 5b1c\r\nNats-Expected-Last-Subject-Sequence: 41\r\n"
@@ -34,7 +34,7 @@ def test_the_client_uses_it() -> None:
 
 
 def test_raw_header_helpers_take_the_servers_value() -> None:
-    from ftrain.events.jetstream.client import header_value, is_status
+    from ftrain.events.jetstream.nats_client import header_value, is_status
 
     block = b"NATS/1.0\r\nNats-Sequence: 999\r\nX: 1\r\nNats-Sequence: 42\r\nNats-Subject: a.b\r\n\r\n"
     assert header_value(block, b"Nats-Sequence") == b"42"

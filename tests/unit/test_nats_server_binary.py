@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from ftrain.events.jetstream import server as ns
-from ftrain.events.jetstream.server import (
+from ftrain.events.jetstream import nats_server as ns
+from ftrain.events.jetstream.nats_server import (
     NatsServerError,
     start_server,
 )

@@ -8,7 +8,6 @@ import pytest
 
 from ftrain.domain.lifecycle import FailIntent
 from ftrain.supervise.attempts import attempt_commands
-from ftrain.supervise.elastic import next_hosts
 from ftrain.supervise.failure_report import FailureReport, failure
 from ftrain.supervise.launch_spec import LaunchSpec
 from ftrain.supervise.node_exec import (
@@ -18,6 +17,7 @@ from ftrain.supervise.node_exec import (
     node_argv,
     parse_template,
 )
+from ftrain.supervise.relaunch_nodes import next_hosts
 
 SPEC = LaunchSpec(
     run_id="r1",

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ftrain.events.private import UnsafeDirectory, private_dir
+from ftrain.host.private_files import UnsafeDirectory, private_dir
 
 
 def mode(path: Path) -> int:

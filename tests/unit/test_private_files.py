@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from ftrain.events.atomic_file import write_atomic
-from ftrain.events.private import private_dir
+from ftrain.host.atomic_file import write_atomic
+from ftrain.host.private_files import private_dir
 from ftrain.workers.storage.file.fence_file import claim
 from tests.support.builders import write_checkpoint
 

@@ -11,7 +11,7 @@ import pytest
 
 from ftrain.events.schema import AnyEvent, Checkpointed, Completed, Failed, Resumed
 from ftrain.experiments.analysis import analyze, analyze_phase
-from ftrain.experiments.config import Kill, parse_injection
+from ftrain.experiments.experiment_config import Kill, parse_injection
 from ftrain.experiments.readings import PhaseInput
 from ftrain.experiments.report import markdown
 from ftrain.experiments.schedule import KillSchedule

@@ -10,7 +10,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from ftrain.train.resume_load import ResumeFailed, ResumeStopped, load_failure
 from ftrain.workers.dcp_reader import Rejected
-from ftrain.workers.storage.errors import StorageUnavailable
+from ftrain.workers.storage.storage_errors import StorageUnavailable
 from ftrain.workers.unpickle import ForbiddenPickle
 
 

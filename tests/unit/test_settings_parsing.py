@@ -13,9 +13,9 @@ import pytest
 from ftrain import settings
 from ftrain.events.jetstream.connection import NatsSettings
 from ftrain.settings import InvalidSetting
-from ftrain.workers.storage.errors import StorageError
 from ftrain.workers.storage.file.checkpoint_dir import confined
 from ftrain.workers.storage.location import storage_root
+from ftrain.workers.storage.storage_errors import StorageError
 
 DEFAULT_HOME = Path.home() / ".local/share/ftrain"
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from ftrain.workers.layout import assembly_writer, parse_set_aside, parse_step, probe_name
-from ftrain.workers.storage.errors import StorageError, StorageUnavailable
 from ftrain.workers.storage.file.probe_dir import probe_verdict
+from ftrain.workers.storage.storage_errors import StorageError, StorageUnavailable
 
 
 @pytest.mark.parametrize("code", [errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOENT, errno.ELOOP])

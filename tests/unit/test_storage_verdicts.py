@@ -9,8 +9,8 @@ import pytest
 
 from ftrain.workers.integrity import digest_of
 from ftrain.workers.manifest import FileEntry
-from ftrain.workers.storage.errors import StorageUnavailable
 from ftrain.workers.storage.file.checkpoint_dir import verify_checkpoint
+from ftrain.workers.storage.storage_errors import StorageUnavailable
 from ftrain.workers.storage.verdict import file_verdict
 from tests.support.builders import write_checkpoint
 

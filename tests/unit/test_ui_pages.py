@@ -7,12 +7,12 @@ from datetime import timedelta
 
 import msgspec
 
+from ftrain.auditor import AuditReport
 from ftrain.domain.chain_walk import Finding
 from ftrain.domain.lifecycle import RunState
 from ftrain.domain.vouching import Vouched
 from ftrain.events.record import StoredRecord
 from ftrain.events.schema import AnyEvent, Checkpointed, Failed, Resumed, event_type
-from ftrain.history import AuditReport
 from ftrain.projections.event_verdict import EventVerdict, Judged, SignatureVerdict
 from ftrain.projections.goodput import attempt_spans, measure
 from ftrain.service.run_queries import RunView

@@ -4,7 +4,7 @@ tests/integration/test_terminal_text.py)."""
 
 import pytest
 
-from ftrain.console.visible import visible
+from ftrain.console.visible_text import visible
 
 
 @pytest.mark.parametrize(

@@ -37,7 +37,7 @@ from ftrain.domain.lifecycle.judge import (
     check_open,
 )
 from ftrain.domain.lifecycle.resume_plan import Candidate, OnDisk, ResumePlan, plan_resume, skipped_line
-from ftrain.domain.lifecycle.state import CheckpointRef, RunState, RunStatus
+from ftrain.domain.lifecycle.run_state import CheckpointRef, RunState, RunStatus
 
 __all__ = [
     "Candidate",

@@ -18,7 +18,7 @@ from ftrain.domain.lifecycle.intents import (
     SkipIntent,
 )
 from ftrain.domain.lifecycle.judge import IllegalTransition, check_open
-from ftrain.domain.lifecycle.state import CheckpointRef, RunState
+from ftrain.domain.lifecycle.run_state import CheckpointRef, RunState
 from ftrain.events.schema import (
     AnyEvent,
     Checkpointed,

@@ -7,7 +7,7 @@ when the projector or the audit folds it: one place says which transition is leg
 import msgspec
 from msgspec import UnsetType
 
-from ftrain.domain.lifecycle.state import CheckpointRef, RunState
+from ftrain.domain.lifecycle.run_state import CheckpointRef, RunState
 from ftrain.events.chain import ChainHead
 from ftrain.events.schema import (
     AnyEvent,

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import msgspec
 
 from ftrain.domain.lifecycle.judge import IllegalTransition, check_may_resume, check_open
-from ftrain.domain.lifecycle.state import CheckpointRef, RunState
+from ftrain.domain.lifecycle.run_state import CheckpointRef, RunState
 
 
 class OnDisk(msgspec.Struct, frozen=True):

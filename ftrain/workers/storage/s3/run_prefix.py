@@ -1,0 +1,250 @@
+"""The S3 backend of the storage port: one run's key prefix, in the three roles of `workers.storage.port`.
+
+Saving: rank 0 claims the step (`S3Storage.begin`); each rank writes its shards to a private directory of this
+node's stage directory (hashing as DCP writes them) and uploads its own files with those digests; rank 0 seals
+the step (manifest, then the conditional marker) once every upload is in and no newer attempt holds the fence
+(`fence_object`). A writer outside the attempts (the CLI) uploads its files straight from where they are.
+
+Resuming: a candidate is downloaded into one cache per node, shared by the node's ranks: each rank fetches only
+the files it owns, in parallel ranged reads hashed as they arrive, so every byte crosses the network and is
+hashed once in the job. The cache is made by whichever rank of the node gets there first (`claim_dir`), which
+also removes it once the load is over; it is named for the start and the step, so a crashed start's leftovers
+are never taken for this one's. A file the load needs that the node lacks (its owner is on another node) is
+fetched whole into the rank's scratch directory and verified there before it is renamed into the cache.
+"""
+
+import os
+import time
+from collections.abc import Collection, Iterator, Sequence
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import Any, Final
+
+import structlog
+
+from ftrain.domain.lifecycle import OnDisk
+from ftrain.workers.dcp_reader import Rejected
+from ftrain.workers.integrity import Hashed
+from ftrain.workers.layout import SetAsideKind, parse_set_aside, rank_stage_dir, run_key, step_dir
+from ftrain.workers.manifest import FileEntry, Manifest
+from ftrain.workers.stage_dir import claim_dir, local_files, remove_leftovers, safe_stage_dir
+from ftrain.workers.storage.location import Location
+from ftrain.workers.storage.port import RankFiles, Readable, StoredCheckpoint
+from ftrain.workers.storage.probe import probe_body, unreadable, unwritable
+from ftrain.workers.storage.s3 import fence_object
+from ftrain.workers.storage.s3.boto_client import error_code, reason, shared_client
+from ftrain.workers.storage.s3.bucket import ObjectMissing
+from ftrain.workers.storage.s3.root_store import S3Storage
+from ftrain.workers.storage.storage_errors import CheckpointExists, StorageUnavailable
+
+log = structlog.get_logger(__name__)
+_CACHE = "download-"
+WRONG_CODES: Final = frozenset(
+    {"AccessDenied", "AllAccessDisabled", "InvalidAccessKeyId", "SignatureDoesNotMatch"}
+)
+"""What an S3 store answers a start-up probe for a bucket that is not this job's to write (read-only or wrong
+credentials): it will answer the same next time. A bucket that does not answer (NoSuchBucket included) stays
+out of reach, as for every read."""
+
+
+class S3Run:
+    """A run's prefix in a bucket, and this node's work directory for uploads and downloads (None: a process
+    that saves and resumes nothing of its own, as the CLI)."""
+
+    def __init__(self, location: Location, stage_dir: Path | None = None, client: Any = None) -> None:
+        bucket, prefix = location.bucket_prefix
+        self._location = location
+        self.storage = S3Storage(bucket, prefix, client or shared_client())
+        self.run = location.run
+        self.stage_dir = stage_dir
+
+    @property
+    def location(self) -> Location:
+        return self._location
+
+    @property
+    def _stage(self) -> Path:
+        assert self.stage_dir is not None, "a store opened without a stage directory uploads nothing staged"
+        return self.stage_dir
+
+    # -- guard ---------------------------------------------------------------------------------------------
+
+    def prepare(self, rank: int, *, staged: bool) -> None:
+        """Every save and resume works in the stage directory, staged or not."""
+        safe_stage_dir(self._stage)
+        remove_leftovers(rank_stage_dir(self._stage, rank))
+
+    def reachable(self) -> None:
+        self.storage.objects.reach(run_key(self.storage.prefix, self.run))
+
+    def probe(self) -> None:
+        """Put, get back and delete a probe object directly under the run's key prefix (beside `.attempt`: a
+        listing of the run's steps never sees it). A bucket that refuses these credentials a write is a
+        StorageError; anything else out of reach stays StorageUnavailable."""
+        body, name = probe_body()
+        objects, key = self.storage.objects, run_key(self.storage.prefix, self.run)
+        try:
+            objects.put(key + name, body)
+            try:
+                read = objects.get(key + name)
+            finally:
+                objects.delete([key + name])
+        except ObjectMissing:
+            read = b""
+        except StorageUnavailable as exc:
+            if exc.__cause__ is not None and error_code(exc.__cause__) in WRONG_CODES:
+                raise unwritable(self._location.uri, reason(exc.__cause__)) from None
+            raise
+        if read != body:
+            raise unreadable(self._location.uri)
+
+    def owner(self) -> int:
+        return fence_object.owner(self.storage, self.run)
+
+    def claim(self, attempt: int) -> None:
+        fence_object.claim(self.storage, self.run, attempt)
+
+    def check(self, attempt: int) -> None:
+        fence_object.check(self.storage, self.run, attempt)
+
+    def clean(self) -> list[str]:
+        return self.storage.clean(self.run)
+
+    def prune(self, steps: Collection[int], attempt: int) -> list[int]:
+        self.check(attempt)
+        return self.storage.prune(self.run, steps)
+
+    # -- reader --------------------------------------------------------------------------------------------
+
+    def complete(self) -> list[OnDisk]:
+        return self.storage.complete(self.run)
+
+    def quarantined(self) -> list[str]:
+        key = run_key(self.storage.prefix, self.run)
+        return [
+            self.storage.objects.uri(key + name)
+            for name in self.storage.objects.children(key)
+            if (aside := parse_set_aside(name)) is not None and aside[1] == "corrupt"
+        ]
+
+    def confined(self, uri: str) -> str | None:
+        return self.storage.confined(uri, self.run)
+
+    def read_manifest(
+        self, uri: str, expected_hash: str | None, *, run_id: str | None = None, step: int | None = None
+    ) -> Manifest | str:
+        return self.storage.read_manifest(uri, expected_hash, run_id=run_id, step=step)
+
+    @contextmanager
+    def readable(
+        self, uri: str, manifest: Manifest, files: Sequence[FileEntry], *, start: str, rank: int
+    ) -> Iterator[Readable]:
+        """The files downloaded into the node's cache, hashed as they arrive."""
+        name = f"{_CACHE}{start}-step-{manifest.step}"
+        cache, scratch = self._stage / name, rank_stage_dir(self._stage, rank) / "fetch"
+        created = False
+        try:
+            try:
+                created = claim_dir(self._stage, name)
+                if created:  # a start that did not finish left these
+                    for stale in os.listdir(self._stage):
+                        if stale.startswith(_CACHE) and stale != name:
+                            remove_leftovers(self._stage / stale)
+                verdict: str | StorageUnavailable | None = self.storage.fetch(uri, files, cache)
+            except StorageUnavailable as exc:
+                verdict = exc
+            except OSError as exc:  # the local cache, not the checkpoint
+                verdict = StorageUnavailable(f"local cache {cache}: {exc}")
+            log.info(
+                "resume_downloaded",
+                rank=rank,
+                uri=uri,
+                files=[e.name for e in files],
+                verdict=str(verdict or ""),
+            )
+            yield Readable(
+                cache, verdict, FetchForLoad(self.storage, uri, manifest.files, cache, scratch, rank)
+            )
+        finally:
+            remove_leftovers(scratch)
+            with suppress(OSError):  # the rank's directory goes too, unless something else is in it
+                scratch.parent.rmdir()
+            if created:
+                remove_leftovers(cache)
+
+    def verify(
+        self, uri: str, expected_hash: str, *, run_id: str | None = None, step: int | None = None
+    ) -> str | None:
+        return self.storage.verify(uri, expected_hash, run_id=run_id, step=step)
+
+    def quarantine(self, uri: str, kind: SetAsideKind, tag: str) -> str | None:
+        return self.storage.quarantine(uri, kind, tag)
+
+    # -- writer --------------------------------------------------------------------------------------------
+
+    def begin(self, step: int, attempt: int | None) -> str:
+        """Claim the step. For an attempt, a sealed step of that name was never recorded by it, which is past
+        every step it resumed from: it is set aside, as on a file system."""
+        if attempt is None:
+            return self.storage.begin(self.run, step)
+        try:
+            return self.storage.begin(self.run, step)
+        except CheckpointExists:
+            uri = self.storage.step_uri(self.run, step)
+            log.warning("older_attempts_checkpoint_set_aside", uri=uri)
+            self.storage.quarantine(uri, "unrecorded", f"{int(time.time())}")
+            return self.storage.begin(self.run, step)
+
+    @contextmanager
+    def rank_files(self, uri: str, step: int, rank: int, *, staged: bool) -> Iterator[RankFiles]:
+        with local_files(step_dir(rank_stage_dir(self._stage, rank) / "upload", step)) as files:
+            yield files
+
+    def deliver(self, uri: str, written: RankFiles, entries: Sequence[FileEntry]) -> None:
+        for entry in entries:
+            self.storage.upload(uri, entry.name, written.path / entry.name, Hashed(entry.size, entry.digest))
+
+    def put(self, uri: str, name: str, source: bytes | Path) -> FileEntry:
+        return self.storage.upload(uri, name, source)
+
+    def seal(self, uri: str, manifest: Manifest, attempt: int | None) -> StoredCheckpoint:
+        if attempt is not None:
+            self.check(attempt)
+        return self.storage.seal(uri, manifest)
+
+    def discard(self, uri: str) -> None:
+        self.storage.discard(uri)
+
+
+class FetchForLoad:
+    """The load's fetch hook: a file this rank's plan reads that its node's cache lacks (its owner is on
+    another node) is downloaded whole into this rank's scratch directory, verified there, and only then
+    renamed into the cache, so the ranks of a node never see each other's partial bytes. A defect raises
+    Rejected, storage out of reach StorageUnavailable: DCP hands either to every rank."""
+
+    def __init__(
+        self,
+        storage: S3Storage,
+        uri: str,
+        files: tuple[FileEntry, ...],
+        cache: Path,
+        scratch: Path,
+        rank: int,
+    ) -> None:
+        self.storage, self.uri, self.cache, self.scratch, self.rank = storage, uri, cache, scratch, rank
+        self.entries = {entry.name: entry for entry in files}
+
+    def __call__(self, name: str) -> None:
+        entry = self.entries.get(name)
+        if entry is None:
+            raise Rejected(f"DCP metadata names file {name!r}, which the manifest does not list")
+        try:
+            if os.path.lexists(self.cache / name):  # downloaded and verified by a rank of this node
+                return
+            safe_stage_dir(self.scratch)
+            if verdict := self.storage.fetch(self.uri, [entry], self.scratch):
+                raise Rejected(verdict)
+            os.rename(self.scratch / name, self.cache / name)
+        except OSError as exc:
+            raise StorageUnavailable(f"local cache {self.cache}: {exc}") from exc
+        log.info("fetched_for_load", rank=self.rank, uri=self.uri, file=name, size=entry.size)
