@@ -149,7 +149,7 @@ async def test_ftrain_run_refuses_a_format_spec_before_anything_is_appended(
     env: dict[str, str], server: ServerProcess, template: str
 ) -> None:
     refused = ftrain_process(["run", "P", "--nodes", "2", "--gpus-per-node", "1", "--nodelist", "n[1-2]",
-                              "--run-id", "r-spec", "--node-exec", template], env)  # fmt: skip
+                              "--run-id", "r-spec", "--node-exec", template, "--", "-m", "ftrain.examples.train"], env)  # fmt: skip
     assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
     assert refused.stderr.startswith("ftrain run: error: --node-exec") and "Traceback" not in refused.stderr
     assert await stream_last_seq(server) == 0  # no `launched`, no `failed`: the run does not exist
@@ -157,9 +157,22 @@ async def test_ftrain_run_refuses_a_format_spec_before_anything_is_appended(
 
 def test_ftrain_run_refuses_a_bad_template_and_too_few_hosts(env: dict[str, str]) -> None:
     bad = ftrain_process(["run", "P", "--nodes", "2", "--gpus-per-node", "1", "--nodelist", "n[1-2]",
-                          "--node-exec", "ssh node1"], env)  # fmt: skip
+                          "--node-exec", "ssh node1", "--", "-m", "ftrain.examples.train"], env)  # fmt: skip
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "does not name {host}" in bad.stderr
     few = ftrain_process(
-        ["run", "P", "--nodes", "2", "--gpus-per-node", "1", "--node-exec", "ssh {host}"], env
+        [
+            "run",
+            "P",
+            "--nodes",
+            "2",
+            "--gpus-per-node",
+            "1",
+            "--node-exec",
+            "ssh {host}",
+            "--",
+            "-m",
+            "ftrain.examples.train",
+        ],
+        env,
     )
     assert few.returncode == 2 and "needs as many hosts" in few.stderr, few.stderr
