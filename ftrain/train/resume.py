@@ -47,7 +47,7 @@ from ftrain.train.start_query import RunBroken, read_run
 from ftrain.train.state import TrainState
 from ftrain.workers.manifest import Manifest
 from ftrain.workers.recorder import Recorder
-from ftrain.workers.storage.location import Location, under_root
+from ftrain.workers.storage.location import under_root
 from ftrain.workers.storage.port import RunGuard, RunStorage, StepReader
 from ftrain.workers.storage.storage_errors import OUTSIDE_RUN, Fenced, StorageError, StorageUnavailable
 
@@ -244,8 +244,8 @@ def _plan(config: CheckpointConfig, recorder: Recorder | None, store: RunStorage
     older attempt still writing could equally seal in the moment between listing and claiming, and what it
     seals then is never recorded (the log has moved on) and set aside at the next seal of that step."""
     state = _run_state(config, recorder)
-    if state is not None and not _same(
-        launched := under_root(state.launch.storage, state.run_id), config.location
+    if state is not None and not (launched := under_root(state.launch.storage, state.run_id)).same(
+        config.location
     ):
         return StartDecision(
             refused=f"checkpoint location {config.location.uri} is not run {state.run_id}'s "
@@ -288,13 +288,6 @@ def _prepare(guard: RunGuard, plan: ResumePlan, attempt: int) -> None:
     guard.probe()
     if attempt:
         guard.claim(attempt)
-
-
-def _same(a: Location, b: Location) -> bool:
-    """Whether two locations are one run's checkpoints (on a file system, whatever links lead there)."""
-    if a.backend != b.backend:
-        return False
-    return a.path.resolve() == b.path.resolve() if a.backend == "file" else a.uri == b.uri
 
 
 def _attempt(state: RunState | None, plan: ResumePlan, guard: RunGuard) -> int:
