@@ -39,10 +39,9 @@ from ftrain.errors import NoValidCheckpoint as NoValidCheckpoint
 from ftrain.errors import ResumeRefused as ResumeRefused
 from ftrain.errors import UnknownRun
 from ftrain.train.config import CheckpointConfig
-from ftrain.train.loaders import world_change_refusal
 from ftrain.train.resume_load import ResumeFailed as ResumeFailed
 from ftrain.train.resume_load import ResumeStopped as ResumeStopped
-from ftrain.train.resume_load import load_verified, owned, stopped
+from ftrain.train.resume_load import check_world, load_verified, owned, stopped
 from ftrain.train.start_query import RunBroken, read_run
 from ftrain.train.state import TrainState
 from ftrain.workers.manifest import Manifest
@@ -111,7 +110,7 @@ def resume(
         reason = header.manifest if isinstance(header.manifest, str) else None
         if reason is None and header.uri is not None:
             manifest = cast(Manifest, header.manifest)
-            _check_world(config, state, manifest, world)
+            check_world(config.world_change, state, manifest, world)
             mine = owned(manifest.files, rank, world)
             with store.readable(header.uri, manifest, mine, start=decision.start, rank=rank) as local:
                 reason = load_verified(local, manifest, state, group)
@@ -125,18 +124,6 @@ def resume(
     if plan.restart:
         _record(recorder, ResumeIntent(checkpoint_hash=None, step=0, attempt=attempt))
     return None, attempt, plan
-
-
-def _check_world(config: CheckpointConfig, state: TrainState, manifest: Manifest, world: int) -> None:
-    """Every rank, before loading: a resume on another world whose data position is per rank (or absent) is
-    refused (ResumeRefused, nothing loaded or trained), or with `world_change="warn"` goes on, said once."""
-    refusal = world_change_refusal(state.data, manifest.world_size, world, manifest.step)
-    if refusal is None:
-        return
-    if config.world_change == "refuse":
-        raise ResumeRefused(refusal)
-    if dist.get_rank() == 0:
-        log.warning("world_changed_data_per_rank", detail=refusal)
 
 
 def _no_valid(config: CheckpointConfig, plan: ResumePlan) -> NoValidCheckpoint:
