@@ -50,7 +50,6 @@ from ftrain.workers.storage.location import under_root
 from ftrain.workers.storage.port import RunGuard, RunStorage, StepReader
 from ftrain.workers.storage.storage_errors import OUTSIDE_RUN, Fenced, StorageError, StorageUnavailable
 
-FLUSH_TIMEOUT = 15.0
 LOG_TIMEOUT = 15.0
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
@@ -327,10 +326,7 @@ def _record(recorder: Recorder | None, intent: ResumeIntent | SkipIntent | FailI
 def _run_state(config: CheckpointConfig, recorder: Recorder | None) -> RunState | None:
     if config.run_id is None or recorder is None:
         return None
-    if not recorder.flush(FLUSH_TIMEOUT):
-        log.warning("outbox_not_flushed", run_id=config.run_id)
-        return None
-    return read_run(config.run_id, settings.nats(os.environ), LOG_TIMEOUT)
+    return read_run(config.run_id, settings.nats(os.environ), LOG_TIMEOUT, recorder)
 
 
 def _broadcast(value: T | None, group: dist.ProcessGroup) -> T:
