@@ -355,10 +355,6 @@ class CheckpointManager:
             self.config, self.state, self.recorder, self.group, self.store
         )
         self._saver.vouched(plan.accepted(self.resumed.step if self.resumed else None), plan.retired)
-        if self.config.async_save and self.resumed is not None:  # so the first save stalls no longer than
-            # the next; on a fresh start the optimizer has no state yet, and asking for its state dict would
-            # make some (torch steps it once with lr 0: Adam's step count would be off by one)
-            self._buffers.reserve(self.state.state_dict())
         step = self.resumed.step if self.resumed is not None else 0
         self._sealed = self.resumed.step if self.resumed is not None else None
         if self._progress is not None:  # loaded again (benchmarks)
@@ -370,6 +366,10 @@ class CheckpointManager:
             self.lost = _furthest(self._progress.lost(step), self.group)
             if self.lost is not None:
                 self.clock.lost(*self.lost)
+        if self.config.async_save and self.resumed is not None:  # so the first save stalls no longer than
+            # the next; on a fresh start the optimizer has no state yet, and asking for its state dict would
+            # make some (torch steps it once with lr 0: Adam's step count would be off by one)
+            self._buffers.reserve(self.state.state_dict())
         self._progress.begin(step)
         self.clock.start()
         self._loop_start, self._stalled = time.monotonic(), 0.0

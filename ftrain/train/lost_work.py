@@ -44,24 +44,19 @@ class ProgressFile:
         self.path = directory / f"progress-{run_name}-rank{rank}.json"
         self.location = location
         self._fd = open_private(self.path, os.O_RDWR)
-        self.previous = self._read()
-        """What the attempt before this one left (None: nothing, or nothing readable)."""
+        found = None
+        if raw := os.pread(self._fd, MAX_FILE_BYTES, 0):
+            try:
+                found = msgspec.json.decode(raw, type=Progress)
+            except msgspec.DecodeError:  # cut by a kill mid-write: unknown, not a failure
+                log.info("progress_unreadable", path=str(self.path))
+        self.previous = found if found is not None and found.location == location else None
+        """What the attempt before this one left (None: nothing, nothing readable, or another run's)."""
         self._now = Progress()
 
     def begin(self, step: int) -> None:
         """This attempt's training loop begins at `step` (after its resume); the previous record is replaced."""
         self._write(Progress(location=self.location, start=step, step=step))
-
-    def _read(self) -> Progress | None:
-        raw = os.pread(self._fd, MAX_FILE_BYTES, 0)
-        if not raw:
-            return None
-        try:
-            found = msgspec.json.decode(raw, type=Progress)
-        except msgspec.DecodeError:  # cut by a kill mid-write: unknown, not a failure
-            log.info("progress_unreadable", path=str(self.path))
-            return None
-        return found if found.location == self.location else None
 
     def lost(self, resumed_from: int) -> tuple[int, float | None] | None:
         """The steps the previous attempt trained past `resumed_from`, and their loop time when it saved

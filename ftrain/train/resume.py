@@ -39,19 +39,17 @@ from ftrain.errors import NoValidCheckpoint as NoValidCheckpoint
 from ftrain.errors import ResumeRefused as ResumeRefused
 from ftrain.errors import UnknownRun
 from ftrain.train.config import CheckpointConfig
-from ftrain.train.loaders import world_change_refusal
 from ftrain.train.resume_load import ResumeFailed as ResumeFailed
 from ftrain.train.resume_load import ResumeStopped as ResumeStopped
-from ftrain.train.resume_load import load_verified, owned, stopped
+from ftrain.train.resume_load import check_world, load_verified, owned, stopped
 from ftrain.train.start_query import RunBroken, read_run
 from ftrain.train.state import TrainState
 from ftrain.workers.manifest import Manifest
 from ftrain.workers.recorder import Recorder
-from ftrain.workers.storage.location import Location, under_root
+from ftrain.workers.storage.location import under_root
 from ftrain.workers.storage.port import RunGuard, RunStorage, StepReader
 from ftrain.workers.storage.storage_errors import OUTSIDE_RUN, Fenced, StorageError, StorageUnavailable
 
-FLUSH_TIMEOUT = 15.0
 LOG_TIMEOUT = 15.0
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
@@ -111,7 +109,7 @@ def resume(
         reason = header.manifest if isinstance(header.manifest, str) else None
         if reason is None and header.uri is not None:
             manifest = cast(Manifest, header.manifest)
-            _check_world(config, state, manifest, world)
+            check_world(config.world_change, state, manifest, world)
             mine = owned(manifest.files, rank, world)
             with store.readable(header.uri, manifest, mine, start=decision.start, rank=rank) as local:
                 reason = load_verified(local, manifest, state, group)
@@ -125,18 +123,6 @@ def resume(
     if plan.restart:
         _record(recorder, ResumeIntent(checkpoint_hash=None, step=0, attempt=attempt))
     return None, attempt, plan
-
-
-def _check_world(config: CheckpointConfig, state: TrainState, manifest: Manifest, world: int) -> None:
-    """Every rank, before loading: a resume on another world whose data position is per rank (or absent) is
-    refused (ResumeRefused, nothing loaded or trained), or with `world_change="warn"` goes on, said once."""
-    refusal = world_change_refusal(state.data, manifest.world_size, world, manifest.step)
-    if refusal is None:
-        return
-    if config.world_change == "refuse":
-        raise ResumeRefused(refusal)
-    if dist.get_rank() == 0:
-        log.warning("world_changed_data_per_rank", detail=refusal)
 
 
 def _no_valid(config: CheckpointConfig, plan: ResumePlan) -> NoValidCheckpoint:
@@ -244,8 +230,8 @@ def _plan(config: CheckpointConfig, recorder: Recorder | None, store: RunStorage
     older attempt still writing could equally seal in the moment between listing and claiming, and what it
     seals then is never recorded (the log has moved on) and set aside at the next seal of that step."""
     state = _run_state(config, recorder)
-    if state is not None and not _same(
-        launched := under_root(state.launch.storage, state.run_id), config.location
+    if state is not None and not (launched := under_root(state.launch.storage, state.run_id)).same(
+        config.location
     ):
         return StartDecision(
             refused=f"checkpoint location {config.location.uri} is not run {state.run_id}'s "
@@ -288,13 +274,6 @@ def _prepare(guard: RunGuard, plan: ResumePlan, attempt: int) -> None:
     guard.probe()
     if attempt:
         guard.claim(attempt)
-
-
-def _same(a: Location, b: Location) -> bool:
-    """Whether two locations are one run's checkpoints (on a file system, whatever links lead there)."""
-    if a.backend != b.backend:
-        return False
-    return a.path.resolve() == b.path.resolve() if a.backend == "file" else a.uri == b.uri
 
 
 def _attempt(state: RunState | None, plan: ResumePlan, guard: RunGuard) -> int:
@@ -347,10 +326,7 @@ def _record(recorder: Recorder | None, intent: ResumeIntent | SkipIntent | FailI
 def _run_state(config: CheckpointConfig, recorder: Recorder | None) -> RunState | None:
     if config.run_id is None or recorder is None:
         return None
-    if not recorder.flush(FLUSH_TIMEOUT):
-        log.warning("outbox_not_flushed", run_id=config.run_id)
-        return None
-    return read_run(config.run_id, settings.nats(os.environ), LOG_TIMEOUT)
+    return read_run(config.run_id, settings.nats(os.environ), LOG_TIMEOUT, recorder)
 
 
 def _broadcast(value: T | None, group: dist.ProcessGroup) -> T:

@@ -16,8 +16,9 @@ from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
 from ftrain.errors import ResumeFailed as ResumeFailed
+from ftrain.errors import ResumeRefused, StoppedByCredentials
 from ftrain.errors import ResumeStopped as ResumeStopped
-from ftrain.errors import StoppedByCredentials
+from ftrain.train.loaders import world_change_refusal
 from ftrain.train.state import TrainState
 from ftrain.workers.dcp_reader import (
     METADATA,
@@ -47,6 +48,18 @@ def owned(files: tuple[FileEntry, ...], rank: int, world: int) -> list[FileEntry
         if owner == rank:
             mine.append(entry)
     return mine
+
+
+def check_world(world_change: str, state: TrainState, manifest: Manifest, world: int) -> None:
+    """Every rank, before loading: a resume on another world whose data position is per rank (or absent) is
+    refused (ResumeRefused, nothing loaded or trained), or with `world_change="warn"` goes on, said once."""
+    refusal = world_change_refusal(state.data, manifest.world_size, world, manifest.step)
+    if refusal is None:
+        return
+    if world_change == "refuse":
+        raise ResumeRefused(refusal)
+    if dist.get_rank() == 0:
+        log.warning("world_changed_data_per_rank", detail=refusal)
 
 
 def load_verified(

@@ -17,7 +17,9 @@ from ftrain.events.jetstream.connection import NatsSettings, open_store
 from ftrain.events.jetstream.nats_server import NatsServerError
 from ftrain.events.keyring import KeyringError
 from ftrain.events.log_port import LogTampered, LogUnavailable
+from ftrain.workers.recorder import Recorder
 
+FLUSH_TIMEOUT = 15.0
 log = structlog.get_logger(__name__)
 
 
@@ -25,9 +27,16 @@ class RunBroken(FtrainError):
     """The run's chain is broken: its state cannot be trusted, so nothing is resumed, set aside or recorded."""
 
 
-def read_run(run_id: str, settings: NatsSettings, timeout: float) -> RunState | None:
-    """The state of `run_id` from its own events; None if the log cannot be read within `timeout` seconds.
-    Raises UnknownRun when the log is readable but knows no such run, RunBroken when its chain is broken."""
+def read_run(
+    run_id: str, settings: NatsSettings, timeout: float, recorder: Recorder | None = None
+) -> RunState | None:
+    """The state of `run_id` from its own events; None if the log cannot be read within `timeout` seconds,
+    or when `recorder` (the trainer's) cannot append what its outbox still holds for the run (what
+    the previous attempt left) within FLUSH_TIMEOUT. Raises UnknownRun when the log is readable but knows no
+    such run, RunBroken when its chain is broken."""
+    if recorder is not None and not recorder.flush(FLUSH_TIMEOUT):
+        log.warning("outbox_not_flushed", run_id=run_id)
+        return None
 
     async def query() -> RunState | None:
         async with open_store(settings) as store:

@@ -44,6 +44,14 @@ class Location(msgspec.Struct, frozen=True):
             raise StorageError(f"{self.uri} is on a file system, not object storage")
         return parsed.netloc, parsed.path.strip("/")
 
+    def same(self, other: "Location") -> bool:
+        """Whether both name one run's checkpoints (on a file system, whatever links lead there)."""
+        if self.backend != other.backend:
+            return False
+        return (
+            self.path.resolve() == other.path.resolve() if self.backend == "file" else self.uri == other.uri
+        )
+
 
 def parse_root(text: str | Path) -> tuple[Backend, str]:
     """The backend and canonical URI of a storage root written as a path, `file://` or `s3://` URI;
