@@ -1,5 +1,5 @@
 """A 2-rank job for the S3 resume tests, run under torchrun: it saves the reference trainer's state (debug
-model, FSDP2, one AdamW step) to `s3://…`, then loads it into a state built from another seed, and prints
+model, FSDP2, one AdamW step) to `s3://…`, then loads it into a model built from another seed over the same data, and prints
 both parameter digests. `--layout per-rank` gives each rank a work directory of its own, as two nodes with
 one rank each would have: a rank's load then needs files only the other rank's node holds."""
 
@@ -20,16 +20,19 @@ from ftrain.train.state import TrainState
 from ftrain.workers.storage.location import run_location
 
 
+DATA_SEED = 1
+
+
 def state(seed: int) -> TrainState:
-    """The reference trainer's state after one AdamW step from `seed`."""
+    """The reference trainer's state after one AdamW step from a model built from `seed`."""
     rank, world = dist.get_rank(), dist.get_world_size()
     args = parse_args(["--ckpt-dir", "unused", "--model", "debug", "--seed", str(seed)])
     config = model_config(args)
     model = build_model(config, args, torch.device("cpu"), rank)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
-    loader = ResumableLoader(
-        synthetic_tokens(64, config["seq"] + 1, config["vocab"], seed), 4, rank, world, seed
+    loader = ResumableLoader(  # one dataset and order: a resume refuses another (see the loader's state)
+        synthetic_tokens(64, config["seq"] + 1, config["vocab"], DATA_SEED), 4, rank, world, DATA_SEED
     )
     inputs, targets, _ = loader.next()
     model(inputs, targets).backward()
