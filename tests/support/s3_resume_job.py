@@ -19,7 +19,6 @@ from ftrain.train.process_exit import run_then_exit
 from ftrain.train.state import TrainState
 from ftrain.workers.storage.location import run_location
 
-
 DATA_SEED = 1
 
 
