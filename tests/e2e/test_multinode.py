@@ -209,7 +209,7 @@ def test_with_min_nodes_a_lost_node_is_dropped_and_taken_back_once_it_reaches_th
         end_run(nodes, run, job)
     out = (tmp_path / "supervisor.out").read_text()
     assert "going on without node2 (--min-nodes 1): 1 node(s), node1; retrying in 1 s" in out, out
-    assert "taking back node2 (answering again): 2 node(s), node1, node2; retrying in 1 s" in out, out
+    assert "taking back node2 (answering again): 2 node(s), node1, node2; retrying in 2 s" in out, out
     assert "Attempt 3 of 3 succeeded" in out and reached(ckpt) == 20, out
     seen = events(nodes, "node3", run, env)
     failures = [i for i, e in enumerate(seen) if e["type"] == "failed"]
