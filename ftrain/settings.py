@@ -76,6 +76,8 @@ KILL_POINTS: Final = ("step", "stage", "write", "fanout", "finalize", "sealed")
 MAX_STEP_DELAY: Final = 60.0
 MAX_REPLICAS: Final = 5
 NATS_SCHEMES: Final = ("nats", "tls", "ws", "wss")
+NATS_PORTS: Final = {"nats": 4222, "tls": 4222, "ws": 80, "wss": 443}
+"""The port a server of each scheme listens on when its URL names none."""
 LOG_LEVELS: Final = ("debug", "info", "warning", "error", "critical")
 SAVE_SIGNAL_NAMES: Final = ("SIGUSR1", "SIGUSR2", "SIGTERM", "SIGINT", "SIGHUP", "SIGXCPU")
 """Signals a scheduler sends as a warning (SIGXCPU: PBS and LSF at a CPU-time limit); never SIGKILL/SIGSTOP."""
@@ -187,6 +189,21 @@ def _absolute(env: Env, name: str) -> Path | None:
     if value is not None and not Path(value).is_absolute():
         raise InvalidSetting(f"{name}={value[:200]!r}: use an absolute path")
     return Path(value) if value else None
+
+
+def nats_addresses(env: Env = os.environ) -> list[tuple[str, int]]:
+    """The (host, port) of each server FTRAIN_NATS_URL lists (none: the embedded server, on this host)."""
+    url = _get(env, NATS_URL)
+    if url is None:
+        return []
+    _check_urls(url)
+    servers = [
+        urlparse(u.strip() if "://" in u else f"nats://{u.strip()}") for u in url.split(",") if u.strip()
+    ]
+    try:
+        return [(s.hostname or "", s.port or NATS_PORTS[s.scheme.lower()]) for s in servers]
+    except ValueError as exc:  # a port out of range or not a number
+        raise InvalidSetting(f"{NATS_URL}={redact_urls([s.geturl() for s in servers])!r}: {exc}") from None
 
 
 def _check_urls(text: str) -> None:

@@ -33,6 +33,7 @@ from ftrain.supervise.hostlist import HostlistError, resolve_allocation
 from ftrain.supervise.launch_spec import DEFAULT_TRAIN_CMD, LaunchSpec, LaunchSpecError, build_command
 from ftrain.supervise.lease_keeper import LeaseKeeper, this_supervisor
 from ftrain.supervise.node_exec import TemplateError, parse_template
+from ftrain.supervise.node_return import node_probe
 from ftrain.supervise.open_attempt import NotOpened, append_relaunch, open_attempt
 from ftrain.supervise.scheduler_job import (
     NotAJob,
@@ -408,6 +409,7 @@ def supervise(args: argparse.Namespace, ready: Callable[[], None]) -> int:
             opener=partial(open_attempt, run_id, nats, job=plan.launch.job, mlflow_run_id=tracked),
             hosts=plan.launch.hosts,
             min_nodes=plan.min_nodes,
+            probe=node_probe(slurm=plan.slurm, node_exec=args.node_exec),
             lease=lease,
             hang_timeout=args.hang_timeout,
             save_signals=plan.save,

@@ -54,7 +54,8 @@ def add_parser(sub: Subparsers) -> None:
         "--min-nodes",
         type=int_in(1, MAX_NODES),
         help="after a node is lost, relaunch without it while this many are left (default: --nodes: wait "
-        "for it); the trainer resumes resharded to the smaller world",
+        "for it); the trainer resumes resharded to the smaller world, and a later relaunch takes the node back "
+        "once it answers again",
     )
     p.add_argument(
         "--node-exec",

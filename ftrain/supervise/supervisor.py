@@ -36,9 +36,11 @@ from ftrain.host.lifeline import die_with_parent
 from ftrain.supervise.failure_report import FailureReport, describe, failure, signal_name, tee_stderr
 from ftrain.supervise.fencing import claim_opened
 from ftrain.supervise.lease_keeper import LeaseKeeper
+from ftrain.supervise.node_exec import NodeExit
+from ftrain.supervise.node_return import answering
 from ftrain.supervise.open_attempt import OPEN_TIMEOUT, NotOpened
 from ftrain.supervise.procs import attempt_marks, end_attempt
-from ftrain.supervise.relaunch_nodes import next_hosts
+from ftrain.supervise.relaunch_nodes import next_hosts, rejoined
 from ftrain.supervise.relay import STOP_SIGNALS, note_stop, stop_signals, warning_signal
 from ftrain.supervise.watchdog import Hang, Watchdog
 from ftrain.train.preemption import PREEMPTED_EXIT
@@ -123,6 +125,7 @@ class Supervisor:
         opener: Callable[[tuple[str, ...]], int],
         hosts: tuple[str, ...],
         min_nodes: int | None = None,
+        probe: Callable[[str], Sequence[str]] | None = None,
         grace: float = GRACE_SECONDS,
         lease: LeaseKeeper | None = None,
         hang_timeout: float | None = None,
@@ -133,7 +136,8 @@ class Supervisor:
         """`command` is an attempt's argv on the given hosts; `attempt`: the run's attempt the log opened for
         the first start (1 for a new run), on `hosts`; `opener` opens the next one on the given hosts in the
         log before each relaunch, returning its number (raises NotOpened). `min_nodes` below the number of
-        hosts lets a relaunch go on without a node the last attempt lost (None: every node, always). `lease`:
+        hosts lets a relaunch go on without a node the last attempt lost (None: every node, always); `probe`: the
+        argv asking a dropped node whether it is back (`node_return.node_probe`; None: never taken back). `lease`:
         the run's supervisor lease, renewed meanwhile (lost: the attempt is stopped, nothing recorded);
         `hang_timeout`: seconds without progress of any rank that end an attempt as hung (None: never).
         `save_signals`: the signals the trainer saves on (each node's torchrun runs under the relay, which
@@ -146,6 +150,8 @@ class Supervisor:
         self.run_id = run_id
         self.command = command
         self.hosts = hosts
+        self.allocation = hosts
+        self.probe = probe
         self.min_nodes = len(hosts) if min_nodes is None else min_nodes
         self.env = dict(env)
         self.ckpt_dir = ckpt_dir
@@ -283,13 +289,21 @@ class Supervisor:
                 )
             if hosts != self.hosts:
                 assert report.node is not None
-                line += (
-                    f"; going on without {report.node.host} (--min-nodes {self.min_nodes}): "
-                    f"{len(hosts)} node(s), {', '.join(hosts)}"
-                )
+                line += f"; going on without {report.node.host} (--min-nodes {self.min_nodes})"
+            if back := self._back(hosts, report.node):
+                hosts = rejoined(self.allocation, hosts, back)
+                line += f"; taking back {', '.join(h for h in hosts if h in back)} (answering again)"
+            if hosts != self.hosts:
+                line += f": {len(hosts)} node(s), {', '.join(hosts)}"
                 self.hosts = hosts
             emit(f"{line}; retrying in {delay:g} s")
             self._sleep_until(ended + delay)  # the time spent recording counts towards the backoff
+
+    def _back(self, hosts: tuple[str, ...], lost: NodeExit | None) -> set[str]:
+        """The nodes an earlier relaunch dropped that answer again; the one the last attempt lost is left out
+        of this relaunch whatever it answers."""
+        dropped = [h for h in self.allocation if h not in hosts and (lost is None or h != lost.host)]
+        return answering(self.probe, dropped, self.env) if self.probe is not None and dropped else set()
 
     def _open(self) -> int:
         """Open the next attempt once the last one's failure is in the log: the log opens no attempt of a run

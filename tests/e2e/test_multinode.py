@@ -118,7 +118,7 @@ def end_run(nodes: Any, run: str, *procs: subprocess.Popen[bytes]) -> None:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-    for attempt in (1, 2):
+    for attempt in (1, 2, 3):
         assert not end_attempt(run_marks(run, attempt), 10)  # stopped ones too
     for node in nodes.nodes:
         nodes.heal(node)
@@ -177,50 +177,62 @@ def test_a_lost_node_is_recorded_and_the_run_resumes_on_both_nodes_when_it_retur
           f"{first['train/lost_steps']}); events: {summary(seen)}")  # fmt: skip
 
 
-def test_with_min_nodes_a_node_gone_for_good_is_dropped_and_training_goes_on_resharded(
+def test_with_min_nodes_a_lost_node_is_dropped_and_taken_back_once_it_reaches_the_log_again(
     nodes: Any, tmp_path: Path
 ) -> None:
-    """Node 2 is lost for good under `--min-nodes 1`: the supervisor records `failed` (node-failure) and opens
-    attempt 2 on node1 alone, whose 2 processes load the 4-rank checkpoint resharded by DCP and train to the
-    end. The events say the world before and after: launched on 2 nodes × 2, checkpoints of 4 shards; the
-    `resumed` names node1 alone, checkpoints of 2 shards from then on."""
+    """Node 2 is lost under `--min-nodes 1`: the supervisor records `failed` (node-failure) and opens attempt 2
+    on node1 alone, whose 2 processes load the 4-rank checkpoint resharded by DCP and train on. Node 2 comes
+    back (link up, its NATS server again) while attempt 2 trains; attempt 2 is killed at step 17
+    (FTRAIN_KILL_AT), and its relaunch asks node2 whether it reaches the log: it does, and attempt 3 trains on
+    both nodes to the end. The events say the world each time: launched on 2 nodes × 2, checkpoints of 4
+    shards; `resumed` on node1, checkpoints of 2 shards; `resumed` on both, 4 shards again."""
     run, ckpt_root = "dist-E-2x2-fsdp", nodes.work / "shared" / "ckpt-elastic"
-    ckpt, env = ckpt_root / run, run_env(nodes, ckpt_root)
+    ckpt = ckpt_root / run
+    env = {
+        **run_env(nodes, ckpt_root),
+        "FTRAIN_KILL_AT": "step:17",
+        "FTRAIN_KILL_ONCE": str(tmp_path / "kills"),
+    }
     started = time.monotonic()
-    job = supervisor(nodes, "node1", ftrain_run(nodes, "E", "node[1-2]", "--min-nodes", "1", "--max-retries", "1",
+    job = supervisor(nodes, "node1", ftrain_run(nodes, "E", "node[1-2]", "--min-nodes", "1", "--max-retries", "2",
                                                 "--backoff", "1"), env, tmp_path / "supervisor")  # fmt: skip
     try:
         wait_for(lambda: reached(ckpt) >= 7, job, "step 7")
         crashed, crashed_at = time.monotonic(), time.time()
         nodes.crash("node2")
-        assert job.wait(timeout=240) == 0, (tmp_path / "supervisor.err").read_text()[-3000:]
+        wait_for(lambda: bool(on(nodes, "node1", run, 2)), job, "attempt 2 to start on node1", timeout=90)
+        nodes.heal("node2")
+        nodes.start_nats("node2")
+        assert job.wait(timeout=300) == 0, (tmp_path / "supervisor.err").read_text()[-3000:]
         wall, ended = time.monotonic() - started, time.monotonic()
     finally:
         end_run(nodes, run, job)
     out = (tmp_path / "supervisor.out").read_text()
     assert "going on without node2 (--min-nodes 1): 1 node(s), node1; retrying in 1 s" in out, out
-    assert "Attempt 2 of 2 succeeded" in out and reached(ckpt) == 20, out
+    assert "taking back node2 (answering again): 2 node(s), node1, node2; retrying in 2 s" in out, out
+    assert "Attempt 3 of 3 succeeded" in out and reached(ckpt) == 20, out
     seen = events(nodes, "node3", run, env)
-    failed = next(i for i, e in enumerate(seen) if e["type"] == "failed")
-    lost, opened = seen[failed], seen[failed + 1]
+    failures = [i for i, e in enumerate(seen) if e["type"] == "failed"]
+    assert len(failures) == 2, summary(seen)
+    lost, shrunk, grown = seen[failures[0]], seen[failures[0] + 1], seen[failures[1] + 1]
     assert (lost["reason"], lost["message"]) == (
         "node-failure",
         "node node2 lost: its command was killed by SIGKILL",
     )
     assert (seen[0]["nodes"], seen[0]["gpus_per_node"], seen[0]["hosts"]) == (2, 2, ["node1", "node2"])
-    assert (opened["type"], opened["hosts"], opened["attempt"]) == ("resumed", ["node1"], 2)
+    assert (shrunk["type"], shrunk["hosts"], shrunk["attempt"]) == ("resumed", ["node1"], 2)
+    assert (grown["type"], grown["hosts"], grown["attempt"]) == ("resumed", ["node1", "node2"], 3)
     shards = [(e["step"], e["shards"]) for e in seen if e["type"] == "checkpointed"]
-    assert shards == [(s, 4) for s in range(5, opened["step"] + 1, 5)] + [
-        (s, 2) for s in range(opened["step"] + 5, 21, 5)
-    ]
-    assert seen[-1]["type"] == "completed" and seen[-1]["attempt"] == 2
+    assert shards == [(s, 4 if s <= shrunk["step"] or s > grown["step"] else 2) for s in range(5, 21, 5)]
+    assert grown["step"] == 15 and seen[-1]["type"] == "completed" and seen[-1]["attempt"] == 3
     status = nodes.run("node3", [FTRAIN, "status", run], env)
-    assert "nodes       node1 (1 of 2: 2 GPUs)" in status.stdout, status.stdout + status.stderr
+    assert status.returncode == 0 and "\nnodes " not in status.stdout, status.stdout + status.stderr
     first = restarts(ckpt)[0]
-    print(f"\nscenario 3 (elastic, node2 gone for good): {wall:.1f} s wall; after the crash: `failed` in the log at "
-          f"{since(lost, crashed_at):.1f} s, `resumed` on node1 at {since(opened, crashed_at):.1f} s, the run ended "
-          f"{ended - crashed:.1f} s after it (trainer restart_seconds {first['train/restart_seconds']:.1f}, lost "
-          f"steps {first['train/lost_steps']}); world 4 → 2; events: {summary(seen)}")  # fmt: skip
+    print(f"\nscenario 3 (elastic, node2 lost and back): {wall:.1f} s wall; after the crash: `failed` in the log at "
+          f"{since(lost, crashed_at):.1f} s, `resumed` on node1 at {since(shrunk, crashed_at):.1f} s, on both again "
+          f"at {since(grown, crashed_at):.1f} s, the run ended {ended - crashed:.1f} s after it (trainer "
+          f"restart_seconds {first['train/restart_seconds']:.1f}, lost steps {first['train/lost_steps']}); world "
+          f"4 → 2 → 4; events: {summary(seen)}")  # fmt: skip
 
 
 def waiting(outbox: Outbox, run: str) -> list[int]:

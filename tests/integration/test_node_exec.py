@@ -19,7 +19,9 @@ from ftrain.supervise.node_exec import (
     each_node_command,
     parse_node_exit,
 )
+from ftrain.supervise.node_return import node_probe
 from ftrain.supervise.supervisor import Outcome, Relaunches, Supervisor
+from ftrain.workers.layout import MARKER
 from tests.support.builders import Intents
 from tests.support.processes import ftrain_process
 from tests.support.servers import stream_last_seq
@@ -81,11 +83,13 @@ def supervise_nodes(
     relaunches: Relaunches,
     opener: Callable[[tuple[str, ...]], int],
     min_nodes: int | None = None,
+    template: str = "env NODE={host}",
 ) -> Outcome:
-    """A supervisor running `script` on "nodes" a and b through the runner (`$NODE` says which)."""
+    """A supervisor running `script` on "nodes" a and b through the runner (`$NODE` says which), asking a
+    dropped node back through the same template."""
     return Supervisor(
         "r1",
-        lambda hosts: each_node_command("env NODE={host}", hosts, ["sh", "-c", script]),
+        lambda hosts: each_node_command(template, hosts, ["sh", "-c", script]),
         {**os.environ, "FTRAIN_RUN_ID": "r1"},
         tmp_path / "ckpt",
         relaunches,
@@ -94,6 +98,7 @@ def supervise_nodes(
         opener=opener,
         hosts=("a", "b"),
         min_nodes=min_nodes,
+        probe=node_probe(slurm=False, node_exec=template),
     ).run()
 
 
@@ -134,6 +139,40 @@ def test_with_min_nodes_the_relaunch_goes_on_without_the_lost_node(
     assert outcome.status == "completed" and opened == [("a",)]
     assert [type(i).__name__ for i in recorder.intents] == ["FailIntent", "CompleteIntent"]
     assert "going on without b (--min-nodes 1): 1 node(s), a; retrying in 0 s" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("comes_back", [True, False])
+def test_with_min_nodes_a_dropped_node_that_answers_again_is_taken_back_at_the_next_relaunch(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], comes_back: bool
+) -> None:
+    """Node b is lost in attempt 1 (it goes down: its "ssh" exits 255 from then on) and attempt 2 runs on a
+    alone; its training fails, after b came back or not. Attempt 3 asks b first: back on both nodes when it
+    answers, on a alone when it does not. Each attempt seals a step, so none counts as making no progress."""
+    node = tmp_path / "node.sh"  # stands in for `ssh {host}`: 255 while the node is down
+    node.write_text(f'host=$1; shift; [ -e {tmp_path}/down-$host ] && exit 255; exec env NODE=$host "$@"\n')
+    sealed = tmp_path / "ckpt" / "step-$n"
+    script = (
+        f'if [ "$NODE" = a ]; then n=$(ls -d {tmp_path}/ckpt/step-* 2>/dev/null | wc -l); n=$((n + 1)); '
+        f"mkdir -p {sealed} && touch {sealed}/{MARKER}; fi; "
+        f'if [ "$NODE" = b ] && mkdir {tmp_path}/b-lost 2>/dev/null; then sleep 0.3; touch {tmp_path}/down-b; '
+        "kill -9 $$; fi; "
+        f'if [ "$NODE" = a ] && [ -e {tmp_path}/down-b ] && mkdir {tmp_path}/a-failed 2>/dev/null; then '
+        + (f"rm {tmp_path}/down-b; " if comes_back else "")
+        + "exit 1; fi; sleep 0.6"
+    )
+    opened: list[tuple[str, ...]] = []
+
+    def opener(hosts: tuple[str, ...]) -> int:
+        opened.append(hosts)
+        return len(opened) + 1
+
+    recorder = Intents()
+    relaunches = Relaunches(max_retries=2, backoff=0)
+    outcome = supervise_nodes(tmp_path, script, recorder, relaunches, opener, 1, f"sh {node} {{host}}")
+    assert outcome.status == "completed", outcome
+    assert opened == [("a",), ("a", "b") if comes_back else ("a",)]
+    out = capsys.readouterr().out
+    assert ("taking back b (answering again): 2 node(s), a, b; retrying in 0 s" in out) is comes_back, out
 
 
 def test_sigterm_reaches_every_node() -> None:

@@ -1,7 +1,8 @@
 """`ftrain run --node-exec TEMPLATE`, pure: the template's rules, each node's command line, which node a lost
-node's relaunch drops, and a lost node told from a failed training (the runner and the supervisor with real
-processes: tests/integration/test_node_exec.py)."""
+node's relaunch drops and how a dropped one is asked back, and a lost node told from a failed training (the
+runner and the supervisor with real processes: tests/integration/test_node_exec.py)."""
 
+import socket
 import sys
 
 import pytest
@@ -17,7 +18,9 @@ from ftrain.supervise.node_exec import (
     node_argv,
     parse_template,
 )
-from ftrain.supervise.relaunch_nodes import next_hosts
+from ftrain.supervise.node_ready import reaches_log
+from ftrain.supervise.node_return import PROBE_SECONDS, READY, node_probe
+from ftrain.supervise.relaunch_nodes import next_hosts, rejoined
 
 SPEC = LaunchSpec(
     run_id="r1",
@@ -110,6 +113,32 @@ def test_a_lost_node_is_dropped_only_while_min_nodes_are_left(
     assert next_hosts(("a", "b", "c"), lost, min_nodes) == hosts
 
 
+@pytest.mark.parametrize(
+    ("hosts", "answered", "rejoined_hosts"),
+    [
+        (("b", "c"), {"a"}, ("a", "b", "c")),  # rank 0's node is the allocation's first again
+        (("a",), {"c"}, ("a", "c")),
+        (("a", "c"), set(), ("a", "c")),
+    ],
+)
+def test_a_dropped_node_that_answers_comes_back_in_its_place(
+    hosts: tuple[str, ...], answered: set[str], rejoined_hosts: tuple[str, ...]
+) -> None:
+    assert rejoined(("a", "b", "c"), hosts, answered) == rejoined_hosts
+
+
+def test_a_dropped_node_is_asked_as_the_attempt_reaches_it() -> None:
+    """`node_ready` through the template, or in a one-task srun step that gives up when Slurm cannot place it;
+    one host alone has nothing to ask."""
+    over_ssh = node_probe(slurm=False, node_exec="ssh -o 'ConnectTimeout 5' {host}")
+    assert over_ssh is not None and over_ssh("n2") == ["ssh", "-o", "ConnectTimeout 5", "n2", "env", *READY]
+    in_slurm = node_probe(slurm=True)
+    assert in_slurm is not None and in_slurm("n2") == [
+        "srun", "--nodes=1", "--ntasks=1", "--nodelist=n2", f"--immediate={PROBE_SECONDS}", *READY,
+    ]  # fmt: skip
+    assert node_probe(slurm=False) is None
+
+
 ROOT_CAUSE = (
     b"Root Cause (first observed failure):\n[0]:\n  rank      : 2 (local_rank: 0)\n  exitcode  : 3 (pid: 9)\n"
 )
@@ -148,3 +177,15 @@ def test_a_lost_node_is_told_from_a_failed_training(
     for i in range(0, len(stderr), 5):  # lines split anywhere
         report.feed(stderr[i : i + 5])
     assert failure(returncode, report.worker_exit, report.node) == intent
+
+
+def test_a_node_is_ready_once_it_reaches_a_server_of_the_log() -> None:
+    with (
+        socket.create_server(("127.0.0.1", 0)) as listening,
+        socket.create_server(("127.0.0.1", 0)) as closed,
+    ):
+        up, down = (f"nats://127.0.0.1:{s.getsockname()[1]}" for s in (listening, closed))
+        closed.close()  # nothing listens on its port any more
+        assert reaches_log({"FTRAIN_NATS_URL": f"{down},{up}"}, timeout=1)
+        assert not reaches_log({"FTRAIN_NATS_URL": down}, timeout=1)
+    assert reaches_log({})  # the embedded server: nothing to reach over the network

@@ -125,6 +125,17 @@ def test_urls_with_or_without_a_nats_scheme_are_accepted(url: str) -> None:
     assert settings.nats({"FTRAIN_NATS_URL": url}).url == url
 
 
+def test_each_server_of_the_url_list_is_an_address_its_default_port_filled_in() -> None:
+    url = "nats://u:secret@a:4223, tls://b, localhost:4222,wss://c"
+    assert settings.nats_addresses({"FTRAIN_NATS_URL": url}) == [
+        ("a", 4223), ("b", 4222), ("localhost", 4222), ("c", 443),
+    ]  # fmt: skip
+    assert settings.nats_addresses({}) == []  # the embedded server
+    with pytest.raises(InvalidSetting, match="out of range") as caught:
+        settings.nats_addresses({"FTRAIN_NATS_URL": "nats://u:secret@a:99999"})
+    assert "secret" not in str(caught.value)
+
+
 @pytest.mark.parametrize(
     ("env", "message"),
     [
