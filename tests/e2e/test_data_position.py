@@ -1,20 +1,22 @@
 """Exact data and randomness with the loaders people use: each loader killed mid-run (SIGKILL) resumes to the
-uninterrupted run's losses bit for bit, dropout included; a run shrunk from 4 ranks to 2 and grown back to 4
-trains every step on the uninterrupted 4-rank run's samples; a per-rank loader on another world is refused.
-(The sampler's arithmetic: tests/unit/test_global_sampler.py.)"""
+uninterrupted run's losses bit for bit, dropout included, from a directory and from S3 (the session's
+SeaweedFS); a run shrunk from 4 ranks to 2 and grown back to 4 trains every step on the uninterrupted 4-rank
+run's samples; a per-rank loader on another world is refused, or with `world_change="warn"` goes on after one
+warning. (The sampler's arithmetic: tests/unit/test_global_sampler.py.)"""
 
 import json
 import os
 import re
 import subprocess
 import sys
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 
 import pytest
 import torch
 
 from tests.support.processes import free_port
+from tests.support.s3 import Endpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 TOLERANCE = 1e-6
@@ -29,7 +31,8 @@ def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
         "FTRAIN_HOME": str(tmp_path / "home"),
         "PYTHONPATH": str(ROOT),
     }
-    for name in ("FTRAIN_KILL_AT", "FTRAIN_KILL_ONCE", "FTRAIN_RUN_ID", "FTRAIN_CKPT_DIR", "FTRAIN_ATTEMPT"):
+    for name in ("FTRAIN_KILL_AT", "FTRAIN_KILL_ONCE", "FTRAIN_RUN_ID", "FTRAIN_CKPT_DIR", "FTRAIN_ATTEMPT",
+                 "FTRAIN_LOG_LEVEL"):  # fmt: skip
         env.pop(name, None)
     return {**env, **extra}
 
@@ -62,19 +65,33 @@ def _losses(path: Path) -> dict[int, float]:
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize(
-    ("loader", "saving"),
-    [("stateful", "sync"), ("stateful-shuffle", "async"), ("global", "async"), ("own", "sync")],
+    ("loader", "saving", "storage"),
+    [
+        ("stateful", "sync", "file"),
+        ("stateful-shuffle", "async", "file"),
+        ("global", "async", "file"),
+        ("own", "sync", "file"),
+        ("global", "async", "s3"),
+        ("stateful", "sync", "s3"),
+    ],
 )
 def test_each_loader_killed_mid_run_resumes_to_the_uninterrupted_losses_bit_exact(
-    tmp_path: Path, loader: str, saving: str
+    request: pytest.FixtureRequest, tmp_path: Path, loader: str, saving: str, storage: str
 ) -> None:
-    job = [sys.executable, "-m", "tests.support.loader_job", "--loader", loader, "--location", "run"]
+    s3: dict[str, str] = {}
+    location = "run"
+    if storage == "s3":
+        weed: Endpoint = request.getfixturevalue("weed")  # only here: the file cases start no SeaweedFS
+        s3, location = weed.env(), f"s3://{weed.new_bucket()}/ckpt/run"
+    job = [sys.executable, "-m", "tests.support.loader_job", "--loader", loader, "--location", location]
     job += ["--async-save"] if saving == "async" else []
-    killed = _run([*job, "--losses", "resumed.jsonl"], _env(tmp_path, FTRAIN_KILL_AT="step:17"), tmp_path)
+    killed = _run(
+        [*job, "--losses", "resumed.jsonl"], _env(tmp_path, FTRAIN_KILL_AT="step:17", **s3), tmp_path
+    )
     assert killed.returncode == -9, killed.stderr[-2000:]
     assert max(_losses(tmp_path / "resumed.jsonl")) == 17
     resumed = _run(
-        [*job, "--losses", "resumed.jsonl", "--reference", "ref", "ref.jsonl"], _env(tmp_path), tmp_path
+        [*job, "--losses", "resumed.jsonl", "--reference", "ref", "ref.jsonl"], _env(tmp_path, **s3), tmp_path
     )
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     # saved at 15 (async: the save of 15 may still have been in flight, then from 10): the steps after it again
@@ -129,17 +146,52 @@ def test_a_run_shrunk_to_2_ranks_and_grown_back_to_4_trains_the_uninterrupted_sa
     assert difference <= TOLERANCE
 
 
-@pytest.mark.timeout(240)
-def test_a_per_rank_loader_resumed_on_another_world_is_refused_before_training(tmp_path: Path) -> None:
+WORLD_CHANGE = (
+    "step 5 was saved by 1 ranks and this start has 2: the loader StatefulDataLoader keeps a per-rank position, "
+    "so samples would be skipped or seen twice; resume on 1 ranks, or give the loader a global data position "
+    "(ftrain.train.sampler.GlobalSampler as its batch_sampler), or pass world_change='warn' to go on anyway"
+)
+"""What both world-change tests expect said: the refusal, and the warning's detail."""
+
+
+def _per_rank_loader_saved_on_1_then_resumed_on_2(
+    tmp_path: Path, world_change: str, **env: str
+) -> subprocess.CompletedProcess[str]:
+    """A `StatefulDataLoader` job saved at step 5 on 1 rank (losses.jsonl), then the 2-rank job resuming it
+    (`env` added to its environment)."""
     job = ["--loader", "stateful", "--location", "run", "--losses", "losses.jsonl"]
     saved = _run(
         [sys.executable, "-m", "tests.support.loader_job", *job, "--steps", "5"], _env(tmp_path), tmp_path
     )
     assert saved.returncode == 0, saved.stderr[-2000:]
-    refused = _run(_torchrun(2, "tests.support.loader_job", *job), _env(tmp_path), tmp_path)
+    return _run(
+        _torchrun(2, "tests.support.loader_job", *job, "--world-change", world_change),
+        _env(tmp_path, **env),
+        tmp_path,
+    )
+
+
+@pytest.mark.timeout(240)
+def test_a_per_rank_loader_resumed_on_another_world_is_refused_before_training(tmp_path: Path) -> None:
+    refused = _per_rank_loader_saved_on_1_then_resumed_on_2(tmp_path, "refuse")
     assert refused.returncode != 0
-    assert (
-        "loader_job: step 5 was saved by 1 ranks and this start has 2: the loader StatefulDataLoader keeps a "
-        "per-rank position" in refused.stderr
-    ), refused.stderr[-3000:]
+    assert f"loader_job: {WORLD_CHANGE}\n" in refused.stderr, refused.stderr[-3000:]
     assert max(_losses(tmp_path / "losses.jsonl")) == 5  # nothing trained after the refusal
+
+
+@pytest.mark.timeout(240)
+def test_a_per_rank_loader_resumed_on_another_world_with_warn_goes_on_after_one_warning(
+    tmp_path: Path,
+) -> None:
+    # every rank's warnings on stderr, as JSON: said once is the manager's doing, not the default's rank-0 filter
+    resumed = _per_rank_loader_saved_on_1_then_resumed_on_2(tmp_path, "warn", FTRAIN_LOG_LEVEL="warning")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    events = [json.loads(line) for line in resumed.stderr.splitlines() if line.startswith("{")]
+    said = [(e["event"], e.get("detail")) for e in events if e["event"] == "world_changed_data_per_rank"]
+    assert said == [("world_changed_data_per_rank", WORLD_CHANGE)], resumed.stderr[-3000:]
+    assert [e["event"] for e in events].count("world_size_changed") == 2  # each rank's warnings are shown
+    assert "RESUMED from step=5 (epoch=0), saved by 1 ranks, resumed by 2\n" in resumed.stdout
+    steps = Counter(
+        line["step"] for line in map(json.loads, (tmp_path / "losses.jsonl").read_text().splitlines())
+    )
+    assert steps == {**dict.fromkeys(range(1, 6), 1), **dict.fromkeys(range(6, 31), 2)}  # each rank on to 30

@@ -1,12 +1,12 @@
 """A training script with dropout (the global generator) over the loaders people use, for the exact-resume tests.
 
-    python -m tests.support.loader_job --loader stateful --location DIR --losses FILE [--reference DIR FILE]
+    python -m tests.support.loader_job --loader stateful --location DIR|s3://B/P --losses FILE [--reference DIR FILE]
 
 `--loader`: `stateful` (torchdata's StatefulDataLoader, 2 workers, over a shuffling DistributedSampler),
 `stateful-shuffle` (the same with `shuffle=True`), `global` (a plain DataLoader, 2 workers, over ftrain's
 GlobalSampler with accumulation), `own` (ftrain's example loader). Every step's loss goes to `--losses`, one
 JSON line; `--reference` then trains the same from scratch at another location, as one uninterrupted run;
-`--async-save` saves through the async pipeline.
+`--async-save` saves through the async pipeline; `--world-change` is the manager's `world_change`.
 Under torchrun each rank trains its share (gloo).
 """
 
@@ -58,7 +58,9 @@ def batches(loader: Any, epoch: int) -> Any:
         epoch += 1
 
 
-def train(kind: str, location: Path, losses: Path, steps: int, async_save: bool) -> None:
+def train(
+    kind: str, location: str | Path, losses: Path, steps: int, async_save: bool, world_change: str = "refuse"
+) -> None:
     torch.manual_seed(0)
     data = torch.randn(SAMPLES, 8, generator=torch.Generator().manual_seed(1))
     targets = data.sum(dim=1, keepdim=True).sin()
@@ -66,7 +68,13 @@ def train(kind: str, location: Path, losses: Path, steps: int, async_save: bool)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     loader = make_loader(kind, data, targets)
     ckpt = CheckpointManager(
-        location, model=model, optimizer=optimizer, loader=loader, every=5, async_save=async_save
+        location,
+        model=model,
+        optimizer=optimizer,
+        loader=loader,
+        every=5,
+        async_save=async_save,
+        world_change=world_change,
     )
     step = ckpt.load()
     stream = batches(loader, ckpt.epoch)
@@ -95,16 +103,17 @@ def train(kind: str, location: Path, losses: Path, steps: int, async_save: bool)
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--loader", choices=("stateful", "stateful-shuffle", "global", "own"), required=True)
-    parser.add_argument("--location", type=Path, required=True)
+    parser.add_argument("--location", required=True)  # a str: Path would make s3:// into s3:/
     parser.add_argument("--losses", type=Path, required=True)
     parser.add_argument("--reference", type=Path, nargs=2)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--async-save", action="store_true")
+    parser.add_argument("--world-change", choices=("refuse", "warn"), default="refuse")
     args = parser.parse_args()
     if "WORLD_SIZE" in os.environ:
         dist.init_process_group("gloo")
     try:
-        train(args.loader, args.location, args.losses, args.steps, args.async_save)
+        train(args.loader, args.location, args.losses, args.steps, args.async_save, args.world_change)
     except ResumeRefused as exc:
         if not dist.is_initialized() or dist.get_rank() == 0:
             print(f"loader_job: {exc}", file=sys.stderr, flush=True)
