@@ -30,7 +30,13 @@ from ftrain.service.run_commands import checkpoint_storage
 from ftrain.supervise.attempts import attempt_commands, child_env
 from ftrain.supervise.fencing import claim_opened
 from ftrain.supervise.hostlist import HostlistError, resolve_allocation
-from ftrain.supervise.launch_spec import DEFAULT_TRAIN_CMD, LaunchSpec, LaunchSpecError, build_command
+from ftrain.supervise.launch_spec import (
+    DEFAULT_STRATEGY,
+    DEFAULT_TRAIN_CMD,
+    LaunchSpec,
+    LaunchSpecError,
+    build_command,
+)
 from ftrain.supervise.lease_keeper import LeaseKeeper, this_supervisor
 from ftrain.supervise.node_exec import TemplateError, parse_template
 from ftrain.supervise.node_return import node_probe
@@ -99,7 +105,9 @@ def prepare_launch(args: argparse.Namespace) -> LaunchPlan:
         raise UsageError(str(exc)) from exc
     job = identify(job)
     explicit = args.run_id or derived  # a requeued job's run is the job's: resumed, never a new -N
-    base_id = explicit or f"dist-{args.project}-{args.nodes}x{procs}-{args.strategy}"
+    strategy = args.strategy or DEFAULT_STRATEGY
+    named = f"-{args.strategy}" if args.strategy else ""  # the script's strategy is known only when named
+    base_id = explicit or f"dist-{args.project}-{args.nodes}x{procs}{named}"
     try:
         validate_run_id(base_id if explicit else base_id + "-99")
     except InvalidRunId as exc:
@@ -111,7 +119,7 @@ def prepare_launch(args: argparse.Namespace) -> LaunchPlan:
             run_id=run_id,
             nodes=args.nodes,
             gpus_per_node=args.nproc_per_node or procs,
-            strategy=args.strategy,
+            strategy=strategy,
             rdzv_host=allocation.rank0_host,
             rdzv_port=args.rdzv_port if args.rdzv_port is not None else rendezvous_port(job),
             train_cmd=tuple(args.train_cmd) or DEFAULT_TRAIN_CMD,
@@ -130,7 +138,7 @@ def prepare_launch(args: argparse.Namespace) -> LaunchPlan:
         return Launched(
             run_id=run_id,
             project=args.project,
-            strategy=args.strategy,
+            strategy=strategy,
             nodes=args.nodes,
             gpus_per_node=procs,
             devices=devices,
@@ -325,7 +333,7 @@ async def start_run(app: RunService, args: argparse.Namespace, plan: RunPlan, ho
                     project=args.project,
                     nodes=args.nodes,
                     gpus_per_node=plan.launch.procs_per_node,
-                    strategy=args.strategy,
+                    strategy=wanted.strategy,
                     dataset_revision=wanted.dataset_revision,
                     checkpoint_policy=wanted.checkpoint_policy,
                 )

@@ -114,7 +114,10 @@ def _add_launch_arguments(p: argparse.ArgumentParser) -> None:
         help="a CPU job: the CPUs it holds per node, to cost it in CPU-hours instead of node-hours",
     )
     p.add_argument(
-        "--strategy", choices=STRATEGIES, default="fsdp", help="how the job shards its model (default fsdp)"
+        "--strategy",
+        choices=STRATEGIES,
+        help="how the job shards its model, named in the default run id when given (default: built and recorded "
+        "as fsdp)",
     )
     p.add_argument(
         "--dataset-revision", help="the data's version, recorded with the launch and every manifest"
@@ -136,9 +139,9 @@ def _add_launch_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--run-id",
         type=run_id,
-        help="the run's id (default dist-PROJECT-NODESxPROCS-STRATEGY, -2, -3… when taken; inside a Slurm job "
-        "PROJECT-slurm-$SLURM_JOB_ID, a PBS job PROJECT-pbs-JOBNUMBER, so a requeued job resumes it); `run`: an "
-        "existing failed one is relaunched",
+        help="the run's id (default dist-PROJECT-NODESxPROCS, then -STRATEGY when --strategy is given, "
+        "-2, -3… when taken; inside a Slurm job PROJECT-slurm-$SLURM_JOB_ID, a PBS job "
+        "PROJECT-pbs-JOBNUMBER, so a requeued job resumes it); `run`: an existing failed one is relaunched",
     )
     p.add_argument("--tp", type=positive, default=1, help="megatron tensor-parallel size")
     p.add_argument("--pp", type=positive, default=1, help="megatron pipeline-parallel size")

@@ -19,6 +19,7 @@ DEFAULT_RDZV_PORT: Final = 29500
 """torchrun's own default, the rendezvous port outside a scheduler job (`scheduler_job.rendezvous_port`)."""
 
 __all__ = [
+    "DEFAULT_STRATEGY",
     "DEFAULT_TRAIN_CMD",
     "STRATEGIES",
     "LaunchSpec",
@@ -30,6 +31,9 @@ __all__ = [
 STRATEGIES: Final = ("fsdp", "ddp", "zero", "megatron", "none")
 """How the job shards its model: a label for fsdp, ddp and none (a CPU job, a single process); zero and
 megatron add their arguments to the training command."""
+
+DEFAULT_STRATEGY: Final = "fsdp"
+"""What a launch without --strategy records and builds its command for (a label: the command as given)."""
 
 DEFAULT_TRAIN_CMD: Final = ("-m", "ftrain.examples.train")
 """The reference trainer, run as a module by torchrun's own interpreter."""

@@ -4,7 +4,7 @@ When torchrun's agent dies first (a SIGKILL to its group, the OOM killer) its wo
 its own, become orphans nobody tracks. What every process of an attempt keeps is its environment: the
 supervisor starts the attempt with the run, the attempt number and a nonce of the attempt's own in it
 (`attempt_marks`), and every worker inherits them. The nonce is what tells them apart: run ids repeat (every `ftrain demo` is
-dist-demo-1x2-fsdp, a script is run twice against two logs), and ending one attempt must never kill another
+dist-demo-1x2, a script is run twice against two logs), and ending one attempt must never kill another
 supervisor's attempt with the same run and number on the host.
 """
 

@@ -17,7 +17,7 @@ import pytest
 from tests.support.netns import FTRAIN, stream_leader
 from tests.support.netns import cluster as harness
 
-RUN = "dist-JPCP-2x2-fsdp"
+RUN = "dist-JPCP-2x2"
 pytestmark = [
     pytest.mark.timeout(300),
     # Raft elections and catch-up are the subject. Run beside another test's training on both cores, the second
@@ -207,7 +207,7 @@ async def test_a_server_cut_off_behind_the_others_is_unavailable_never_an_older_
     cut off); a client on node1, which reaches only that server, holds an anchor newer than its replica. It is
     told the log is unavailable (retry later), never that the stream went back (tampered: nothing appended
     until an operator repairs it); a run's state read there waits for the leader and is never an older one."""
-    run = "dist-BEHIND-1x2-fsdp"
+    run = "dist-BEHIND-1x2"
     code, out, err = ftrain(nodes, "node1", "launch", "BEHIND", "--nodes", "1", "--gpus-per-node", "2")
     assert code == 0 and run in out, out + err
     code, _, err = checkpoint(nodes, "node1", 10, run)

@@ -27,7 +27,7 @@ def test_demo_trains_is_killed_resumes_and_ends_bit_identical_on_the_embedded_de
         digests = re.findall(r"params_sha256=([0-9a-f]{64})", out)
         assert len(digests) == 4 and len(set(digests)) == 1
         assert "identical: the SIGKILL cost recomputed steps, nothing else" in out
-        assert sorted(p.name for p in (tmp_path / "home" / "checkpoints" / "dist-demo-1x2-fsdp").glob("step-*")) == [
+        assert sorted(p.name for p in (tmp_path / "home" / "checkpoints" / "dist-demo-1x2").glob("step-*")) == [
             "step-40", "step-50", "step-60"
         ]  # fmt: skip
     finally:
@@ -47,15 +47,13 @@ def test_demo_on_the_embedded_seaweedfs_resumes_from_s3_and_ends_bit_identical(t
         assert "RESUMED from step=30 (epoch=0)" in out
         assert "Attempt 2 of 3 succeeded" in out
         assert "state       completed" in out and "resumes     1" in out
-        assert "s3://ftrain/checkpoints/dist-demo-1x2-fsdp/step-60" in out  # status shows the S3 URI
+        assert "s3://ftrain/checkpoints/dist-demo-1x2/step-60" in out  # status shows the S3 URI
         assert f"Verified 10 event(s) in 1 run(s): every chain intact and anchored; signed by {SIGNER}" in out
-        assert (
-            "sealed on S3 under s3://ftrain/checkpoints/dist-demo-1x2-fsdp/: step-60, step-50, step-40" in out
-        )
+        assert "sealed on S3 under s3://ftrain/checkpoints/dist-demo-1x2/: step-60, step-50, step-40" in out
         digests = re.findall(r"params_sha256=([0-9a-f]{64})", out)
         assert len(digests) == 4 and len(set(digests)) == 1
         assert "identical: the SIGKILL cost recomputed steps, nothing else" in out
-        assert not (tmp_path / "home" / "checkpoints" / "dist-demo-1x2-fsdp").exists()
+        assert not (tmp_path / "home" / "checkpoints" / "dist-demo-1x2").exists()
     finally:
         ftrain_process(["storage", "stop"], env)
         ftrain_process(["server", "stop"], env)

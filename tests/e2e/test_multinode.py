@@ -57,8 +57,8 @@ def test_a_two_node_run_completes_with_the_one_node_digest(nodes: Any, one_node_
     wall = time.monotonic() - started
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert final_digest(done) == one_node_digest
-    assert "Completed dist-P-2x2-fsdp" in done.stdout
-    seen = events(nodes, "node2", "dist-P-2x2-fsdp", env)
+    assert "Completed dist-P-2x2 " in done.stdout
+    seen = events(nodes, "node2", "dist-P-2x2", env)
     assert [e["type"] for e in seen] == ["launched", *["checkpointed"] * 4, "completed"]
     assert [e["step"] for e in seen if e["type"] == "checkpointed"] == [5, 10, 15, 20]
     print(f"2-node run: {wall:.1f} s wall")
@@ -133,7 +133,7 @@ def test_a_lost_node_is_recorded_and_the_run_resumes_on_both_nodes_when_it_retur
     """Node 2 fails as a machine does (link down, every process on it SIGKILLed, its NATS server too): the
     supervisor on node 1 records `failed` (node-failure, naming node2) and relaunches on both nodes; the
     rendezvous waits until node 2 is back, and the run ends with the uninterrupted digest."""
-    run, ckpt_root = "dist-L-2x2-fsdp", nodes.work / "shared" / "ckpt-lost"
+    run, ckpt_root = "dist-L-2x2", nodes.work / "shared" / "ckpt-lost"
     ckpt, env = ckpt_root / run, run_env(nodes, ckpt_root)
     started = time.monotonic()
     job = supervisor(nodes, "node1", ftrain_run(nodes, "L", "node[1-2]", "--max-retries", "1", "--backoff", "1"),
@@ -186,7 +186,7 @@ def test_with_min_nodes_a_lost_node_is_dropped_and_taken_back_once_it_reaches_th
     (FTRAIN_KILL_AT), and its relaunch asks node2 whether it reaches the log: it does, and attempt 3 trains on
     both nodes to the end. The events say the world each time: launched on 2 nodes × 2, checkpoints of 4
     shards; `resumed` on node1, checkpoints of 2 shards; `resumed` on both, 4 shards again."""
-    run, ckpt_root = "dist-E-2x2-fsdp", nodes.work / "shared" / "ckpt-elastic"
+    run, ckpt_root = "dist-E-2x2", nodes.work / "shared" / "ckpt-elastic"
     ckpt = ckpt_root / run
     env = {
         **run_env(nodes, ckpt_root),
@@ -255,7 +255,7 @@ def test_the_log_losing_a_server_or_rank_0s_node_never_holds_training_and_loses_
     server while its link, and the training over it, stay up: its saves wait in its outbox and nothing lands;
     once it is back they land, in order. The events are exact, the audit from another node is intact, and the
     digest is the uninterrupted one."""
-    run, root = "dist-N-2x2-fsdp", nodes.work / "shared" / "ckpt-nats"
+    run, root = "dist-N-2x2", nodes.work / "shared" / "ckpt-nats"
     ckpt, env = root / run, run_env(nodes, root)
     outbox = Outbox(outbox_path(nodes.home("node1")))  # shared with the node's supervisor and rank 0
     started = time.monotonic()
@@ -339,7 +339,7 @@ def test_a_partitioned_old_attempt_writes_nothing_the_run_accepts(
     trains, node1 comes back: its rank 0 records step 10 of attempt 1, which the log refuses, and stops at the
     checkpoint directory's fence; the step it sealed was set aside by the relaunch, which ends with the
     uninterrupted digest."""
-    run, root = "dist-Z-2x2-fsdp", nodes.work / "shared" / "ckpt-zombie"
+    run, root = "dist-Z-2x2", nodes.work / "shared" / "ckpt-zombie"
     ckpt, env = root / run, run_env(nodes, root)
     started = time.monotonic()
     job = supervisor(nodes, "node2", ftrain_run(nodes, "Z", "node[1-2]", "--max-retries", "0"),

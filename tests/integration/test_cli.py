@@ -53,7 +53,7 @@ def test_the_seed_scenario_line_by_line(cli: Cli) -> None:
     listed = cli.ok("list", "JPCP")
     assert (
         listed[0]
-        == "RUN                 PROJECT  STATE      STEP  RESUMES  FAILURES  COST             UPDATED               SIGNED BY"
+        == "RUN            PROJECT  STATE      STEP  RESUMES  FAILURES  COST             UPDATED               SIGNED BY"
     )
     assert re.fullmatch(
         rf"{RUN}  JPCP     completed  1000  1        1         12\.50 GPU-hours  {TIME}  {SIGNER}", listed[1]
@@ -103,10 +103,12 @@ def test_default_run_ids_allocations_and_strategies(
 ) -> None:
     monkeypatch.setenv("SLURM_JOB_NODELIST", "gpu[003-004,010]")
     monkeypatch.setenv("MLFLOW_RUN_ID", "mlf-123")
-    first = cli.ok("launch", "P", "--nodes", "2", "--gpus-per-node", "8")
-    assert first[0] == "Launched dist-P-2x8-fsdp — 2×8 GPUs, fsdp, rdzv gpu003:29500"
+    first = cli.ok("launch", "P", "--nodes", "2", "--gpus-per-node", "8")  # the script's strategy: unknown
+    assert first[0] == "Launched dist-P-2x8 — 2×8 GPUs, fsdp, rdzv gpu003:29500"
     again = cli.ok("launch", "P", "--nodes", "2", "--gpus-per-node", "8", "--rdzv-port", "29600")
-    assert again[0] == "Launched dist-P-2x8-fsdp-2 — 2×8 GPUs, fsdp, rdzv gpu003:29600"
+    assert again[0] == "Launched dist-P-2x8-2 — 2×8 GPUs, fsdp, rdzv gpu003:29600"
+    named = cli.ok("launch", "P", "--nodes", "2", "--gpus-per-node", "8", "--strategy", "ddp")
+    assert named[0] == "Launched dist-P-2x8-ddp — 2×8 GPUs, ddp, rdzv gpu003:29500"
     monkeypatch.setenv("SLURM_JOB_ID", "731")  # inside the job: its own port, unless one is given
     in_job = cli.ok("launch", "P", "--nodes", "2", "--gpus-per-node", "8")
     assert in_job[0] == "Launched P-slurm-731 — 2×8 GPUs, fsdp, rdzv gpu003:20731"
@@ -154,12 +156,13 @@ def test_default_run_ids_allocations_and_strategies(
     assert mega[1].endswith(
         "-m ftrain.examples.train --tensor-model-parallel-size 4 --pipeline-model-parallel-size 2"
     )
-    status = json.loads(cli.ok("status", "dist-P-2x8-fsdp", "--json")[0])
+    status = json.loads(cli.ok("status", "dist-P-2x8", "--json")[0])
+    assert status["launch"]["strategy"] == "fsdp"  # what its command was built for
     assert status["launch"]["mlflow_run_id"] == "mlf-123"
     assert status["launch"]["allocation_source"] == "slurm"
     assert status["launch"]["hosts"] == ["gpu003", "gpu004"]
-    code, _, err = cli("launch", "Q", "--nodes", "1", "--gpus-per-node", "1", "--run-id", "dist-P-2x8-fsdp")
-    assert (code, err) == (1, "ftrain launch: run dist-P-2x8-fsdp already exists\n")
+    code, _, err = cli("launch", "Q", "--nodes", "1", "--gpus-per-node", "1", "--run-id", "dist-P-2x8")
+    assert (code, err) == (1, "ftrain launch: run dist-P-2x8 already exists\n")
 
 
 @pytest.mark.parametrize(

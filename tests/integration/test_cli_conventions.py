@@ -14,10 +14,9 @@ from pathlib import Path
 import pytest
 
 from ftrain.events.jetstream.nats_server import server_status, stop_server
-from tests.support.cli import TIME, Cli, checkpoint, launch
+from tests.support.cli import RUN, TIME, Cli, checkpoint, launch
 from tests.support.processes import ftrain_process
 
-RUN = "dist-JPCP-2x4-fsdp"
 FTRAIN = str(Path(sys.executable).with_name("ftrain"))
 
 

@@ -28,10 +28,10 @@ def scenario(env: dict[str, str]) -> None:
     """Launch, checkpoint, fail, resume, complete, verify: the log works end to end through this server."""
     steps = [
         ["launch", "P", "--nodes", "1", "--gpus-per-node", "2"],
-        ["checkpoint", "dist-P-1x2-fsdp", "--step", "10", "--epoch", "0", "--shards", "1", "--state", "{}"],
-        ["fail", "dist-P-1x2-fsdp"],
-        ["resume", "dist-P-1x2-fsdp"],
-        ["complete", "dist-P-1x2-fsdp"],
+        ["checkpoint", "dist-P-1x2", "--step", "10", "--epoch", "0", "--shards", "1", "--state", "{}"],
+        ["fail", "dist-P-1x2"],
+        ["resume", "dist-P-1x2"],
+        ["complete", "dist-P-1x2"],
     ]
     for args in steps:
         result = ftrain_process(args, env)
@@ -154,11 +154,11 @@ def test_three_node_cluster_with_replicated_stream(
     # lose one node: the R3 stream keeps its quorum and every event; the client fails over
     servers[0].kill()
     servers[0].wait()
-    after = ftrain_process(["status", "dist-P-1x2-fsdp"], env)
+    after = ftrain_process(["status", "dist-P-1x2"], env)
     assert after.returncode == 0, after.stderr
     assert "state       completed" in after.stdout
     launch = ftrain_process(["launch", "P", "--nodes", "1", "--gpus-per-node", "2"], env)
-    assert launch.stdout.startswith("Launched dist-P-1x2-fsdp-2 ")
+    assert launch.stdout.startswith("Launched dist-P-1x2-2 ")
 
 
 def test_an_nkey_seed_file_signs_in_to_a_server_of_ones_own(
@@ -196,7 +196,7 @@ def test_a_password_or_token_in_the_url_is_never_shown(
         f"nats://t0kenvalue@127.0.0.1:{free_port()}": "nats://***@127.0.0.1:",
     }
     for url, shown in cases.items():
-        status = ftrain_process(["status", "dist-P-1x2-fsdp"], {**env, "FTRAIN_NATS_URL": url})
+        status = ftrain_process(["status", "dist-P-1x2"], {**env, "FTRAIN_NATS_URL": url})
         assert status.returncode == 1
         assert status.stderr.splitlines()[-1].startswith(f"ftrain status: event log unreachable at {shown}")
         for secret in ("s3cret", "wr0ngpass", "t0kenvalue"):

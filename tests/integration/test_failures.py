@@ -366,7 +366,7 @@ async def test_acknowledged_events_survive_kill_9_of_the_broker_mid_stream(
 async def test_cli_with_the_broker_down_exits_1_with_one_line_and_writes_nothing(
     env: dict[str, str], server: ServerProcess
 ) -> None:
-    run = "dist-P-1x1-fsdp"
+    run = "dist-P-1x1"
     launched = await cli(env, "launch", "P", "--nodes", "1", "--gpus-per-node", "1")
     assert launched.returncode == 0, launched.stderr
     kill_server(server)
@@ -437,7 +437,7 @@ async def test_log_unavailable_survives_closing_the_service_after_the_broker_die
 async def test_a_corrupt_read_model_file_is_set_aside_and_rebuilt_from_the_log(env: dict[str, str]) -> None:
     # The read model is a disposable projection of the log; a garbage file in its place (a torn copy, a full
     # disk) must neither hang nor fail the command: it is moved aside, kept for a post-mortem, and rebuilt.
-    run = "dist-P-1x1-fsdp"
+    run = "dist-P-1x1"
     launched = await cli(env, "launch", "P", "--nodes", "1", "--gpus-per-node", "1")
     assert launched.returncode == 0, launched.stderr
     path = readmodel_path(settings.nats(env))
@@ -544,7 +544,7 @@ async def test_two_cli_launches_race_to_distinct_run_ids(env: dict[str, str], se
     results = await asyncio.gather(asyncio.to_thread(launch_cli), asyncio.to_thread(launch_cli))
     assert [r.returncode for r in results] == [0, 0], [r.stderr for r in results]
     ids = sorted(r.stdout.split()[1] for r in results)
-    assert ids == ["dist-P-1x1-fsdp", "dist-P-1x1-fsdp-2"]
+    assert ids == ["dist-P-1x1", "dist-P-1x1-2"]
     assert await stream_last_seq(server) == 2
     audit = await cli(env, "audit", "verify")
     assert audit.returncode == 0, audit.stdout

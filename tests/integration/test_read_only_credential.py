@@ -21,7 +21,7 @@ from ftrain.events.record import STREAM
 from tests.support.processes import ftrain_process
 from tests.support.servers import last_seq_at
 
-RUN = "dist-P-1x2-fsdp"
+RUN = "dist-P-1x2"
 EPHEMERAL_WITH_DURABLE_NAME = 10020
 """JetStream's "consumer expected to be ephemeral but a durable name was set in request"."""
 REFUSAL_TIMEOUT_S = 0.5

@@ -162,7 +162,7 @@ def test_every_process_of_an_ended_attempt_is_killed_even_stopped_and_in_its_own
 
 
 def test_ending_an_attempt_spares_another_supervisors_attempt_of_the_same_run(tmp_path: Path) -> None:
-    """Run ids repeat (every `ftrain demo` is dist-demo-1x2-fsdp): a supervisor ending its attempt 1 of r
+    """Run ids repeat (every `ftrain demo` is dist-demo-1x2): a supervisor ending its attempt 1 of r
     leaves another supervisor's attempt 1 of r running (found by run id and number alone, it was SIGKILLed)."""
     twin = subprocess.Popen(
         [sys.executable, "-c", "import time; time.sleep(60)"], env={**os.environ, **attempt_marks("r", 1)}

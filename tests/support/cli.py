@@ -10,7 +10,7 @@ import pytest
 from ftrain.cli.main import main
 from tests.support.servers import last_seq_at
 
-RUN = "dist-JPCP-2x4-fsdp"
+RUN = "dist-JPCP-2x4"
 TIME = r"20\d\d-\d\d-\d\dT\d\d:\d\d:\d\dZ"
 """RFC 3339, UTC: the one form every human view shows a time in."""
 

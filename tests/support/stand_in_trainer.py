@@ -11,7 +11,7 @@ import pytest
 
 from tests.support.cli import Cli
 
-RUN = "dist-P-1x1-fsdp"
+RUN = "dist-P-1x1"
 ONE_GPU = ("--nodes", "1", "--gpus-per-node", "1")
 
 

@@ -66,7 +66,7 @@ def test_an_s3_location_is_object_storage_and_async_saves_get_a_private_stage_di
 
 
 def test_a_run_of_the_same_id_on_another_store_never_shares_the_stage_dir(tmp_path: Path) -> None:
-    """Run ids repeat (every `ftrain demo` is dist-demo-1x2-fsdp): a rank's start-up cleanup of its staging
+    """Run ids repeat (every `ftrain demo` is dist-demo-1x2): a rank's start-up cleanup of its staging
     must never remove another run's. The same run on the same store finds its own again."""
 
     def stage(location: str | Path, **env: str) -> Path:
