@@ -191,11 +191,12 @@ class Resumed(Event, frozen=True, kw_only=True, tag="resumed"):
     """The MLflow run the attempt it opens continues (its `MLFLOW_RUN_ID`), when a supervisor opened it under
     one; unset: the launch's `mlflow_run_id` (old logs, or a run with no MLflow run)."""
     saved_world: Shards | UnsetType = UNSET
-    """The ranks that saved the checkpoint resumed from, when the trainer recorded the event."""
+    """The ranks that saved the checkpoint resumed from (recorded by the trainer, or by a supervisor opening the
+    attempt: the checkpoint's shards); unset in old logs."""
     world: Shards | UnsetType = UNSET
-    """The ranks that resumed it, when the trainer recorded the event."""
+    """The ranks that resumed it (a supervisor: the attempt's nodes × `gpus_per_node`)."""
     data: DataPosition | UnsetType = UNSET
-    """The global data position resumed from, when the trainer recorded the event and its loader keeps one."""
+    """The global data position resumed from, when the saving loader kept one."""
 
 
 class CorruptSkipped(Event, frozen=True, kw_only=True, tag="corrupt_skipped"):

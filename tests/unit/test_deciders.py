@@ -166,9 +166,20 @@ def test_a_relaunch_opens_the_next_attempt_unforced_from_the_newest_valid_checkp
     state = fold(launched(), ckpt(10), ckpt(20, epoch=1), FAILED, SKIP_20)
     assert relaunch(state) == Resumed(
         run_id=RUN, checkpoint_seq=2, step=10, epoch=0, uri="u10", checkpoint_hash=f"{10:064x}", resume_count=1,
-        forced=False, command=COMMAND, attempt=2,
+        forced=False, command=COMMAND, attempt=2, saved_world=1, world=2,
     )  # fmt: skip
     assert relaunch(state, ("a",)) == msgspec.structs.replace(relaunch(state), hosts=("a",))  # on its nodes
+
+
+def test_a_relaunch_says_the_world_before_and_after_and_the_data_position() -> None:
+    """The trainer's own `resumed` folds into the attempt the supervisor opened, so the opening one says it:
+    the checkpoint's shards, the attempt's nodes × processes per node, the checkpoint's data position."""
+    position = DataPosition(epoch=0, offset=80, consumed=80, seed=1)
+    saved = msgspec.structs.replace(ckpt(10, shards=4), data=position)
+    two_nodes = msgspec.structs.replace(launched(), nodes=2, hosts=("a", "b"))
+    shrunk = relaunch(fold(two_nodes, saved, FAILED), ("a",))
+    assert (shrunk.saved_world, shrunk.world, shrunk.data) == (4, 2, position)
+    assert relaunch(fold(two_nodes, saved, FAILED)).world == 4  # the launch's nodes
 
 
 SAME = {"user": "alice", "project": "p", "nodes": 1, "gpus_per_node": 2, "strategy": "fsdp",

@@ -116,13 +116,21 @@ def relaunch(state: RunState, hosts: tuple[str, ...] = ()) -> Resumed:
     """The `resumed` a supervisor appends before it starts any process of a relaunch: it opens the next attempt
     (of two racing supervisors, the one whose append lands; the other then finds the run running), from the
     newest checkpoint the log says is valid (the trainer verifies it, and records a fallback within the
-    attempt), or from step 0 for a run that never checkpointed; on `hosts` (empty: the launch's nodes)."""
+    attempt), or from step 0 for a run that never checkpointed; on `hosts` (empty: the launch's nodes). It
+    says the world before (the checkpoint's shards) and after (the attempt's nodes × processes per node) and
+    the data position resumed from, since the trainer's own `resumed` folds into the attempt it opens."""
     _check_failed(state)
     newest = next(iter(state.valid_checkpoints()), None)
-    opening = (
-        restart_event(state, forced=False) if newest is None else resumed_event(state, newest, forced=False)
+    if newest is None:
+        return msgspec.structs.replace(restart_event(state, forced=False), hosts=hosts or UNSET)
+    saved = newest.recorded
+    return msgspec.structs.replace(
+        resumed_event(state, newest, forced=False),
+        hosts=hosts or UNSET,
+        saved_world=saved.shards,
+        world=(len(hosts) or state.launch.nodes) * state.launch.gpus_per_node,
+        data=saved.data,
     )
-    return msgspec.structs.replace(opening, hosts=hosts or UNSET)
 
 
 def resumed_event(state: RunState, ref: CheckpointRef, *, forced: bool, attempt: int = 0) -> Resumed:
