@@ -180,10 +180,10 @@ class Resumed(Event, frozen=True, kw_only=True, tag="resumed"):
     attempt: Count = 0
     """The attempt it opens (the current one + 1), or continues (the current one: a trainer that fell back
     to an older checkpoint, or whose workers its launcher restarted in place); 0: opens the next (old logs)."""
-    hosts: tuple[str, ...] | UnsetType = UNSET
+    hosts: Annotated[tuple[str, ...], msgspec.Meta(max_length=MAX_NODES)] | UnsetType = UNSET
     """The nodes the attempt it opens runs on, when a supervisor opened it (an elastic relaunch may drop a lost
-    node: its world is `len(hosts) × gpus_per_node`); unset: the launch's nodes, as before (old logs, or a
-    trainer continuing its own attempt)."""
+    node or take it back, a relaunch name more nodes or fewer: its world is `len(hosts) × gpus_per_node`);
+    unset: the launch's nodes, as before (old logs, or a trainer continuing its own attempt)."""
     job: SchedulerJob | UnsetType = UNSET
     """The scheduler's job the supervisor that opened the attempt ran in (a requeued job: the same id, one more
     restart); unset outside one, or when a trainer continues its own attempt."""

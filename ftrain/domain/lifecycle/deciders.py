@@ -35,27 +35,24 @@ def check_relaunch(
     *,
     user: str,
     project: str,
-    nodes: int,
     gpus_per_node: int,
     strategy: str,
     dataset_revision: str | None,
     checkpoint_policy: CheckpointPolicy | None,
 ) -> None:
     """Only a failed run is relaunched (a running one may still have its supervisor), only by the user who
-    launched it, and only as itself: the same world, and the same data and checkpoint cadence, which shape
-    what it trains (its supervisor runs the launch's, so a different one would be dropped without a word)."""
+    launched it, and only as itself: the same processes per node and strategy, and the same data and
+    checkpoint cadence, which shape what it trains (its supervisor runs the launch's, so a different one would
+    be dropped without a word). The number of nodes may change: the attempt's `resumed` names its nodes, and
+    the trainer resumes resharded, on the same global batch when its loader keeps a global position."""
     check_owner(state, user)
     _check_failed(state)
     launch = state.launch
-    if (launch.project, launch.nodes, launch.gpus_per_node, launch.strategy) != (
-        project,
-        nodes,
-        gpus_per_node,
-        strategy,
-    ):
+    if (launch.project, launch.gpus_per_node, launch.strategy) != (project, gpus_per_node, strategy):
         raise IllegalTransition(
             f"run {state.run_id} was launched as {launch.project} {launch.nodes}×{launch.gpus_per_node} "
-            f"{launch.strategy}; relaunch it with the same project, --nodes, --gpus-per-node and --strategy"
+            f"{launch.strategy}; relaunch it with the same project, --gpus-per-node and --strategy (--nodes may "
+            "change)"
         )
     if launch.dataset_revision != dataset_revision:
         raise IllegalTransition(
