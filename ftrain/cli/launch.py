@@ -331,7 +331,6 @@ async def start_run(app: RunService, args: argparse.Namespace, plan: RunPlan, ho
                     state,
                     user=holder.user,
                     project=args.project,
-                    nodes=args.nodes,
                     gpus_per_node=plan.launch.procs_per_node,
                     strategy=wanted.strategy,
                     dataset_revision=wanted.dataset_revision,

@@ -118,7 +118,13 @@ def status(state: RunState, moment: datetime) -> list[str]:
         f"launch      {allocation(launch)}, {launch.strategy}, rdzv {launch.rdzv_endpoint}",
         *(
             [
-                f"nodes       {', '.join(state.nodes)} ({len(state.nodes)} of {launch.nodes}: {state.gpus} "
+                f"nodes       {', '.join(state.nodes)} ({len(state.nodes)} "
+                + (
+                    f"of {launch.nodes}"
+                    if len(state.nodes) <= launch.nodes
+                    else f"nodes, launched on {launch.nodes}"
+                )
+                + f": {state.gpus} "
                 + ("processes)" if launch.devices == "cpu" else "GPUs)")
             ]
             if state.nodes != launch.hosts

@@ -180,10 +180,10 @@ class Resumed(Event, frozen=True, kw_only=True, tag="resumed"):
     attempt: Count = 0
     """The attempt it opens (the current one + 1), or continues (the current one: a trainer that fell back
     to an older checkpoint, or whose workers its launcher restarted in place); 0: opens the next (old logs)."""
-    hosts: tuple[str, ...] | UnsetType = UNSET
+    hosts: Annotated[tuple[str, ...], msgspec.Meta(max_length=MAX_NODES)] | UnsetType = UNSET
     """The nodes the attempt it opens runs on, when a supervisor opened it (an elastic relaunch may drop a lost
-    node: its world is `len(hosts) × gpus_per_node`); unset: the launch's nodes, as before (old logs, or a
-    trainer continuing its own attempt)."""
+    node or take it back, a relaunch name more nodes or fewer: its world is `len(hosts) × gpus_per_node`);
+    unset: the launch's nodes, as before (old logs, or a trainer continuing its own attempt)."""
     job: SchedulerJob | UnsetType = UNSET
     """The scheduler's job the supervisor that opened the attempt ran in (a requeued job: the same id, one more
     restart); unset outside one, or when a trainer continues its own attempt."""
@@ -191,11 +191,12 @@ class Resumed(Event, frozen=True, kw_only=True, tag="resumed"):
     """The MLflow run the attempt it opens continues (its `MLFLOW_RUN_ID`), when a supervisor opened it under
     one; unset: the launch's `mlflow_run_id` (old logs, or a run with no MLflow run)."""
     saved_world: Shards | UnsetType = UNSET
-    """The ranks that saved the checkpoint resumed from, when the trainer recorded the event."""
+    """The ranks that saved the checkpoint resumed from (recorded by the trainer, or by a supervisor opening the
+    attempt: the checkpoint's shards); unset in old logs."""
     world: Shards | UnsetType = UNSET
-    """The ranks that resumed it, when the trainer recorded the event."""
+    """The ranks that resumed it (a supervisor: the attempt's nodes × `gpus_per_node`)."""
     data: DataPosition | UnsetType = UNSET
-    """The global data position resumed from, when the trainer recorded the event and its loader keeps one."""
+    """The global data position resumed from, when the saving loader kept one."""
 
 
 class CorruptSkipped(Event, frozen=True, kw_only=True, tag="corrupt_skipped"):

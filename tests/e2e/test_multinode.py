@@ -222,6 +222,7 @@ def test_with_min_nodes_a_lost_node_is_dropped_and_taken_back_once_it_reaches_th
     assert (seen[0]["nodes"], seen[0]["gpus_per_node"], seen[0]["hosts"]) == (2, 2, ["node1", "node2"])
     assert (shrunk["type"], shrunk["hosts"], shrunk["attempt"]) == ("resumed", ["node1"], 2)
     assert (grown["type"], grown["hosts"], grown["attempt"]) == ("resumed", ["node1", "node2"], 3)
+    assert [(e["saved_world"], e["world"]) for e in (shrunk, grown)] == [(4, 2), (2, 4)]  # the world said
     shards = [(e["step"], e["shards"]) for e in seen if e["type"] == "checkpointed"]
     assert shards == [(s, 4 if s <= shrunk["step"] or s > grown["step"] else 2) for s in range(5, 21, 5)]
     assert grown["step"] == 15 and seen[-1]["type"] == "completed" and seen[-1]["attempt"] == 3

@@ -2,6 +2,7 @@
 that ignores SIGTERM is killed with its own sessions, every process of an ended attempt is killed, a relaunch
 whose attempt cannot be opened is not started (through torchrun: tests/e2e/test_supervisor.py)."""
 
+import json
 import os
 import signal
 import subprocess
@@ -71,8 +72,8 @@ def test_relaunch_refusals_exit_1_and_change_nothing(
         ("live", "ftrain run: run live is running (another supervisor?); if it is dead, record that first: "
                  "ftrain fail live"),
         ("done", "ftrain run: run done is completed; nothing may follow completion"),
-        ("wide", "ftrain run: run wide was launched as P 1×2 fsdp; relaunch it with the same project, --nodes, "
-                 "--gpus-per-node and --strategy"),
+        ("wide", "ftrain run: run wide was launched as P 1×2 fsdp; relaunch it with the same project, "
+                 "--gpus-per-node and --strategy (--nodes may change)"),
     ]  # fmt: skip
     for run_id, message in refusals:
         assert cli("run", "P", *ONE_GPU, "--run-id", run_id, *cmd) == (1, "", message + "\n")
@@ -249,3 +250,25 @@ def test_a_relaunch_whose_attempt_cannot_be_opened_is_not_started(tmp_path: Path
     )
     assert starts.read_text() == "x"
     assert [i.attempt for i in recorder.intents] == [1]
+
+
+def test_a_relaunch_may_name_more_nodes_than_the_launch_and_its_resumed_says_the_world(
+    cli: Cli, trainer: tuple[Path, Path]
+) -> None:
+    """`ftrain run --run-id R --nodes 2` after a 1-node launch failed (a requeue that got a larger allocation):
+    the attempt runs on both nodes (a torchrun each through --node-exec, here both on this machine), and its
+    `resumed` names them, the checkpoint's 1 rank before and 2 after."""
+    script, state = trainer
+    cli.ok("launch", "P", *ONE_GPU, "--run-id", "grow")
+    cli.ok("checkpoint", "grow", "--step", "10", "--epoch", "0", "--shards", "1", "--state", "{}")
+    cli.ok("fail", "grow")
+    two = ("--nodes", "2", "--gpus-per-node", "1", "--nodelist", "localhost,127.0.0.1", "--node-exec",
+           "env NODE={host}", "--rdzv-port", str(free_port()))  # fmt: skip
+    code, out, err = cli("run", "P", *two, "--run-id", "grow", "--", str(script), str(state), "exit0")
+    assert code == 0, out + err
+    events = [json.loads(line)["event"] for line in cli.ok("events", "tail", "grow", "--json")]
+    resumed = next(e for e in events if e["type"] == "resumed")
+    assert (resumed["hosts"], resumed["saved_world"], resumed["world"]) == (["localhost", "127.0.0.1"], 1, 2)
+    assert events[-1]["type"] == "completed", events
+    status = "\n".join(cli.ok("status", "grow"))
+    assert "nodes       localhost, 127.0.0.1 (2 nodes, launched on 1: 2 GPUs)" in status, status

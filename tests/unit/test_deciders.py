@@ -166,23 +166,36 @@ def test_a_relaunch_opens_the_next_attempt_unforced_from_the_newest_valid_checkp
     state = fold(launched(), ckpt(10), ckpt(20, epoch=1), FAILED, SKIP_20)
     assert relaunch(state) == Resumed(
         run_id=RUN, checkpoint_seq=2, step=10, epoch=0, uri="u10", checkpoint_hash=f"{10:064x}", resume_count=1,
-        forced=False, command=COMMAND, attempt=2,
+        forced=False, command=COMMAND, attempt=2, saved_world=1, world=2,
     )  # fmt: skip
     assert relaunch(state, ("a",)) == msgspec.structs.replace(relaunch(state), hosts=("a",))  # on its nodes
 
 
-SAME = {"user": "alice", "project": "p", "nodes": 1, "gpus_per_node": 2, "strategy": "fsdp",
-        "dataset_revision": None, "checkpoint_policy": None}  # fmt: skip
+def test_a_relaunch_says_the_world_before_and_after_and_the_data_position() -> None:
+    """The trainer's own `resumed` folds into the attempt the supervisor opened, so the opening one says it:
+    the checkpoint's shards, the attempt's nodes × processes per node, the checkpoint's data position."""
+    position = DataPosition(epoch=0, offset=80, consumed=80, seed=1)
+    saved = msgspec.structs.replace(ckpt(10, shards=4), data=position)
+    two_nodes = msgspec.structs.replace(launched(), nodes=2, hosts=("a", "b"))
+    shrunk = relaunch(fold(two_nodes, saved, FAILED), ("a",))
+    assert (shrunk.saved_world, shrunk.world, shrunk.data) == (4, 2, position)
+    assert relaunch(fold(two_nodes, saved, FAILED)).world == 4  # the launch's nodes
+
+
+SAME = {"user": "alice", "project": "p", "gpus_per_node": 2, "strategy": "fsdp", "dataset_revision": None,
+        "checkpoint_policy": None}  # fmt: skip
 
 
 def test_only_a_failed_run_is_relaunched_and_only_as_it_was_launched() -> None:
+    """On any number of nodes (the `resumed` names them), but with the launch's processes per node."""
     failed = fold(launched(), FAILED)
     check_relaunch(failed, **SAME)  # type: ignore[arg-type]
     running = "run r is running (another supervisor?); if it is dead, record that first: ftrain fail r"
     with pytest.raises(IllegalTransition, match=f"^{re.escape(running)}$"):
         check_relaunch(fold(launched()), **SAME)  # type: ignore[arg-type]
-    other = "run r was launched as p 1×2 fsdp; relaunch it with the same project, --nodes, --gpus-per-node and --strategy"
-    for field, value in (("project", "q"), ("nodes", 2), ("gpus_per_node", 4), ("strategy", "ddp")):
+    other = ("run r was launched as p 1×2 fsdp; relaunch it with the same project, --gpus-per-node and --strategy "
+             "(--nodes may change)")  # fmt: skip
+    for field, value in (("project", "q"), ("gpus_per_node", 4), ("strategy", "ddp")):
         with pytest.raises(IllegalTransition, match=f"^{re.escape(other)}$"):
             check_relaunch(failed, **{**SAME, field: value})  # type: ignore[arg-type]
 

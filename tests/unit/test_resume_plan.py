@@ -93,13 +93,13 @@ def test_without_a_log_the_directories_are_the_candidates_with_their_own_markers
 
 
 def test_only_a_failed_run_is_relaunched_and_only_as_itself() -> None:
-    same = {"user": "u", "project": "p", "nodes": 2, "gpus_per_node": 4, "strategy": "fsdp",
+    same = {"user": "u", "project": "p", "gpus_per_node": 4, "strategy": "fsdp",
             "dataset_revision": None, "checkpoint_policy": None}  # fmt: skip
     check_relaunch(fold(launched(), Failed(run_id="r", reason="oom")), **same)  # type: ignore[arg-type]
     with pytest.raises(IllegalTransition, match=r"^run r is running \(another supervisor\?\)"):
         check_relaunch(fold(launched()), **same)  # type: ignore[arg-type]
-    with pytest.raises(IllegalTransition, match="relaunch it with the same project, --nodes"):
-        check_relaunch(fold(launched(), Failed(run_id="r", reason="oom")), **{**same, "nodes": 3})  # type: ignore[arg-type]
+    with pytest.raises(IllegalTransition, match="relaunch it with the same project, --gpus-per-node"):
+        check_relaunch(fold(launched(), Failed(run_id="r", reason="oom")), **{**same, "gpus_per_node": 8})  # type: ignore[arg-type]
 
 
 def test_checkpointed_event_is_the_one_descriptor_a_ref_reads() -> None:

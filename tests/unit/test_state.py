@@ -199,20 +199,15 @@ def test_an_elastic_relaunch_names_its_nodes_and_costs_each_stretch_at_its_own_w
     assert stored_before.gpu_hours_at(T0 + timedelta(minutes=40)) == pytest.approx(30 * 8 / 60)
 
 
-@pytest.mark.parametrize(
-    ("hosts", "message"),
-    [
-        (("a", "b", "c"), "was launched on 2 node(s); an attempt runs on at most as many, each named once"),
-        (("a", "a"), "was launched on 2 node(s); an attempt runs on at most as many, each named once"),
-    ],
-)
-def test_an_attempt_runs_on_at_most_the_launched_nodes_each_once(
-    hosts: tuple[str, ...], message: str
-) -> None:
+def test_an_attempt_names_each_node_once_and_may_run_on_more_than_were_launched() -> None:
+    """A relaunch on more nodes (`ftrain run --run-id R --nodes 3` after a 2-node launch) is a world change like
+    a shrink: its world is its nodes × the launch's processes per node."""
     failed = fold(launched(), ckpt(500), Failed(run_id="r", reason="node-failure", attempt=1))
-    opening = msgspec.structs.replace(resumed_from(2, 500), attempt=2, hosts=hosts)
-    with pytest.raises(IllegalTransition, match=re.escape(message)):
+    opening = msgspec.structs.replace(resumed_from(2, 500), attempt=2, hosts=("a", "a"))
+    with pytest.raises(IllegalTransition, match=re.escape("run r: an attempt names each of its nodes once")):
         apply(failed, opening, ChainHead(4, "h4", 4))
+    grown = apply(failed, msgspec.structs.replace(opening, hosts=("a", "b", "c")), ChainHead(4, "h4", 4))
+    assert (grown.nodes, grown.gpus) == (("a", "b", "c"), 3 * failed.launch.gpus_per_node)
 
 
 def test_a_trainer_continuing_its_attempt_keeps_its_nodes() -> None:

@@ -35,27 +35,24 @@ def check_relaunch(
     *,
     user: str,
     project: str,
-    nodes: int,
     gpus_per_node: int,
     strategy: str,
     dataset_revision: str | None,
     checkpoint_policy: CheckpointPolicy | None,
 ) -> None:
     """Only a failed run is relaunched (a running one may still have its supervisor), only by the user who
-    launched it, and only as itself: the same world, and the same data and checkpoint cadence, which shape
-    what it trains (its supervisor runs the launch's, so a different one would be dropped without a word)."""
+    launched it, and only as itself: the same processes per node and strategy, and the same data and
+    checkpoint cadence, which shape what it trains (its supervisor runs the launch's, so a different one would
+    be dropped without a word). The number of nodes may change: the attempt's `resumed` names its nodes, and
+    the trainer resumes resharded, on the same global batch when its loader keeps a global position."""
     check_owner(state, user)
     _check_failed(state)
     launch = state.launch
-    if (launch.project, launch.nodes, launch.gpus_per_node, launch.strategy) != (
-        project,
-        nodes,
-        gpus_per_node,
-        strategy,
-    ):
+    if (launch.project, launch.gpus_per_node, launch.strategy) != (project, gpus_per_node, strategy):
         raise IllegalTransition(
             f"run {state.run_id} was launched as {launch.project} {launch.nodes}×{launch.gpus_per_node} "
-            f"{launch.strategy}; relaunch it with the same project, --nodes, --gpus-per-node and --strategy"
+            f"{launch.strategy}; relaunch it with the same project, --gpus-per-node and --strategy (--nodes may "
+            "change)"
         )
     if launch.dataset_revision != dataset_revision:
         raise IllegalTransition(
@@ -116,13 +113,21 @@ def relaunch(state: RunState, hosts: tuple[str, ...] = ()) -> Resumed:
     """The `resumed` a supervisor appends before it starts any process of a relaunch: it opens the next attempt
     (of two racing supervisors, the one whose append lands; the other then finds the run running), from the
     newest checkpoint the log says is valid (the trainer verifies it, and records a fallback within the
-    attempt), or from step 0 for a run that never checkpointed; on `hosts` (empty: the launch's nodes)."""
+    attempt), or from step 0 for a run that never checkpointed; on `hosts` (empty: the launch's nodes). It
+    says the world before (the checkpoint's shards) and after (the attempt's nodes × processes per node) and
+    the data position resumed from, since the trainer's own `resumed` folds into the attempt it opens."""
     _check_failed(state)
     newest = next(iter(state.valid_checkpoints()), None)
-    opening = (
-        restart_event(state, forced=False) if newest is None else resumed_event(state, newest, forced=False)
+    if newest is None:
+        return msgspec.structs.replace(restart_event(state, forced=False), hosts=hosts or UNSET)
+    saved = newest.recorded
+    return msgspec.structs.replace(
+        resumed_event(state, newest, forced=False),
+        hosts=hosts or UNSET,
+        saved_world=saved.shards,
+        world=(len(hosts) or state.launch.nodes) * state.launch.gpus_per_node,
+        data=saved.data,
     )
-    return msgspec.structs.replace(opening, hosts=hosts or UNSET)
 
 
 def resumed_event(state: RunState, ref: CheckpointRef, *, forced: bool, attempt: int = 0) -> Resumed:

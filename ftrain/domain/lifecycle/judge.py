@@ -105,11 +105,8 @@ def _check_resume(state: RunState, event: Resumed) -> None:
             raise IllegalTransition(
                 f"run {state.run_id}: an attempt keeps its nodes; a new one may change them"
             )
-    if len(hosts) > state.launch.nodes or len(set(hosts)) != len(hosts):
-        raise IllegalTransition(
-            f"run {state.run_id} was launched on {state.launch.nodes} node(s); an attempt runs on at most as "
-            "many, each named once"
-        )
+    if len(set(hosts)) != len(hosts):
+        raise IllegalTransition(f"run {state.run_id}: an attempt names each of its nodes once")
     if event.checkpoint_seq == 0:
         _check_restart(state, event)
         return
