@@ -74,7 +74,7 @@ from ftrain.workers.s3.seaweed_server import REGION, throwaway_storage_server
 from ftrain.workers.storage.location import parse_s3_uri, run_location
 from ftrain.workers.storage.s3.boto_client import make_client
 from ftrain.workers.storage.s3.bucket import TRANSFER
-from ftrain.workers.storage.s3.root_store import VERIFY_THREADS
+from ftrain.workers.storage.s3.step_objects import VERIFY_THREADS
 
 FT_SAVE, RAW_SAVE, S3TC_SAVE = (
     "ftrain S3 sync (sealed)",

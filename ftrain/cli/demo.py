@@ -53,15 +53,17 @@ def _embedded_s3() -> tuple[dict[str, str], Callable[[str], list[int]]]:
     """Start (or reuse) the embedded SeaweedFS: the variables that point the job at it, and a lister of a
     run's sealed steps there."""
     from ftrain.workers.s3.seaweed_server import DEFAULT_BUCKET, ensure_storage_server
+    from ftrain.workers.storage.location import Location
     from ftrain.workers.storage.s3.boto_client import make_client
-    from ftrain.workers.storage.s3.root_store import S3Storage
+    from ftrain.workers.storage.s3.run_prefix import S3Run
 
     proc = ensure_storage_server(settings.home(os.environ))
     root = f"s3://{DEFAULT_BUCKET}/{S3_PREFIX}"
     print(f"# checkpoints go to {root} on SeaweedFS at {proc.endpoint} (`ftrain storage stop` stops it)")
     client = make_client(endpoint=proc.endpoint, access_key=proc.access_key, secret_key=proc.secret_key)
-    storage = S3Storage(DEFAULT_BUCKET, S3_PREFIX, client)
-    return {**proc.env(), settings.STORAGE: root}, lambda run: [d.step for d in storage.complete(run)]
+    return {**proc.env(), settings.STORAGE: root}, lambda run: [
+        d.step for d in S3Run(Location("s3", root, run), client=client).complete()
+    ]
 
 
 def run_demo(ftrain: Shell, *, s3: bool = False) -> int:

@@ -112,9 +112,10 @@ def run_key(prefix: str, run_id: str) -> str:
     return f"{prefix}/{run_id}/" if prefix else f"{run_id}/"
 
 
-def attempt_key(prefix: str, run_id: str) -> str:
-    """On an object store: the key of the object naming the attempt that owns the run's checkpoints."""
-    return run_key(prefix, run_id) + ATTEMPT
+def attempt_key(run_prefix: str) -> str:
+    """On an object store: the key of the object naming the attempt that owns the run's checkpoints, directly
+    under the run's key prefix (`run_key`; `workers.storage.s3.fence_object`)."""
+    return run_prefix + ATTEMPT
 
 
 def partial_path(path: Path) -> Path:

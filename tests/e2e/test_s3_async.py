@@ -23,7 +23,6 @@ from ftrain.host.job_signals import children, signal_job
 from ftrain.supervise.procs import attempt_processes
 from ftrain.workers.layout import MARKER, WRITER_CLAIM
 from ftrain.workers.s3.seaweed_server import kill_storage_server, throwaway_storage_server
-from ftrain.workers.storage.s3 import fence_object
 from tests.e2e.test_s3_training import job_env, keys, sealed
 from tests.support.processes import ftrain_process, run_marks
 from tests.support.s3 import Endpoint, restart_seaweedfs
@@ -211,7 +210,7 @@ def test_ftrain_run_async_on_s3_a_superseded_attempt_seals_nothing_and_the_relau
         job.wait_for(lambda: has(client, bucket, f"ckpt/{run}/step-10/{WRITER_CLAIM}"), "step 10's save")
         old = attempt_processes(run_marks(run, 1))
         pause(old)
-        fence_object.claim(weed.storage(bucket), run, 2)  # what the relaunch does first
+        weed.run(bucket, run).claim(2)  # what the relaunch does first
         resume(old)
         result = job.result(timeout=240)
     finally:

@@ -46,7 +46,7 @@ def job_env(weed: Endpoint, work: Path) -> dict[str, str]:
 
 def sealed(weed: Endpoint, bucket: str, run: str) -> list[int]:
     """The run's steps with a marker, newest first."""
-    found = weed.storage(bucket).complete(run)
+    found = weed.run(bucket, run).complete()
     return [d.step for d in found]
 
 

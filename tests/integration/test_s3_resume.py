@@ -19,10 +19,9 @@ def test_a_file_fetched_for_the_load_is_verified_before_it_enters_the_cache(
     weed: Endpoint, tmp_path: Path
 ) -> None:
     bucket = weed.new_bucket()
-    storage = weed.storage(bucket)
+    run = weed.run(bucket, "r1")
     written = write_whole(
-        storage,
-        run_id="r1",
+        run,
         step=3,
         epoch=0,
         shards=2,
@@ -30,7 +29,7 @@ def test_a_file_fetched_for_the_load_is_verified_before_it_enters_the_cache(
     )
     cache, scratch = tmp_path / "download-x", tmp_path / "rank-1" / "fetch"
     cache.mkdir(mode=0o700)
-    hook = FetchForLoad(storage, written.uri, written.manifest.files, cache, scratch, rank=1)
+    hook = FetchForLoad(run.bucket, written.uri, written.manifest.files, cache, scratch, rank=1)
     hook("__0_0.distcp")
     assert (cache / "__0_0.distcp").read_bytes() == b"zero" * 1000 and os.listdir(scratch) == []
     (cache / "__1_0.distcp").write_bytes(b"one")  # as its owner on this node downloaded it
@@ -45,7 +44,7 @@ def test_a_file_fetched_for_the_load_is_verified_before_it_enters_the_cache(
     with pytest.raises(Rejected, match=r"names file '../x', which the manifest does not list"):
         hook("../x")
     offline = FetchForLoad(
-        weed.storage("no-such-bucket"), written.uri.replace(bucket, "no-such-bucket"), written.manifest.files,
+        weed.run("no-such-bucket", "r1").bucket, written.uri.replace(bucket, "no-such-bucket"), written.manifest.files,
         cache, scratch, rank=1,
     )  # fmt: skip
     with pytest.raises(StorageUnavailable, match=r"NoSuchBucket"):

@@ -23,7 +23,6 @@ from ftrain.workers.storage.location import Location
 from ftrain.workers.storage.one_rank import write_step
 from ftrain.workers.storage.port import StoredCheckpoint
 from ftrain.workers.storage.s3.boto_client import make_client
-from ftrain.workers.storage.s3.root_store import S3Storage
 from ftrain.workers.storage.s3.run_prefix import S3Run
 
 S3_KINDS = {"seaweedfs": "weed", "moto": "moto"}
@@ -61,17 +60,14 @@ class Endpoint(msgspec.Struct, frozen=True):
         self.client().create_bucket(Bucket=name)
         return name
 
-    def storage(self, bucket: str, prefix: str = "ckpt", **kwargs: Any) -> S3Storage:
-        """ftrain's S3 backend on `bucket`."""
-        return S3Storage(bucket, prefix, self.client(**kwargs))
+    def run(self, bucket: str, run_id: str, prefix: str = "ckpt", **kwargs: Any) -> S3Run:
+        """ftrain's S3 backend for run `run_id` under `s3://bucket/prefix` (kwargs: the client's)."""
+        return S3Run(Location("s3", f"s3://{bucket}/{prefix}", run_id), client=self.client(**kwargs))
 
 
-def write_whole(storage: S3Storage, *, run_id: str, **step: Any) -> StoredCheckpoint:
-    """A step of run `run_id` under `storage`'s root, written as `ftrain checkpoint` writes it (the port's
-    one-rank writer, on the same client)."""
-    return write_step(
-        S3Run(Location("s3", storage.root, run_id), client=storage.client), run_id=run_id, **step
-    )
+def write_whole(run: S3Run, **step: Any) -> StoredCheckpoint:
+    """A step of `run`, written as `ftrain checkpoint` writes it (the port's one-rank writer)."""
+    return write_step(run, run_id=run.run, **step)
 
 
 @functools.cache

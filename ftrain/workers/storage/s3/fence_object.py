@@ -9,26 +9,26 @@ once (the log's conditional append refuses those).
 """
 
 from ftrain.workers.layout import attempt_key
-from ftrain.workers.storage.s3.bucket import ObjectMissing
-from ftrain.workers.storage.s3.root_store import S3Storage
+from ftrain.workers.storage.s3.bucket import Bucket, ObjectMissing
 from ftrain.workers.storage.storage_errors import refuse
 
 
-def owner(storage: S3Storage, run_id: str) -> int:
-    """The attempt that last claimed the run (0: none has). StorageUnavailable when the store cannot say."""
+def owner(bucket: Bucket, run_key: str) -> int:
+    """The attempt that last claimed the run under `run_key` (0: none has). StorageUnavailable when the store
+    cannot say."""
     try:
-        text = storage.objects.get(attempt_key(storage.prefix, run_id)).decode("ascii", "replace").strip()
+        text = bucket.get(attempt_key(run_key)).decode("ascii", "replace").strip()
     except ObjectMissing:
         return 0
     return int(text) if text.isdigit() else 0  # unreadable: as on a file system, no claim
 
 
-def claim(storage: S3Storage, run_id: str, attempt: int) -> None:
+def claim(bucket: Bucket, run_key: str, attempt: int) -> None:
     """Claim the run for `attempt` (never lowers a newer claim). Raises Fenced when a newer attempt holds it."""
-    check(storage, run_id, attempt)
-    storage.objects.put(attempt_key(storage.prefix, run_id), str(attempt).encode())
+    check(bucket, run_key, attempt)
+    bucket.put(attempt_key(run_key), str(attempt).encode())
 
 
-def check(storage: S3Storage, run_id: str, attempt: int) -> None:
-    """Raise Fenced when a newer attempt than `attempt` has claimed the run."""
-    refuse(attempt, owner(storage, run_id), run_id)
+def check(bucket: Bucket, run_key: str, attempt: int) -> None:
+    """Raise Fenced when a newer attempt than `attempt` has claimed the run (named by its key's last segment)."""
+    refuse(attempt, owner(bucket, run_key), run_key.rstrip("/").rpartition("/")[2])

@@ -1,9 +1,11 @@
-"""The S3 backend of the storage port: one run's key prefix, in the three roles of `workers.storage.port`.
+"""The S3 backend of the storage port: one run's key prefix, in the three roles of `workers.storage.port`. What
+happens in the bucket is functions over a `Bucket` and the run's key: a step's objects (`step_objects`), the
+fence (`fence_object`), partial work (`partial`).
 
-Saving: rank 0 claims the step (`S3Storage.begin`); each rank writes its shards to a private directory of this
-node's stage directory (hashing as DCP writes them) and uploads its own files with those digests; rank 0 seals
-the step (manifest, then the conditional marker) once every upload is in and no newer attempt holds the fence
-(`fence_object`). A writer outside the attempts (the CLI) uploads its files straight from where they are.
+Saving: rank 0 claims the step (`step_objects.begin`); each rank writes its shards to a private directory of
+this node's stage directory (hashing as DCP writes them) and uploads its own files with those digests; rank 0
+seals the step (manifest, then the conditional marker) once every upload is in and no newer attempt holds the
+fence. A writer outside the attempts (the CLI) uploads its files straight from where they are.
 
 Resuming: a candidate is downloaded into one cache per node, shared by the node's ranks: each rank fetches only
 the files it owns, in parallel ranged reads hashed as they arrive, so every byte crosses the network and is
@@ -31,10 +33,9 @@ from ftrain.workers.stage_dir import claim_dir, local_files, remove_leftovers, s
 from ftrain.workers.storage.location import Location
 from ftrain.workers.storage.port import RankFiles, Readable, StoredCheckpoint
 from ftrain.workers.storage.probe import probe_body, unreadable, unwritable
-from ftrain.workers.storage.s3 import fence_object
+from ftrain.workers.storage.s3 import fence_object, partial, step_objects
 from ftrain.workers.storage.s3.boto_client import error_code, reason, shared_client
-from ftrain.workers.storage.s3.bucket import ObjectMissing
-from ftrain.workers.storage.s3.root_store import S3Storage
+from ftrain.workers.storage.s3.bucket import Bucket, ObjectMissing
 from ftrain.workers.storage.storage_errors import CheckpointExists, StorageUnavailable
 
 log = structlog.get_logger(__name__)
@@ -54,8 +55,10 @@ class S3Run:
     def __init__(self, location: Location, stage_dir: Path | None = None, client: Any = None) -> None:
         bucket, prefix = location.bucket_prefix
         self._location = location
-        self.storage = S3Storage(bucket, prefix, client or shared_client())
+        self.bucket = Bucket(bucket, client or shared_client())
         self.run = location.run
+        self.key = run_key(prefix, self.run)
+        """The run's key prefix (ending in '/'): every object of the run is under it."""
         self.stage_dir = stage_dir
 
     @property
@@ -75,20 +78,20 @@ class S3Run:
         remove_leftovers(rank_stage_dir(self._stage, rank))
 
     def reachable(self) -> None:
-        self.storage.objects.reach(run_key(self.storage.prefix, self.run))
+        self.bucket.reach(self.key)
 
     def probe(self) -> None:
         """Put, get back and delete a probe object directly under the run's key prefix (beside `.attempt`: a
         listing of the run's steps never sees it). A bucket that refuses these credentials a write is a
         StorageError; anything else out of reach stays StorageUnavailable."""
         body, name = probe_body()
-        objects, key = self.storage.objects, run_key(self.storage.prefix, self.run)
+        key = self.key + name
         try:
-            objects.put(key + name, body)
+            self.bucket.put(key, body)
             try:
-                read = objects.get(key + name)
+                read = self.bucket.get(key)
             finally:
-                objects.delete([key + name])
+                self.bucket.delete([key])
         except ObjectMissing:
             read = b""
         except StorageUnavailable as exc:
@@ -99,41 +102,40 @@ class S3Run:
             raise unreadable(self._location.uri)
 
     def owner(self) -> int:
-        return fence_object.owner(self.storage, self.run)
+        return fence_object.owner(self.bucket, self.key)
 
     def claim(self, attempt: int) -> None:
-        fence_object.claim(self.storage, self.run, attempt)
+        fence_object.claim(self.bucket, self.key, attempt)
 
     def check(self, attempt: int) -> None:
-        fence_object.check(self.storage, self.run, attempt)
+        fence_object.check(self.bucket, self.key, attempt)
 
     def clean(self) -> list[str]:
-        return self.storage.clean(self.run)
+        return partial.clean(self.bucket, self.key)
 
     def prune(self, steps: Collection[int], attempt: int) -> list[int]:
         self.check(attempt)
-        return self.storage.prune(self.run, steps)
+        return step_objects.prune(self.bucket, self.key, steps)
 
     # -- reader --------------------------------------------------------------------------------------------
 
     def complete(self) -> list[OnDisk]:
-        return self.storage.complete(self.run)
+        return step_objects.complete(self.bucket, self.key)
 
     def quarantined(self) -> list[str]:
-        key = run_key(self.storage.prefix, self.run)
         return [
-            self.storage.objects.uri(key + name)
-            for name in self.storage.objects.children(key)
+            self.bucket.uri(self.key + name)
+            for name in self.bucket.children(self.key)
             if (aside := parse_set_aside(name)) is not None and aside[1] == "corrupt"
         ]
 
     def confined(self, uri: str) -> str | None:
-        return self.storage.confined(uri, self.run)
+        return step_objects.confined(self.bucket, uri, self.key)
 
     def read_manifest(
         self, uri: str, expected_hash: str | None, *, run_id: str | None = None, step: int | None = None
     ) -> Manifest | str:
-        return self.storage.read_manifest(uri, expected_hash, run_id=run_id, step=step)
+        return step_objects.read_manifest(self.bucket, uri, expected_hash, run_id=run_id, step=step)
 
     @contextmanager
     def readable(
@@ -150,7 +152,7 @@ class S3Run:
                     for stale in os.listdir(self._stage):
                         if stale.startswith(_CACHE) and stale != name:
                             remove_leftovers(self._stage / stale)
-                verdict: str | StorageUnavailable | None = self.storage.fetch(uri, files, cache)
+                verdict: str | StorageUnavailable | None = step_objects.fetch(self.bucket, uri, files, cache)
             except StorageUnavailable as exc:
                 verdict = exc
             except OSError as exc:  # the local cache, not the checkpoint
@@ -163,7 +165,7 @@ class S3Run:
                 verdict=str(verdict or ""),
             )
             yield Readable(
-                cache, verdict, FetchForLoad(self.storage, uri, manifest.files, cache, scratch, rank)
+                cache, verdict, FetchForLoad(self.bucket, uri, manifest.files, cache, scratch, rank)
             )
         finally:
             remove_leftovers(scratch)
@@ -175,10 +177,10 @@ class S3Run:
     def verify(
         self, uri: str, expected_hash: str, *, run_id: str | None = None, step: int | None = None
     ) -> str | None:
-        return self.storage.verify(uri, expected_hash, run_id=run_id, step=step)
+        return step_objects.verify(self.bucket, uri, expected_hash, run_id=run_id, step=step)
 
     def quarantine(self, uri: str, kind: SetAsideKind, tag: str) -> str | None:
-        return self.storage.quarantine(uri, kind, tag)
+        return step_objects.quarantine(self.bucket, uri, kind, tag)
 
     # -- writer --------------------------------------------------------------------------------------------
 
@@ -186,14 +188,14 @@ class S3Run:
         """Claim the step. For an attempt, a sealed step of that name was never recorded by it, which is past
         every step it resumed from: it is set aside, as on a file system."""
         if attempt is None:
-            return self.storage.begin(self.run, step)
+            return step_objects.begin(self.bucket, self.key, step)
         try:
-            return self.storage.begin(self.run, step)
+            return step_objects.begin(self.bucket, self.key, step)
         except CheckpointExists:
-            uri = self.storage.step_uri(self.run, step)
+            uri = step_objects.step_uri(self.bucket, self.key, step)
             log.warning("older_attempts_checkpoint_set_aside", uri=uri)
-            self.storage.quarantine(uri, "unrecorded", f"{int(time.time())}")
-            return self.storage.begin(self.run, step)
+            step_objects.quarantine(self.bucket, uri, "unrecorded", f"{int(time.time())}")
+            return step_objects.begin(self.bucket, self.key, step)
 
     @contextmanager
     def rank_files(self, uri: str, step: int, rank: int, *, staged: bool) -> Iterator[RankFiles]:
@@ -202,18 +204,19 @@ class S3Run:
 
     def deliver(self, uri: str, written: RankFiles, entries: Sequence[FileEntry]) -> None:
         for entry in entries:
-            self.storage.upload(uri, entry.name, written.path / entry.name, Hashed(entry.size, entry.digest))
+            known = Hashed(entry.size, entry.digest)
+            step_objects.upload(self.bucket, uri, entry.name, written.path / entry.name, known)
 
     def put(self, uri: str, name: str, source: bytes | Path) -> FileEntry:
-        return self.storage.upload(uri, name, source)
+        return step_objects.upload(self.bucket, uri, name, source)
 
     def seal(self, uri: str, manifest: Manifest, attempt: int | None) -> StoredCheckpoint:
         if attempt is not None:
             self.check(attempt)
-        return self.storage.seal(uri, manifest)
+        return step_objects.seal(self.bucket, uri, manifest)
 
     def discard(self, uri: str) -> None:
-        self.storage.discard(uri)
+        step_objects.discard(self.bucket, uri)
 
 
 class FetchForLoad:
@@ -224,14 +227,14 @@ class FetchForLoad:
 
     def __init__(
         self,
-        storage: S3Storage,
+        bucket: Bucket,
         uri: str,
         files: tuple[FileEntry, ...],
         cache: Path,
         scratch: Path,
         rank: int,
     ) -> None:
-        self.storage, self.uri, self.cache, self.scratch, self.rank = storage, uri, cache, scratch, rank
+        self.bucket, self.uri, self.cache, self.scratch, self.rank = bucket, uri, cache, scratch, rank
         self.entries = {entry.name: entry for entry in files}
 
     def __call__(self, name: str) -> None:
@@ -242,7 +245,7 @@ class FetchForLoad:
             if os.path.lexists(self.cache / name):  # downloaded and verified by a rank of this node
                 return
             safe_stage_dir(self.scratch)
-            if verdict := self.storage.fetch(self.uri, [entry], self.scratch):
+            if verdict := step_objects.fetch(self.bucket, self.uri, [entry], self.scratch):
                 raise Rejected(verdict)
             os.rename(self.scratch / name, self.cache / name)
         except OSError as exc:
