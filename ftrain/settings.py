@@ -320,6 +320,13 @@ def attempt(env: Env = os.environ) -> int | None:
     return int(value)
 
 
+def torchrun_restarts(env: Env = os.environ) -> int:
+    """How many times torchrun restarted this process's workers in place (TORCHELASTIC_RESTART_COUNT; 0
+    outside torchrun)."""
+    value = env.get("TORCHELASTIC_RESTART_COUNT", "")
+    return int(value) if value.isdigit() else 0
+
+
 def ckpt_dir(env: Env = os.environ) -> Path | None:
     """The run's checkpoint directory, as `ftrain run` set it; None outside `ftrain run`."""
     value = _get(env, CKPT_DIR)

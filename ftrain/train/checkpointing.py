@@ -65,7 +65,7 @@ from ftrain.train.beacon import ProgressBeacon
 from ftrain.train.config import CheckpointConfig
 from ftrain.train.faults import fault_point
 from ftrain.train.loaders import adopt
-from ftrain.train.lost_work import ProgressFile
+from ftrain.train.lost_work import ProgressFile, furthest
 from ftrain.train.preemption import PREEMPTED_EXIT, SaveSignals, stop_name
 from ftrain.train.process_exit import one_line_errors
 from ftrain.train.resume import ResumePoint, resume
@@ -357,19 +357,19 @@ class CheckpointManager:
         self._saver.vouched(plan.accepted(self.resumed.step if self.resumed else None), plan.retired)
         step = self.resumed.step if self.resumed is not None else 0
         self._sealed = self.resumed.step if self.resumed is not None else None
+        if self.config.async_save and self.resumed is not None:  # so the first save stalls no longer than
+            # the next; on a fresh start the optimizer has no state yet, and asking for its state dict would
+            # make some (torch steps it once with lr 0: Adam's step count would be off by one)
+            self._buffers.reserve(self.state.state_dict())
         if self._progress is not None:  # loaded again (benchmarks)
             self._progress.close()
         self._progress = ProgressFile(
             self.config.stage_dir, self.config.location.uri, self.config.run_name, self.rank
         )
         if self.resumed is not None:
-            self.lost = _furthest(self._progress.lost(step), self.group)
+            self.lost = furthest(self._progress.lost(step), self.group)
             if self.lost is not None:
                 self.clock.lost(*self.lost)
-        if self.config.async_save and self.resumed is not None:  # so the first save stalls no longer than
-            # the next; on a fresh start the optimizer has no state yet, and asking for its state dict would
-            # make some (torch steps it once with lr 0: Adam's step count would be off by one)
-            self._buffers.reserve(self.state.state_dict())
         self._progress.begin(step)
         self.clock.start()
         self._loop_start, self._stalled = time.monotonic(), 0.0
@@ -589,20 +589,6 @@ class CheckpointManager:
                     )
                 )
             )
-
-
-def _furthest(
-    mine: tuple[int, float | None] | None, group: dist.ProcessGroup
-) -> tuple[int, float | None] | None:
-    """The lost work: the steps of the rank that got furthest (a kill lands on the ranks at slightly different
-    points), timed by rank 0's record, as rank 0's metrics time them; None when no rank of this job has a
-    record (all of them on other nodes than the attempt before)."""
-    every: list[tuple[int, float | None] | None] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(every, mine, group=group)
-    steps = max((lost[0] for lost in every if lost is not None), default=None)
-    if steps is None:
-        return None
-    return steps, every[0][1] if every[0] is not None else None
 
 
 def _rank() -> int:

@@ -46,22 +46,3 @@ def _samplers(loader: object) -> list[object]:
     batches = getattr(loader, "batch_sampler", None)
     found = [batches, getattr(loader, "sampler", None), getattr(batches, "sampler", None)]
     return [s for s in found if s is not None]
-
-
-def world_change_refusal(source: DataSource | None, saved_world: int, world: int, step: int) -> str | None:
-    """Why a resume from a checkpoint saved by `saved_world` ranks cannot go on with `world` (None: it can):
-    a data state that is per rank, or none at all, would skip or repeat samples on another world."""
-    if saved_world == world or (source is not None and source.position is not None):
-        return None
-    what = (
-        f"the loader {source.name} keeps a per-rank position"
-        if source is not None and source.saved is not None
-        else "no loader with a global data position was given (loader=)"
-        if source is None
-        else f"the loader {source.name} has no state to resume"
-    )
-    return (
-        f"step {step} was saved by {saved_world} ranks and this start has {world}: {what}, so samples would be "
-        f"skipped or seen twice; resume on {saved_world} ranks, or give the loader a global data position "
-        "(ftrain.train.sampler.GlobalSampler as its batch_sampler), or pass world_change='warn' to go on anyway"
-    )

@@ -16,6 +16,7 @@ from typing import Final
 
 import msgspec
 import structlog
+import torch.distributed as dist
 
 from ftrain.host.private_files import open_private
 
@@ -38,14 +39,15 @@ class Progress(msgspec.Struct, frozen=True):
 
 
 class ProgressFile:
-    """One rank's progress record of one run on this node."""
+    """One rank's progress record of one run on this node: the previous attempt's, read when it is made, then
+    this attempt's, from `begin` on."""
 
     def __init__(self, directory: Path, location: str, run_name: str, rank: int) -> None:
         self.path = directory / f"progress-{run_name}-rank{rank}.json"
         self.location = location
-        self._fd = open_private(self.path, os.O_RDWR)
+        self._fd: int | None = None
         found = None
-        if raw := os.pread(self._fd, MAX_FILE_BYTES, 0):
+        if raw := _read(self.path):
             try:
                 found = msgspec.json.decode(raw, type=Progress)
             except msgspec.DecodeError:  # cut by a kill mid-write: unknown, not a failure
@@ -77,6 +79,8 @@ class ProgressFile:
         self._write(msgspec.structs.replace(self._now, saves=saves))
 
     def _write(self, progress: Progress) -> None:
+        if self._fd is None:  # the first write: the file is created private, or tightened
+            self._fd = open_private(self.path, os.O_RDWR)
         self._now = progress
         data = msgspec.json.encode(progress)
         try:
@@ -86,4 +90,32 @@ class ProgressFile:
             log.warning("progress_not_written", path=str(self.path), error=str(exc))
 
     def close(self) -> None:
-        os.close(self._fd)
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def furthest(
+    mine: tuple[int, float | None] | None, group: dist.ProcessGroup
+) -> tuple[int, float | None] | None:
+    """The lost work of the job: the steps of the rank that got furthest (a kill lands on the ranks at slightly
+    different points), timed by rank 0's record, as rank 0's metrics time them; None when no rank of this job
+    has a record (all of them on other nodes than the attempt before)."""
+    every: list[tuple[int, float | None] | None] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(every, mine, group=group)
+    steps = max((lost[0] for lost in every if lost is not None), default=None)
+    if steps is None:
+        return None
+    return steps, every[0][1] if every[0] is not None else None
+
+
+def _read(path: Path) -> bytes:
+    """The record at `path` as the attempt before left it (empty: none); a link there is never followed."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return b""
+    try:
+        return os.pread(fd, MAX_FILE_BYTES, 0)
+    finally:
+        os.close(fd)

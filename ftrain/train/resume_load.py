@@ -1,9 +1,11 @@
-"""Loading one candidate checkpoint on every rank: the verdicts combined, then DCP through the verified reader.
+"""Loading one candidate checkpoint on every rank: rank 0's header shared, the world checked, the verdicts
+combined, then DCP through the verified reader.
 
 Each rank judges the files it owns (its own shards; rank 0 also `.metadata` and the rest), so each byte is
 checked once in the job; the verdicts are combined so all ranks take the same way: storage out of reach stops
-the job, a defect skips the candidate, and only when every verdict is clean does DCP load, never parsing an
-unverified byte, its pickles through the allowlist. Every backend's resume goes through here.
+the job (StorageUnavailable, raised alike on every rank; `resume` stops on it), a defect skips the candidate,
+and only when every verdict is clean does DCP load, never parsing an unverified byte, its pickles through the
+allowlist. Every backend's resume goes through here.
 """
 
 import re
@@ -18,25 +20,22 @@ from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from ftrain.errors import ResumeFailed as ResumeFailed
 from ftrain.errors import ResumeRefused, StoppedByCredentials
 from ftrain.errors import ResumeStopped as ResumeStopped
-from ftrain.train.loaders import world_change_refusal
+from ftrain.train.loaders import DataSource
 from ftrain.train.state import TrainState
 from ftrain.workers.dcp_reader import (
-    METADATA,
     Rejected,
     RestrictedLoadPlanner,
     VerifiedReader,
-    parse_metadata,
+    combined,
+    shared_metadata,
 )
 from ftrain.workers.manifest import FileEntry, Manifest
-from ftrain.workers.storage.port import Readable
+from ftrain.workers.storage.port import Header, StepReader
 from ftrain.workers.storage.storage_errors import MissingCredentials, StorageUnavailable
 from ftrain.workers.unpickle import RefusedPickle
 
 _SHARD = re.compile(r"__(\d+)_\d+\.distcp$")
 log = structlog.get_logger(__name__)
-
-Verdict = str | StorageUnavailable | None
-"""One rank's judgement: None (clean), why the checkpoint is refused, or the storage out of reach."""
 
 
 def owned(files: tuple[FileEntry, ...], rank: int, world: int) -> list[FileEntry]:
@@ -48,6 +47,29 @@ def owned(files: tuple[FileEntry, ...], rank: int, world: int) -> list[FileEntry
         if owner == rank:
             mine.append(entry)
     return mine
+
+
+def load_candidate(
+    header: Header | None,
+    reader: StepReader,
+    state: TrainState,
+    world_change: str,
+    start: str,
+    group: dist.ProcessGroup,
+) -> Manifest | str:
+    """Every rank: rank 0's `header` (None on the others) shared, the world checked, then the candidate
+    loaded, verified (`load_verified`). Returns the manifest loaded, or why the candidate is refused: the same
+    on every rank. Raises StorageUnavailable, on every rank alike, when the storage is out of reach."""
+    shared = _shared_header(header, group)
+    manifest = shared.manifest
+    if isinstance(manifest, StorageUnavailable):
+        raise manifest
+    if isinstance(manifest, str):
+        return manifest
+    assert shared.uri is not None  # a manifest is only read at a URI confined to the run's own
+    check_world(world_change, state, manifest, dist.get_world_size())
+    reason = load_verified(reader, shared.uri, manifest, state, start, group)
+    return manifest if reason is None else reason
 
 
 def check_world(world_change: str, state: TrainState, manifest: Manifest, world: int) -> None:
@@ -62,64 +84,73 @@ def check_world(world_change: str, state: TrainState, manifest: Manifest, world:
         log.warning("world_changed_data_per_rank", detail=refusal)
 
 
+def world_change_refusal(source: DataSource | None, saved_world: int, world: int, step: int) -> str | None:
+    """Why a resume from a checkpoint saved by `saved_world` ranks cannot go on with `world` (None: it can):
+    a data state that is per rank, or none at all, would skip or repeat samples on another world."""
+    if saved_world == world or (source is not None and source.position is not None):
+        return None
+    what = (
+        f"the loader {source.name} keeps a per-rank position"
+        if source is not None and source.saved is not None
+        else "no loader with a global data position was given (loader=)"
+        if source is None
+        else f"the loader {source.name} has no state to resume"
+    )
+    return (
+        f"step {step} was saved by {saved_world} ranks and this start has {world}: {what}, so samples would be "
+        f"skipped or seen twice; resume on {saved_world} ranks, or give the loader a global data position "
+        "(ftrain.train.sampler.GlobalSampler as its batch_sampler), or pass world_change='warn' to go on anyway"
+    )
+
+
 def load_verified(
-    local: Readable, manifest: Manifest, state: TrainState, group: dist.ProcessGroup
+    reader: StepReader,
+    uri: str,
+    manifest: Manifest,
+    state: TrainState,
+    start: str,
+    group: dist.ProcessGroup,
 ) -> str | None:
-    """Combine every rank's verdict on the files it made readable; only when all are clean, and `.metadata`
-    (read by rank 0, sent to every rank) matches its entry, does DCP load from `local.path`, through
-    `local.fetch` for a file the path lacks. Returns the combined verdict, the same on every rank (None:
-    loaded)."""
-    if reason := combined(local.verdict, group):
-        return reason
-    metadata = _shared_metadata(local.path, manifest.files, group)
-    if reason := combined(None if isinstance(metadata, Metadata) else metadata, group):
-        return reason
-    assert isinstance(metadata, Metadata)
-    world = dist.get_world_size()
-    if manifest.world_size != world:
-        log.warning("world_size_changed", saved=manifest.world_size, now=world)
-    state.restore_rng = manifest.world_size == world  # per-rank RNG streams exist for the ranks that saved
-    refused = None
-    try:
-        dcp_load(
-            {"app": state},
-            storage_reader=VerifiedReader(local.path, metadata, local.fetch),
-            planner=RestrictedLoadPlanner(),
-            process_group=group,
-        )
-    except CheckpointException as exc:  # raised on every rank, with every rank's failure
-        return load_failure(local.path, exc)
-    except RefusedPickle as exc:  # this rank's own state (an old RNG pickle): the others must hear of it
-        refused = str(exc)
-    finally:
-        state.restore_rng = True
-    return combined(refused, group)
-
-
-def _shared_metadata(
-    path: Path, files: tuple[FileEntry, ...], group: dist.ProcessGroup
-) -> Metadata | str | StorageUnavailable:
-    """`.metadata` as rank 0 holds it (verified with its own files), sent to every rank, each of which parses
-    the bytes only once they match the manifest entry: on object storage the other nodes never downloaded it."""
-    raw: bytes | StorageUnavailable = b""
-    if dist.get_rank() == 0 and any(f.name == METADATA for f in files):
+    """Every rank makes the files it owns readable (`start` names this start's downloads) and judges them;
+    only when every rank's verdict is clean, and `.metadata` (read by rank 0, sent to every rank) matches its
+    entry, does DCP load from the readable path, through its fetch hook for a file the path lacks. Returns
+    the combined verdict, the same on every rank (None: loaded); raises StorageUnavailable as `combined`."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    mine = owned(manifest.files, rank, world)
+    with reader.readable(uri, manifest, mine, start=start, rank=rank) as local:
+        if reason := combined(local.verdict, group):
+            return reason
+        metadata = shared_metadata(local.path, manifest.files, group)
+        if reason := combined(None if isinstance(metadata, Metadata) else metadata, group):
+            return reason
+        assert isinstance(metadata, Metadata)
+        if manifest.world_size != world:
+            log.warning("world_size_changed", saved=manifest.world_size, now=world)
+        # per-rank RNG streams exist for the ranks that saved
+        state.restore_rng = manifest.world_size == world
+        refused = None
         try:
-            raw = (path / METADATA).read_bytes()
-        except OSError as exc:
-            raw = StorageUnavailable(f"{path}: {exc}")
-    box: list[bytes | StorageUnavailable] = [raw]
+            dcp_load(
+                {"app": state},
+                storage_reader=VerifiedReader(local.path, metadata, local.fetch),
+                planner=RestrictedLoadPlanner(),
+                process_group=group,
+            )
+        except CheckpointException as exc:  # raised on every rank, with every rank's failure
+            return load_failure(local.path, exc)
+        except RefusedPickle as exc:  # this rank's own state (an old RNG pickle): the others must hear of it
+            refused = str(exc)
+        finally:
+            state.restore_rng = True
+        return combined(refused, group)
+
+
+def _shared_header(header: Header | None, group: dist.ProcessGroup) -> Header:
+    """Rank 0's header of the candidate on every rank (None on the others)."""
+    box = [header]
     dist.broadcast_object_list(box, src=0, group=group)
-    return box[0] if isinstance(box[0], StorageUnavailable) else parse_metadata(box[0], files)
-
-
-def combined(verdict: Verdict, group: dist.ProcessGroup) -> str | None:
-    """Every rank's verdict, combined the same way on each: storage out of reach stops the job, else the
-    first rank's reason (None: all clean)."""
-    verdicts: list[Verdict] = [None] * dist.get_world_size()
-    dist.all_gather_object(verdicts, verdict, group=group)
-    if unavailable := next((v for v in verdicts if isinstance(v, StorageUnavailable)), None):
-        raise stopped(unavailable)
-    return next((r for r in verdicts if isinstance(r, str)), None)
+    assert box[0] is not None
+    return box[0]
 
 
 def stopped(exc: StorageUnavailable) -> ResumeStopped:

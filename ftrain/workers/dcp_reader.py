@@ -1,11 +1,12 @@
 """The torch.distributed.checkpoint read side: what DCP would unpickle goes through the allowlist.
 
 DCP's own reader unpickles `.metadata` with `pickle.load` and its planner loads non-tensor items with
-`torch.load(weights_only=False)`: both would run any global a hostile writer named. Here every rank reads
-`.metadata` into memory once, checks those bytes against the manifest (the bytes parsed are the bytes
-verified, not a second read of a file that may have changed since) and unpickles them through
-`workers.unpickle`; DCP is handed the parsed metadata, and its non-tensor items load through the same
-allowlist. Tensors DCP already loads with `weights_only=True`.
+`torch.load(weights_only=False)`: both would run any global a hostile writer named. Here `.metadata` is read
+into memory once (by rank 0 in a job, sent to every rank: `shared_metadata`), each rank checks those bytes
+against the manifest (the bytes parsed are the bytes verified, not a second read of a file that may have
+changed since) and unpickles them through `workers.unpickle`; DCP is handed the parsed metadata, and its
+non-tensor items load through the same allowlist. Tensors DCP already loads with `weights_only=True`.
+Every rank's verdict on what it read is `combined` the same way on each, so all ranks take the same way.
 """
 
 import io
@@ -14,6 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import torch.distributed as dist
 from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.filesystem import FileSystemReader
@@ -23,10 +25,13 @@ from torch.futures import Future
 
 from ftrain.workers.integrity import Hashed, digest_of
 from ftrain.workers.manifest import FileEntry
+from ftrain.workers.storage.storage_errors import StorageUnavailable
 from ftrain.workers.storage.verdict import entry_verdict, file_verdict
 from ftrain.workers.unpickle import RefusedPickle, restricted_loads, torch_load
 
 METADATA = ".metadata"
+Verdict = str | StorageUnavailable | None
+"""One rank's judgement: None (clean), why the checkpoint is refused, or the storage out of reach."""
 
 
 def load_metadata(path: Path, files: Sequence[FileEntry]) -> Metadata | str:
@@ -57,6 +62,33 @@ def parse_metadata(raw: bytes, files: Sequence[FileEntry]) -> Metadata | str:
     if not isinstance(metadata, Metadata):
         return f"file {METADATA} holds a {type(metadata).__name__}, not DCP metadata"
     return metadata
+
+
+def shared_metadata(
+    path: Path, files: Sequence[FileEntry], group: dist.ProcessGroup
+) -> Metadata | str | StorageUnavailable:
+    """`.metadata` as rank 0 holds it under `path` (verified with its own files), sent to every rank, each of
+    which parses the bytes only once they match the manifest entry: on object storage the other nodes never
+    downloaded it."""
+    raw: bytes | StorageUnavailable = b""
+    if dist.get_rank() == 0 and any(f.name == METADATA for f in files):
+        try:
+            raw = (path / METADATA).read_bytes()
+        except OSError as exc:
+            raw = StorageUnavailable(f"{path}: {exc}")
+    box: list[bytes | StorageUnavailable] = [raw]
+    dist.broadcast_object_list(box, src=0, group=group)
+    return box[0] if isinstance(box[0], StorageUnavailable) else parse_metadata(box[0], files)
+
+
+def combined(verdict: Verdict, group: dist.ProcessGroup) -> str | None:
+    """Every rank's verdict, combined the same way on each: the first rank's reason (None: all clean).
+    Raises StorageUnavailable, on every rank alike, when any rank found the storage out of reach."""
+    verdicts: list[Verdict] = [None] * dist.get_world_size()
+    dist.all_gather_object(verdicts, verdict, group=group)
+    if unavailable := next((v for v in verdicts if isinstance(v, StorageUnavailable)), None):
+        raise unavailable
+    return next((r for r in verdicts if isinstance(r, str)), None)
 
 
 class Rejected(Exception):

@@ -33,7 +33,6 @@ from ftrain.events.chain import ChainHead
 from ftrain.examples.data import ResumableLoader, synthetic_tokens
 from ftrain.experiments.inputs import set_aside_steps
 from ftrain.train.checkpointing import CheckpointManager
-from ftrain.train.resume import set_aside_planned
 from ftrain.train.resume_load import owned
 from ftrain.workers.dcp_writer import HashingFileSystem, HashingWriter
 from ftrain.workers.integrity import Digest, Hashed, hash_file
@@ -63,6 +62,7 @@ from ftrain.workers.storage.file.fanout import FanOutError, fan_out
 from ftrain.workers.storage.file.retention import prune
 from ftrain.workers.storage.file.run_dir import FileRun
 from ftrain.workers.storage.location import run_location
+from ftrain.workers.storage.port import set_aside_planned
 from tests.support.builders import WrittenCheckpoint, checkpointed, launched, write_checkpoint
 
 

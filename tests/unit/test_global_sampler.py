@@ -9,7 +9,8 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from ftrain.train.loaders import adopt, world_change_refusal
+from ftrain.train.loaders import adopt
+from ftrain.train.resume_load import world_change_refusal
 from ftrain.train.sampler import GlobalSampler, accumulation, sample_generator
 
 SIZE, GLOBAL, SEED = 96, 24, 7

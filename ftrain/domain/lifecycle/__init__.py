@@ -36,7 +36,16 @@ from ftrain.domain.lifecycle.judge import (
     check_may_resume,
     check_open,
 )
-from ftrain.domain.lifecycle.resume_plan import Candidate, OnDisk, ResumePlan, plan_resume, skipped_line
+from ftrain.domain.lifecycle.resume_plan import (
+    Candidate,
+    OnDisk,
+    ResumePlan,
+    no_valid_refusal,
+    plan_resume,
+    restarted_in_place,
+    resumed_line,
+    skipped_line,
+)
 from ftrain.domain.lifecycle.run_state import CheckpointRef, RunState, RunStatus
 
 __all__ = [
@@ -62,11 +71,14 @@ __all__ = [
     "completed_event",
     "corrupt_skipped_event",
     "decide_intent",
+    "no_valid_refusal",
     "plan_resume",
     "relaunch",
     "restart_event",
+    "restarted_in_place",
     "resume_from",
     "resumed_event",
+    "resumed_line",
     "skip",
     "skipped_line",
     "supervisor_lost",

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 import msgspec
 
+from ftrain.domain.lifecycle.intents import FailIntent, ResumeIntent
 from ftrain.domain.lifecycle.judge import IllegalTransition, check_may_resume, check_open
 from ftrain.domain.lifecycle.run_state import CheckpointRef, RunState
 
@@ -49,6 +50,11 @@ class ResumePlan(msgspec.Struct, frozen=True):
         candidates from that one back (a newer one was refused and set aside). Only what the plan vouches
         for: a step sealed on disk that the log never recorded is no candidate, and never counted."""
         return [c.step for c in self.candidates if resumed is not None and c.step <= resumed]
+
+    def attempt_after(self, current: int) -> int:
+        """The attempt a start records in when the run is in attempt `current`: the next when the start
+        resumes or restarts (which opens one), else `current`."""
+        return current + (1 if self.candidates or self.restart else 0)
 
 
 def plan_resume(
@@ -99,6 +105,57 @@ def plan_resume(
     )
 
 
+def restarted_in_place(state: RunState | None, restarts: int, opened: int | None) -> FailIntent | None:
+    """The failure torchrun restarted a running run's workers for, `restarts` times
+    (TORCHELASTIC_RESTART_COUNT), in the attempt `opened` (None: the log's): the log never heard of it
+    otherwise. None when there is nothing to record."""
+    if state is None or state.status != "running" or restarts <= 0:
+        return None
+    return FailIntent(
+        reason="exit-code",
+        message=f"torchrun restarted the workers (TORCHELASTIC_RESTART_COUNT={restarts})",
+        attempt=opened or state.attempt,
+    )
+
+
 def skipped_line(step: int, reason: str) -> str:
     """The line for a checkpoint a resume refused, from the CLI or from a trainer."""
     return f"checkpoint step {step} {reason} → skipped"
+
+
+def resumed_line(resumed: ResumeIntent, epoch: int) -> str:
+    """The line a trainer prints once it resumed: the step and epoch, the worlds when they differ, the data
+    position when the loader keeps a global one."""
+    changed = (
+        f", saved by {resumed.saved_world} ranks, resumed by {resumed.world}"
+        if resumed.saved_world != resumed.world
+        else ""
+    )
+    data = resumed.data
+    at = f", data at sample {data.offset} of epoch {data.epoch}" if data is not None else ""
+    return f"RESUMED from step={resumed.step} (epoch={epoch}){changed}{at}"
+
+
+def no_valid_refusal(where: str, found_now: int, run_id: str | None) -> str:
+    """Why a trainer refuses to start over when checkpoints exist and none is valid (`found_now` of them
+    found corrupt by this start; 0: all by an earlier one), saying what to look at and how to start over on
+    purpose."""
+    found = (
+        f"{found_now} checkpoint(s) found corrupt now"
+        if found_now
+        else "every checkpoint was found corrupt by an earlier start"
+    )
+    if run_id:
+        then = (
+            f"`ftrain status {run_id}` lists what the log recorded; to train from step 0 on purpose, launch a "
+            "new run id"
+        )
+    else:
+        then = (
+            "to train from step 0 on purpose, start once with resume=False (the reference trainer's "
+            "--no-resume)"
+        )
+    return (
+        f"no valid checkpoint in {where}: {found}, set aside there as step-N.corrupt-<time> (kept as "
+        f"evidence: inspect them there); refusing to start over. {then}"
+    )

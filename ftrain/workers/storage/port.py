@@ -8,9 +8,11 @@ overwritten); a checkpoint URI is trusted only when it names a step directly und
 plays the three roles below; `workers.storage.open` picks it by scheme, and nothing else knows the backends.
 
 Every method raises StorageUnavailable when the storage is out of reach, StorageError for a location it cannot
-use. The trainer's ranks and the CLI (one rank: `workers.storage.one_rank`) call the same methods.
+use. The trainer's ranks and the CLI (one rank: `workers.storage.one_rank`) call the same methods; rank 0's
+part of a trainer's start-up is the three functions at the end, each one call order below.
 """
 
+import time
 from collections.abc import Callable, Collection, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -18,12 +20,15 @@ from pathlib import Path
 from typing import Protocol
 
 import msgspec
+import structlog
 
-from ftrain.domain.lifecycle import OnDisk
+from ftrain.domain.lifecycle import Candidate, OnDisk, ResumePlan
 from ftrain.workers.layout import SetAsideKind
 from ftrain.workers.manifest import FileEntry, Manifest
 from ftrain.workers.storage.location import Location
-from ftrain.workers.storage.storage_errors import StorageUnavailable
+from ftrain.workers.storage.storage_errors import OUTSIDE_RUN, StorageError, StorageUnavailable
+
+log = structlog.get_logger(__name__)
 
 
 class StoredCheckpoint(msgspec.Struct, frozen=True):
@@ -206,3 +211,52 @@ class RunGuard(Protocol):
 
 class RunStorage(StepWriter, StepReader, RunGuard, Protocol):
     """One backend's run: the three roles, as `workers.storage.open.open_run` returns them."""
+
+
+class Header(msgspec.Struct, frozen=True):
+    """Rank 0's reading of a candidate, for every rank: its URI once confined to the run's own, and its
+    manifest, or why it is refused (`uri` None: refused unread), or the storage out of reach."""
+
+    uri: str | None
+    manifest: Manifest | str | StorageUnavailable
+
+
+def ready(guard: RunGuard, attempt: int, *, expected: bool) -> None:
+    """Rank 0, before the first step (`RunGuard` step 2): the stale partial work removed before anything is
+    written (on a full disk, the dead attempt's partial step is what frees the space), the location proven
+    writable, the run claimed for `attempt` (0: a job without a run id claims nothing). A superseded start
+    stops at the fence, before it removes anything of the newer attempt's. `expected`: checkpoints are
+    expected there, so the probe must not recreate a missing root."""
+    if expected:
+        guard.reachable()
+    if attempt:
+        guard.check(attempt)
+    guard.clean()
+    guard.probe()
+    if attempt:
+        guard.claim(attempt)
+
+
+def set_aside_planned(reader: StepReader, plan: ResumePlan) -> None:
+    """Move what the plan sets aside out of the way (kept as evidence, never deleted): steps the log never
+    recorded, and with --no-resume the older checkpoints, so the fresh run owns the step names."""
+    stamp = str(int(time.time()))
+    for unrecorded in plan.unrecorded:
+        log.warning("unrecorded_checkpoint_set_aside", uri=unrecorded.uri)
+        reader.quarantine(unrecorded.uri, "unrecorded", stamp)
+    for old in plan.superseded:
+        reader.quarantine(old.uri, "superseded", stamp)
+
+
+def read_header(reader: StepReader, candidate: Candidate, run_id: str) -> Header:
+    """Rank 0's reading of the candidate's marker and manifest (`StepReader` step 2), once its URI is found
+    to name a step of the run's own (else nothing is read); storage out of reach is returned, not raised."""
+    try:
+        uri = reader.confined(candidate.uri)
+        if uri is None:
+            return Header(None, OUTSIDE_RUN)
+        return Header(uri, reader.read_manifest(uri, candidate.digest, run_id=run_id, step=candidate.step))
+    except StorageUnavailable as exc:
+        return Header(None, exc)
+    except StorageError as exc:
+        return Header(None, str(exc))
