@@ -555,7 +555,7 @@ def bench_processes(env: dict[str, str], run_id: str, repeats: int = 5) -> dict[
         [
             sys.executable,
             "-c",
-            "from ftrain.cli.main import _structlog_without_rich as s; s(); "
+            "from ftrain.cli.main import _light_imports as s; s(); "
             "import ftrain.cli.commands, ftrain.cli.queries, ftrain.service",
         ],
         full_env,

@@ -101,7 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     output.json_mode(bool(getattr(args, "json", False)))
     try:
         output.require_stdout()
-        _structlog_without_rich()
+        _light_imports()
         from ftrain.logs import configure
 
         configure()
@@ -119,16 +119,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         output.json_mode(False)
 
 
-def _structlog_without_rich() -> None:
-    """Import structlog with `rich` out of its reach: its development renderer would load rich (0.06 s) for
-    tracebacks this CLI never renders. Only in this process, and only when neither is loaded yet."""
-    if "structlog" in sys.modules or "rich" in sys.modules:
-        return
-    sys.modules["rich"] = None  # type: ignore[assignment]  # `import rich` raises ImportError
+def _light_imports() -> None:
+    """Import structlog with `rich` out of its reach, and nats-py with `aiohttp` out of its reach unless the
+    log's URL names a websocket server: structlog's development renderer would load rich (0.06 s) for
+    tracebacks this CLI never renders, and nats-py loads aiohttp (0.09 s, where a package such as mlflow
+    installed it) for its websocket transport alone. Only in this process, and only what is not loaded yet."""
+    from ftrain import settings
+
+    url = os.environ.get(settings.NATS_URL, "").lower()
+    hidden = ["rich"] + ([] if "ws://" in url or "wss://" in url else ["aiohttp"])
+    hidden = [name for name in hidden if name not in sys.modules]
+    for name in hidden:
+        sys.modules[name] = None  # type: ignore[assignment]  # `import name` raises ImportError
     try:
+        import nats  # noqa: F401
         import structlog  # noqa: F401
     finally:
-        del sys.modules["rich"]
+        for name in hidden:
+            del sys.modules[name]
 
 
 _USAGE = (

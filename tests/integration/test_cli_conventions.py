@@ -258,7 +258,7 @@ def test_the_library_never_writes_to_stdout_and_keeps_a_users_structlog(tmp_path
 
 def test_log_only_commands_load_neither_the_supervisor_nor_rich(cli: Cli, env: dict[str, str]) -> None:
     launch(cli)
-    heavy = ("rich", "boto3", "ftrain.supervise.supervisor", "ftrain.cli.launch", "torch")
+    heavy = ("rich", "aiohttp", "boto3", "ftrain.supervise.supervisor", "ftrain.cli.launch", "torch")
     code = (
         "import sys\nfrom ftrain.cli.main import main\ncode = main(sys.argv[1:])\n"
         f"print(*[m for m in {heavy!r} if m in sys.modules])\nsys.exit(code)"
@@ -272,6 +272,21 @@ def test_log_only_commands_load_neither_the_supervisor_nor_rich(cli: Cli, env: d
                              "('nats', 'asyncio', 'structlog', 'rich', 'ftrain.service') if m in sys.modules))"],
                             capture_output=True, text=True, check=True)  # fmt: skip
     assert parsed.stdout == "[]\n"
+
+
+@pytest.mark.parametrize(
+    ("url", "websockets"), [("nats://127.0.0.1:4222", False), ("wss://127.0.0.1:443", True)]
+)
+def test_nats_keeps_its_websocket_transport_only_for_a_websocket_url(url: str, websockets: bool) -> None:
+    """aiohttp (0.09 s, installed beside mlflow) is left out of nats-py unless the log is reached over ws(s)."""
+    pytest.importorskip("aiohttp")
+    code = (
+        "from ftrain.cli.main import _light_imports\n_light_imports()\n"
+        "import nats.aio.transport as t, sys\nprint(t.aiohttp is not None, 'aiohttp' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          env={**os.environ, "FTRAIN_NATS_URL": url})  # fmt: skip
+    assert done.stdout == f"{websockets} {websockets}\n", done.stderr
 
 
 @pytest.mark.parametrize("redirect", [">&-", ">/dev/full"])
