@@ -11,6 +11,7 @@ read, as unsigned.
 """
 
 import hashlib
+import re
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -28,6 +29,7 @@ _SEAL_LEN = len(_PREFIX) + 64 + len(_SUFFIX)
 _SIGNER = b'","signer":"'
 _SIG = b'","sig":"'
 _SIGNED_LEN = len(_PREFIX) + 64 + len(_SIGNER) + 64 + len(_SIG) + 128 + len(_SUFFIX)
+_DIGEST = re.compile(r"[0-9a-f]{64}")
 
 
 class ChainHead(msgspec.Struct, frozen=True):
@@ -57,7 +59,7 @@ class Broken(msgspec.Struct, frozen=True):
 def is_digest(value: str) -> bool:
     """Whether `value` has a chain hash's form, 64 lowercase hex digits: a `prev_hash` of any other form is
     refused before it is hashed (a non-ASCII one cannot even be encoded)."""
-    return len(value) == 64 and all(c in "0123456789abcdef" for c in value)
+    return _DIGEST.fullmatch(value) is not None
 
 
 def link_hash(prev_hash: str, body: bytes) -> str:

@@ -182,7 +182,7 @@ class Projector:
                 stretches, event.seq, record.stream_seq, record.event_type, outcome.hash, outcome.signature
             )
             batch.signers[(record.run_id, at)] = stretches[at]
-            if isinstance(event, Checkpointed | CorruptSkipped):
+            if isinstance(event, (Checkpointed, CorruptSkipped)):
                 seq = event.checkpoint_seq if isinstance(event, CorruptSkipped) else event.seq
                 ref = (
                     outcome.state.checkpoints[-1]

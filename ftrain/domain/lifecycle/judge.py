@@ -20,6 +20,9 @@ from ftrain.events.schema import (
     event_type,
 )
 
+ATTEMPT_EVENTS = (Checkpointed, Failed, Completed)
+"""The events an attempt's own processes record: each carries the attempt, checked against the fence."""
+
 
 class IllegalTransition(Exception):
     """The event is not legal in the run's current state; the message names that state."""
@@ -40,20 +43,19 @@ def check_may_resume(state: RunState, *, forced: bool) -> None:
 
 def check(state: RunState | None, event: AnyEvent) -> None:
     """Raise IllegalTransition unless `event` may follow `state` (None: the run does not exist yet)."""
-    kind = event_type(event)
     if state is None:
         if not isinstance(event, Launched):
-            raise IllegalTransition(f"run {event.run_id} does not exist; it cannot be {kind}")
+            raise IllegalTransition(f"run {event.run_id} does not exist; it cannot be {event_type(event)}")
         return
     if isinstance(event, Launched):
         raise IllegalTransition(f"run {state.run_id} already exists ({state.status})")
     check_open(state)
-    if isinstance(event, Checkpointed | Failed | Completed):
+    if isinstance(event, ATTEMPT_EVENTS):
         check_attempt(state, event.attempt)
-    if isinstance(event, Checkpointed | Failed | Completed) and state.status != "running":
-        raise IllegalTransition(
-            f"run {state.run_id} is {state.status}; it cannot be {kind} (resume it first)"
-        )
+        if state.status != "running":
+            raise IllegalTransition(
+                f"run {state.run_id} is {state.status}; it cannot be {event_type(event)} (resume it first)"
+            )
     if isinstance(event, Checkpointed):
         if event.step < 0 or event.epoch < 0 or event.shards < 1:
             raise IllegalTransition("step and epoch must be ≥ 0 and shards ≥ 1")
@@ -154,7 +156,7 @@ def apply(state: RunState | None, event: AnyEvent, head: ChainHead) -> RunState:
             running_since=event.time,
         )
     changes: dict[str, object] = {"head": head, "updated_at": event.time}
-    if isinstance(event, Checkpointed | Failed | Completed) and event.attempt:
+    if isinstance(event, ATTEMPT_EVENTS) and event.attempt:
         changes["fenced"] = True
     if isinstance(event, Checkpointed):
         ref = CheckpointRef(recorded=event)
