@@ -32,7 +32,7 @@ _SIGNED_LEN = len(_PREFIX) + 64 + len(_SIGNER) + 64 + len(_SIG) + 128 + len(_SUF
 _DIGEST = re.compile(r"[0-9a-f]{64}")
 
 
-class ChainHead(msgspec.Struct, frozen=True):
+class ChainHead(msgspec.Struct, frozen=True, gc=False):
     """The last accepted event of a run: its per-run seq, hash, and stream sequence (0 for a new run)."""
 
     seq: int = 0

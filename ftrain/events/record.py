@@ -31,7 +31,7 @@ def parse_subject(subject: str) -> tuple[str, str]:
     return (".".join(tokens[:-1]), tokens[-1]) if len(tokens) > 1 else ("".join(tokens), "")
 
 
-class StoredRecord(msgspec.Struct, frozen=True):
+class StoredRecord(msgspec.Struct, frozen=True, gc=False):
     """One message of the stream, as stored: the raw payload is what the chain is verified over."""
 
     stream_seq: int

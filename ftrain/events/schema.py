@@ -46,7 +46,7 @@ class InvalidEvent(ValueError):
     """An event that breaks the schema's bounds (a number out of range, not finite, or too large a payload)."""
 
 
-class Actor(msgspec.Struct, frozen=True):
+class Actor(msgspec.Struct, frozen=True, gc=False):
     """Who recorded the event: user@host, process, and training rank when a trainer did. An intent kept in a
     node's outbox carries the process that recorded it, whichever process of the node delivers it."""
 
@@ -56,7 +56,7 @@ class Actor(msgspec.Struct, frozen=True):
     rank: Count | None = None
 
 
-class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
+class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", gc=False):
     """Fields every event carries. `seq`, `id`, `time`, `actor` and `prev_hash` are stamped at append."""
 
     run_id: str
@@ -67,7 +67,7 @@ class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
     prev_hash: str = ""
 
 
-class CheckpointPolicy(msgspec.Struct, frozen=True):
+class CheckpointPolicy(msgspec.Struct, frozen=True, gc=False):
     """How often the trainer checkpoints: every `seconds` of wall time and/or every `steps` steps."""
 
     text: str
@@ -75,7 +75,7 @@ class CheckpointPolicy(msgspec.Struct, frozen=True):
     steps: Count | None = None
 
 
-class DataPosition(msgspec.Struct, frozen=True):
+class DataPosition(msgspec.Struct, frozen=True, gc=False):
     """Where a run stands in its global sample stream, on any world size: the epoch, the samples of it already
     trained, every sample trained since the run began, and the seed of the epochs' permutations."""
 
@@ -85,7 +85,7 @@ class DataPosition(msgspec.Struct, frozen=True):
     seed: Annotated[int, msgspec.Meta(ge=INT64_MIN, le=INT64_MAX)]
 
 
-class SchedulerJob(msgspec.Struct, frozen=True):
+class SchedulerJob(msgspec.Struct, frozen=True, gc=False):
     """The batch job a supervisor ran in: `slurm` or `pbs`, its id (which survives a requeue), how many
     times the scheduler had requeued it (Slurm's SLURM_RESTART_COUNT; None: the scheduler does not say), the
     cluster it ran on (Slurm's SLURM_CLUSTER_NAME; None: not given, or PBS, whose id names its server), and

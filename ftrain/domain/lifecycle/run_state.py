@@ -13,7 +13,7 @@ RunStatus = Literal["running", "failed", "completed"]
 CostUnit = Literal["GPU-hours", "CPU-hours", "node-hours"]
 
 
-class CheckpointRef(msgspec.Struct, frozen=True, kw_only=True):
+class CheckpointRef(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """A checkpoint the log knows of: the `checkpointed` event that recorded it (the one struct that names a
     checkpoint's step, epoch, shards, URI, digest and size), and whether a resume has since refused it
     (`corrupt`) or a later `checkpointed` retired it (`pruned`: retention deleted it)."""
@@ -48,7 +48,7 @@ class CheckpointRef(msgspec.Struct, frozen=True, kw_only=True):
         return self.recorded.time
 
 
-class RunState(msgspec.Struct, frozen=True, kw_only=True):
+class RunState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """Everything the log says about one run, folded from its events."""
 
     run_id: str
