@@ -18,6 +18,7 @@ from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 from torch.distributed.checkpoint._traverse import OBJ_PATH
 
 from ftrain.errors import UnresumableState as UnresumableState
+from ftrain.train.agreement import lowest_refusal
 from ftrain.workers.unpickle import MAX_REASON, ForbiddenPickle, RefusedPickle, torch_load
 
 
@@ -53,15 +54,11 @@ def refusal(state: dict[str, Any]) -> str | None:
 def check_resumable(state: dict[str, Any], step: int, group: dist.ProcessGroup) -> None:
     """Every rank of `group`, before saving `state` as `step`: raise UnresumableState on every rank when any
     rank's state holds an item a resume would refuse (the lowest such rank's reason)."""
-    mine = refusal(state)
-    refused = torch.tensor([mine is not None], dtype=torch.uint8)
-    dist.all_reduce(refused, op=dist.ReduceOp.MAX, group=group)
-    if not refused.item():
+    refused = lowest_refusal(refusal(state), group)
+    if refused is None:
         return
-    every: list[str | None] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(every, mine, group=group)
-    rank, reason = next((rank, reason) for rank, reason in enumerate(every) if reason is not None)
-    where = "" if len(every) == 1 else f" (rank {rank})"
+    rank, reason = refused
+    where = "" if dist.get_world_size(group) == 1 else f" (rank {rank})"
     raise UnresumableState(f"checkpoint at step {step} not saved{where}: {reason}")
 
 
