@@ -71,7 +71,7 @@ from ftrain.events.schema import (
 from ftrain.events.signed_log import process_actor
 from ftrain.logs import configure as configure_logs
 from ftrain.service import RunService
-from ftrain.train.start_query import read_run
+from ftrain.train.resume import read_run
 
 CONCURRENT_RUNS = 8
 SEQ_BLOCKS = 10

@@ -60,7 +60,6 @@ from ftrain.errors import (
 from ftrain.events.run_id import InvalidRunId, validate_run_id
 from ftrain.events.schema import Checkpointed, DataPosition
 from ftrain.host.lifeline import die_with_launcher
-from ftrain.train.agreement import lowest_refusal
 from ftrain.train.attempt_clock import AttemptClock
 from ftrain.train.beacon import ProgressBeacon
 from ftrain.train.config import CheckpointConfig
@@ -350,16 +349,6 @@ class CheckpointManager:
         location cannot be written (or its run directory is a link) or the start contradicts the log,
         ResumeStopped when the storage or the log is out of reach, UnsafeDirectory when the stage directory
         is not private."""
-        try:
-            self.store.prepare(self.rank, staged=self.config.async_save)
-            unsafe = None
-        except UnsafeDirectory as exc:  # a node's own stage directory: perhaps only some ranks see it
-            unsafe = exc
-        refused = lowest_refusal(None if unsafe is None else str(unsafe), self.group)
-        if unsafe is not None:
-            raise unsafe
-        if refused is not None:
-            raise UnsafeDirectory(f"rank {refused[0]}: {refused[1]}")
         self.resumed, self.attempt, plan = resume(
             self.config, self.state, self.recorder, self.group, self.store
         )

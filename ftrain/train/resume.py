@@ -1,6 +1,10 @@
 """Automatic resume at trainer start-up: every rank agrees on one checkpoint, verified by all of them, on any
 backend, through the storage port's run guard (rank 0 readies the location) and step reader (every rank).
 
+First every rank readies its node-local stage directory (`RunGuard.prepare`); rank 0 gathers their verdicts
+before it plans, so a directory refused on any rank refuses the start on every rank, as any other refusal
+of rank 0's decision does, before the log is read or the storage touched.
+
 Rank 0 plans with the lifecycle's `plan_resume`, the same plan `ftrain resume` executes: the candidates,
 newest first, are the checkpoints the log says are valid (after flushing what the previous attempt left in
 the outbox), or, with the log out of reach, the steps whose marker and manifest agree. Rank 0 removes the
@@ -12,8 +16,13 @@ are combined and DCP loads (`resume_load`), so all ranks fall back together. An 
 recorded as `corrupt_skipped` and set aside; when checkpoints exist and none is valid, every rank raises
 NoValidCheckpoint (never a silent fresh start). Without a log, the steps an earlier start set aside as
 corrupt are the evidence that the run had checkpoints: it stays refused until a start with `resume=False`.
+
+What rank 0 asks of the log (`read_run`) is its own run's state, folded from its own events only, so it costs
+the same whatever else the stream holds. Training must never stall on the log: the query is bounded, and an
+unreachable log sends the trainer to the checkpoint directory itself.
 """
 
+import asyncio
 import os
 import time
 import uuid
@@ -22,8 +31,10 @@ from typing import TypeVar
 import msgspec
 import structlog
 import torch.distributed as dist
+from nats.errors import Error as NatsError
 
 from ftrain import settings
+from ftrain.domain.command_handler import BrokenRun, RunLog
 from ftrain.domain.lifecycle import (
     IllegalTransition,
     ResumeIntent,
@@ -36,24 +47,33 @@ from ftrain.domain.lifecycle import (
     resumed_line,
     skipped_line,
 )
+from ftrain.errors import FtrainError, UnknownRun
 from ftrain.errors import NoValidCheckpoint as NoValidCheckpoint
 from ftrain.errors import ResumeRefused as ResumeRefused
-from ftrain.errors import UnknownRun
+from ftrain.events.jetstream.connection import NatsSettings, open_store
+from ftrain.events.jetstream.nats_server import NatsServerError
+from ftrain.events.keyring import KeyringError
+from ftrain.events.log_port import LogTampered, LogUnavailable
 from ftrain.train.config import CheckpointConfig
 from ftrain.train.resume_load import ResumeFailed as ResumeFailed
 from ftrain.train.resume_load import ResumeStopped as ResumeStopped
 from ftrain.train.resume_load import load_candidate, stopped
-from ftrain.train.start_query import RunBroken, read_run
 from ftrain.train.state import TrainState
 from ftrain.workers.manifest import Manifest
 from ftrain.workers.recorder import Recorder
+from ftrain.workers.stage_dir import UnsafeDirectory
 from ftrain.workers.storage.location import under_root
 from ftrain.workers.storage.port import RunStorage, read_header, ready, set_aside_planned
 from ftrain.workers.storage.storage_errors import Fenced, StorageError, StorageUnavailable
 
 LOG_TIMEOUT = 15.0
+FLUSH_TIMEOUT = 15.0
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
+
+
+class RunBroken(FtrainError):
+    """The run's chain is broken: its state cannot be trusted, so nothing is resumed, set aside or recorded."""
 
 
 class ResumePoint(msgspec.Struct, frozen=True):
@@ -72,7 +92,7 @@ class StartDecision(msgspec.Struct, frozen=True):
     attempt: int = 0
     refused: str | None = None
     stopped: str | None = None
-    error: type[ResumeRefused | ResumeStopped] | None = None
+    error: type[ResumeRefused | ResumeStopped | UnsafeDirectory] | None = None
     """The kind of the refusal or stop, so that every rank raises the same class (None: the plain one)."""
     start: str = ""
     """Names this start's downloads (object storage), so a crashed start's are never taken for its."""
@@ -85,11 +105,17 @@ def resume(
     group: dist.ProcessGroup,
     store: RunStorage,
 ) -> tuple[ResumePoint | None, int, ResumePlan]:
-    """Load the newest valid checkpoint into `state` on every rank; returns where training continues (None:
-    from the start), the attempt this job records in (0: no log to say) and the plan (what retention may
-    count: `ResumePlan.accepted`)."""
+    """Ready every rank's stage directory, then load the newest valid checkpoint into `state` on every rank;
+    returns where training continues (None: from the start), the attempt this job records in (0: no log to
+    say) and the plan (what retention may count: `ResumePlan.accepted`). A stage directory refused on any
+    rank is refused on every rank, before rank 0 plans: that rank raises its UnsafeDirectory, the others the
+    lowest refusing rank's."""
     rank = dist.get_rank()
-    decision = _broadcast(_safe_plan(config, recorder, store) if rank == 0 else None, group)
+    unsafe = _ready_stage(store, rank, staged=config.async_save)
+    stages = _gathered(None if unsafe is None else str(unsafe), group)
+    decision = _broadcast(_safe_plan(config, recorder, store, stages) if stages is not None else None, group)
+    if unsafe is not None:
+        raise unsafe
     if decision.refused:
         raise (decision.error or ResumeRefused)(decision.refused)
     if decision.stopped:
@@ -134,8 +160,24 @@ def resume(
     return None, attempt, plan
 
 
-def _safe_plan(config: CheckpointConfig, recorder: Recorder | None, store: RunStorage) -> StartDecision:
-    """Rank 0's plan; a refusal travels to every rank (raising here alone would leave the others waiting)."""
+def _ready_stage(store: RunStorage, rank: int, *, staged: bool) -> UnsafeDirectory | None:
+    """This rank's stage directory readied (`RunGuard.prepare`), or why it is refused: it is the node's own,
+    so perhaps only some ranks see it refused."""
+    try:
+        store.prepare(rank, staged=staged)
+    except UnsafeDirectory as exc:
+        return exc
+    return None
+
+
+def _safe_plan(
+    config: CheckpointConfig, recorder: Recorder | None, store: RunStorage, stages: list[str | None]
+) -> StartDecision:
+    """Rank 0's plan, once every rank's stage directory is ready (`stages`: each rank's refusal, None when
+    ready); a refusal travels to every rank (raising here alone would leave the others waiting)."""
+    unready = next(((peer, words) for peer, words in enumerate(stages) if words is not None), None)
+    if unready is not None:
+        return StartDecision(refused=f"rank {unready[0]}: {unready[1]}", error=UnsafeDirectory)
     try:
         return _plan(config, recorder, store)
     except RunBroken as exc:
@@ -205,6 +247,41 @@ def _run_state(config: CheckpointConfig, recorder: Recorder | None) -> RunState 
     if config.run_id is None or recorder is None:
         return None
     return read_run(config.run_id, settings.nats(os.environ), LOG_TIMEOUT, recorder)
+
+
+def read_run(
+    run_id: str, settings: NatsSettings, timeout: float, recorder: Recorder | None = None
+) -> RunState | None:
+    """The state of `run_id` from its own events; None if the log cannot be read within `timeout` seconds,
+    or when `recorder` (the trainer's) cannot append what its outbox still holds for the run (what
+    the previous attempt left) within FLUSH_TIMEOUT. Raises UnknownRun when the log is readable but knows no
+    such run, RunBroken when its chain is broken."""
+    if recorder is not None and not recorder.flush(FLUSH_TIMEOUT):
+        log.warning("outbox_not_flushed", run_id=run_id)
+        return None
+
+    async def query() -> RunState | None:
+        async with open_store(settings) as store:
+            await store.ensure_stream()
+            return await RunLog(store, run_id).state()
+
+    try:
+        state = asyncio.run(asyncio.wait_for(query(), timeout))
+    except (BrokenRun, LogTampered, KeyringError) as exc:
+        raise RunBroken(f"{exc}; refusing to resume") from exc
+    except (LogUnavailable, NatsServerError, NatsError, OSError, TimeoutError) as exc:
+        log.warning("log_unreachable", run_id=run_id, error=f"{type(exc).__name__}: {exc}")
+        return None
+    if state is None:
+        raise UnknownRun(f"unknown run {run_id!r}")
+    return state
+
+
+def _gathered(value: T, group: dist.ProcessGroup) -> list[T] | None:
+    """Every rank's `value`, in rank order, on rank 0 (None on the others)."""
+    every: list[T] | None = [value] * dist.get_world_size(group) if dist.get_rank() == 0 else None
+    dist.gather_object(value, every, dst=0, group=group)
+    return every
 
 
 def _broadcast(value: T | None, group: dist.ProcessGroup) -> T:

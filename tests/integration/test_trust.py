@@ -26,7 +26,7 @@ from ftrain.events.record import STREAM, StoredRecord, run_subject
 from ftrain.events.schema import AnyEvent, CorruptSkipped, Failed, Resumed, encode_event, event_type, now
 from ftrain.events.signing import Signer
 from ftrain.service import RunService
-from ftrain.train.start_query import RunBroken, read_run
+from ftrain.train.resume import RunBroken, read_run
 from tests.integration.test_failures import MALLORY
 from tests.support.builders import SIGNER
 from tests.support.processes import ftrain_process
