@@ -70,6 +70,9 @@ STOP_NOTE: Final = "FTRAIN_STOP_NOTE"
 before it hands them the warning signal, so a worker names the signal that stopped the job."""
 MAX_FAILED_SAVES: Final = "FTRAIN_MAX_FAILED_SAVES"
 """How many saves in a row may fail (object storage out of reach) before the trainer stops; default 3."""
+DIGEST: Final = "FTRAIN_DIGEST"
+"""The algorithm checkpoint data files are hashed with as they are written, by the trainer's saves and by
+`ftrain checkpoint`: `sha256` (default) or `blake3`. Verification follows what each manifest names."""
 
 KILL_POINTS: Final = ("step", "stage", "write", "fanout", "finalize", "sealed")
 """Where FTRAIN_KILL_AT may kill (and FTRAIN_STOP_AT stop): after the optimizer step, or at a phase of a save."""
@@ -349,6 +352,16 @@ def max_failed_saves(env: Env = os.environ) -> int:
     if not text.isdigit() or int(text) < 1:
         raise InvalidSetting(f"{MAX_FAILED_SAVES}={text!r}: expected a whole number ≥ 1")
     return int(text)
+
+
+def digest(env: Env = os.environ) -> str:
+    """The digest algorithm new checkpoint data files are hashed with (FTRAIN_DIGEST; default sha256)."""
+    from ftrain.workers.integrity import ALGORITHM, ALGORITHMS  # the algorithms are defined with the hashing
+
+    text = _get(env, DIGEST) or ALGORITHM
+    if text.lower() not in ALGORITHMS:
+        raise InvalidSetting(f"{DIGEST}={text!r}: use one of {', '.join(ALGORITHMS)}")
+    return text.lower()
 
 
 def checkpoint_every(env: Env = os.environ) -> str | None:

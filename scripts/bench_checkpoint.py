@@ -9,21 +9,22 @@ model + AdamW state ≈ 1 GB; ``--state-gb`` picks the layers and width nearest 
 ``scripts/bench_scaling.py``'s grid), take one optimizer step so the AdamW state exists, then measure:
 
 1. saves, interleaved per round (raw ``dcp.save``, ``torch.save`` of the gathered state, ``dcp.async_save``
-   with its defaults, ftrain sync, ftrain async) so machine noise hits every method alike, after one
+   with its defaults, ftrain sync and ftrain async, each once with SHA-256 and once with BLAKE3 as the data
+   files' digest, ``FTRAIN_DIGEST``'s two choices) so machine noise hits every method alike, after one
    warm-up round that is not counted; each save goes to a fresh directory that is deleted (then ``sync``)
    once measured; figures are medians over the rounds;
 2. the copy floor, each round right before the ftrain async save: ``copy_`` bandwidth into a preallocated
    tensor of each rank's state size (on CUDA: from the GPU into pinned host memory, as the stage copies),
    all ranks at once as in the real stage; floor = the rank's state bytes ÷ that bandwidth (the slower rank);
-3. resume: ``CheckpointManager.load()`` (marker, manifest, SHA-256 of every shard, then ``dcp.load``) of the
-   last ftrain sync checkpoint vs raw ``dcp.load`` of the last raw ``dcp.save`` checkpoint, both written
+3. resume: ``CheckpointManager.load()`` (marker, manifest, the digest of every shard, then ``dcp.load``) of
+   the last ftrain sync checkpoint of each digest vs raw ``dcp.load`` of the last raw ``dcp.save`` one, all written
    earlier in the run: cold (their pages dropped with ``posix_fadvise(DONTNEED)``, possible because they were
    fsync'd) and cached (read again right after).
 
 Blocking is the time the training loop waits; durable + finalized is until the data is fsync'd (and, for
 ftrain, the manifest, marker and rename are done on rank 0), barrier to barrier, so the slowest rank counts.
 CPU-s is every rank's CPU time in the operation, all threads, summed: against the machine's cores it bounds how
-fast ftrain's extra work (SHA-256) could go here, and the report prints that bound beside the ratios.
+fast ftrain's extra work (the digests) could go here, and the report prints that bound beside the ratios.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any, cast
 
@@ -75,16 +77,23 @@ from ftrain.workers.storage.location import run_location
 WORLD = 2  # ranks on CPU; on CUDA one per GPU, at most this many
 CPU = torch.device("cpu")
 GB = 1e9
-RAW, GATHERED, ASYNC, FT_SYNC, FT_ASYNC = (
+RAW, GATHERED, ASYNC, FT_SYNC, FT_ASYNC, FT_SYNC_B3, FT_ASYNC_B3 = (
     "raw dcp.save",
     "torch.save gathered",
     "dcp.async_save (default)",
     "ftrain sync",
     "ftrain async",
+    "ftrain sync, blake3",
+    "ftrain async, blake3",
 )
-METHODS = (RAW, GATHERED, ASYNC, FT_SYNC, FT_ASYNC)
+METHODS = (RAW, GATHERED, ASYNC, FT_SYNC, FT_SYNC_B3, FT_ASYNC, FT_ASYNC_B3)
+DIGESTS = {"sha256": (FT_SYNC, FT_ASYNC), "blake3": (FT_SYNC_B3, FT_ASYNC_B3)}
+"""Each digest of the data files (`FTRAIN_DIGEST`), with the ftrain saves that use it (unsuffixed: SHA-256,
+the default, whose rows the targets have always read)."""
 STATE_BYTES_PER_PARAM = 12  # fp32 parameter + AdamW's two fp32 moments (the step counters are negligible)
-RAW_LOAD, FT_LOAD = "raw dcp.load", "ftrain load() (verify + load)"
+RAW_LOAD, FT_LOAD, FT_LOAD_B3 = "raw dcp.load", "ftrain load() (verify + load)", "ftrain load(), blake3"
+LOADS = {FT_SYNC: FT_LOAD, FT_SYNC_B3: FT_LOAD_B3}
+"""The load of each ftrain sync save's checkpoint."""
 COPY_REPEATS = 5
 
 
@@ -213,7 +222,8 @@ def build_state(
 
 
 class Bench:
-    """One rank's side of the benchmark: the training state, the two ftrain managers, the directories."""
+    """One rank's side of the benchmark: the training state, an ftrain sync and async manager per digest, the
+    directories."""
 
     def __init__(
         self,
@@ -231,15 +241,20 @@ class Bench:
         self.state, self.params = build_state(model_name, base, device, shape)
         self.rank_bytes = local_bytes(self.state.state_dict())
         self.state_bytes = total(self.rank_bytes)
-        self.sync_dir, self.async_dir = base / "ftrain-sync", base / "ftrain-async"
-        self.sync = CheckpointManager.from_config(
-            CheckpointConfig(location=run_location(self.sync_dir), stage_dir=stage_dir), self.state
-        )
-        self.async_ = CheckpointManager.from_config(
-            CheckpointConfig(location=run_location(self.async_dir), async_save=True, stage_dir=stage_dir),
-            self.state,
-        )
-        for manager in (self.sync, self.async_):  # start-up as a job's: the async pipeline picks its way here
+        self.dirs: dict[str, Path] = {}
+        self.managers: dict[str, CheckpointManager] = {}
+        for digest, (sync, async_) in DIGESTS.items():
+            for method, staged in ((sync, False), (async_, True)):
+                self.dirs[method] = base / method.replace(" ", "-").replace(",", "")
+                config = CheckpointConfig(
+                    location=run_location(self.dirs[method]),
+                    async_save=staged,
+                    stage_dir=stage_dir,
+                    digest=digest,
+                )
+                self.managers[method] = CheckpointManager.from_config(config, self.state)
+        self.async_ = self.managers[FT_ASYNC]
+        for manager in self.managers.values():  # start-up as a job's: the async pipeline picks its way here
             assert manager.load() == 0
         self.step = 0
         self.samples = {m: Samples() for m in self.methods}
@@ -249,8 +264,8 @@ class Bench:
 
     def close(self) -> None:
         """Stop the managers' pipelines."""
-        self.sync.close()
-        self.async_.close()
+        for manager in self.managers.values():
+            manager.close()
 
     # -- one save of each kind: returns (blocking seconds or None = all of it, extra, where it went) -------
 
@@ -286,16 +301,17 @@ class Bench:
         cast(Future[Any], upload).result()
         return blocking, 0.0, target
 
-    def ftrain_sync(self) -> tuple[float | None, float, Path]:
-        self.sync.save(self.step, 0)
-        return None, 0.0, step_dir(self.sync_dir, self.step)
+    def ftrain_sync(self, method: str) -> tuple[float | None, float, Path]:
+        self.managers[method].save(self.step, 0)
+        return None, 0.0, step_dir(self.dirs[method], self.step)
 
-    def ftrain_async(self) -> tuple[float | None, float, Path]:
+    def ftrain_async(self, method: str) -> tuple[float | None, float, Path]:
+        manager = self.managers[method]
         start = time.perf_counter()
-        times = self.async_.save(self.step, 0)
+        times = manager.save(self.step, 0)
         call = time.perf_counter() - start
-        self.async_.drain()
-        return times.stage_seconds, call, step_dir(self.async_dir, self.step)
+        manager.drain()
+        return times.stage_seconds, call, step_dir(self.dirs[method], self.step)
 
     def measure(self, method: str, record: bool, keep: bool = False) -> None:
         """One save, barrier to barrier; then the directory is deleted (unless `keep`) and the disk settled."""
@@ -303,8 +319,10 @@ class Bench:
             RAW: self.raw_save,
             GATHERED: self.gathered_save,
             ASYNC: self.async_save,
-            FT_SYNC: self.ftrain_sync,
-            FT_ASYNC: self.ftrain_async,
+            FT_SYNC: partial(self.ftrain_sync, FT_SYNC),
+            FT_ASYNC: partial(self.ftrain_async, FT_ASYNC),
+            FT_SYNC_B3: partial(self.ftrain_sync, FT_SYNC_B3),
+            FT_ASYNC_B3: partial(self.ftrain_async, FT_ASYNC_B3),
         }[method]
         self.step += 1
         dist.barrier()
@@ -361,30 +379,37 @@ class Bench:
     # -- resume --------------------------------------------------------------------------------------------
 
     def resume(self, repeats: int) -> dict[str, dict[str, list[float]]]:
-        """ftrain `load()` of the kept ftrain sync checkpoint vs `dcp.load` of the kept raw one, cold and cached:
-        each load's wall time, and (`<mode> cpu`) the CPU time all ranks spent in it, every thread counted.
+        """ftrain `load()` of each kept ftrain sync checkpoint (one per digest; each is checked by the digest its
+        manifest names, whatever the loading manager's setting) vs `dcp.load` of the kept raw one, cold and
+        cached: each load's wall time, and (`<mode> cpu`) the CPU time all ranks spent in it, every thread
+        counted.
 
-        The ftrain run directory holds exactly that one checkpoint; run_id None is file mode (no log)."""
+        Each ftrain run directory holds exactly that one checkpoint; run_id None is file mode (no log)."""
         raw_dir = self.kept[RAW][1]
-        sync_step = self.kept[FT_SYNC][0]
-        manager = CheckpointManager.from_config(
-            CheckpointConfig(location=run_location(self.sync_dir), stage_dir=self.base / "stage"), self.state
-        )
+        managers = {
+            LOADS[method]: CheckpointManager.from_config(
+                CheckpointConfig(location=run_location(self.dirs[method]), stage_dir=self.base / "stage"),
+                self.state,
+            )
+            for method in LOADS
+        }
 
         def raw_load() -> None:
             dcp_load({"app": self.state}, checkpoint_id=raw_dir)
 
-        def ftrain_load() -> None:
+        def ftrain_load(name: str, method: str) -> None:
             with contextlib.redirect_stdout(io.StringIO()):  # its "RESUMED from" line
-                step = manager.load()
-            assert manager.resumed is not None and step == sync_step, step
+                step = managers[name].load()
+            assert managers[name].resumed is not None and step == self.kept[method][0], step
 
         out: dict[str, dict[str, list[float]]] = {
-            m: {"cold": [], "cached": [], "cold cpu": [], "cached cpu": []} for m in (RAW_LOAD, FT_LOAD)
+            m: {"cold": [], "cached": [], "cold cpu": [], "cached cpu": []} for m in (RAW_LOAD, *managers)
         }
-        loads = {RAW_LOAD: (raw_load, raw_dir), FT_LOAD: (ftrain_load, self.sync_dir)}
+        loads: dict[str, tuple[Callable[[], None], Path]] = {RAW_LOAD: (raw_load, raw_dir)}
+        for method, name in LOADS.items():
+            loads[name] = (partial(ftrain_load, name, method), self.dirs[method])
         for r in range(repeats):
-            order = (RAW_LOAD, FT_LOAD) if r % 2 == 0 else (FT_LOAD, RAW_LOAD)
+            order = tuple(loads) if r % 2 == 0 else tuple(reversed(loads))
             for mode in ("cold", "cached"):
                 for name in order:
                     load, path = loads[name]
@@ -399,7 +424,8 @@ class Bench:
                     out[name][mode].append(seconds)
                     out[name][f"{mode} cpu"].append(cpu)
                     say(f"      {name:<30} {mode:<6} {seconds:7.3f} s, {cpu:6.3f} CPU-s")
-        manager.close()
+        for manager in managers.values():
+            manager.close()
         return out
 
 
@@ -451,7 +477,7 @@ def report(r: dict[str, Any]) -> None:
         note = ""
         if method == GATHERED:
             note = f"gather {s['extra']:.3f} s (in blocking); rank 0 writes alone"
-        elif method == FT_ASYNC:
+        elif method in (FT_ASYNC, FT_ASYNC_B3):
             how = "written once" if r["write_once"] else "staged on another device, then copied"
             note = f"blocking = stage_seconds; save() call {s['extra']:.3f} s; {how}"
         elif method == ASYNC:
@@ -475,20 +501,24 @@ def report(r: dict[str, Any]) -> None:
         f"copy floor: {r['copy_gbps']:.2f} GB/s per rank ({source}{together}, measured each round) -> "
         f"{r['copy_floor']:.3f} s for the larger shard ({r['rank_bytes_max'] / GB:.3f} GB)"
     )
-    raw, sync, cores = r["saves"][RAW], r["saves"][FT_SYNC], m["cores"]
+    raw, cores = r["saves"][RAW], m["cores"]
     print(
         f"CPU-s: every rank's CPU time, all threads, barrier to barrier. raw dcp.save keeps "
-        f"{raw['cpu'] / (cores * raw['durable']) * 100:.0f} % of the {cores} cores busy; ftrain sync needs "
-        f"{sync['cpu']:.3f} CPU-s, so its throughput cannot pass "
-        f"{1 / cpu_floor(sync['cpu'], cores, raw['durable']):.2f}x raw dcp.save's on these cores"
+        f"{raw['cpu'] / (cores * raw['durable']) * 100:.0f} % of the {cores} cores busy; "
+        + "; ".join(
+            f"{method} needs {r['saves'][method]['cpu']:.3f} CPU-s, so its throughput cannot pass "
+            f"{1 / cpu_floor(r['saves'][method]['cpu'], cores, raw['durable']):.2f}x raw dcp.save's"
+            for method in LOADS
+        )
+        + " on these cores"
     )
     res = r["resume"]
     print(
-        f"\nresume ({r['repeats']} rounds, medians): both checkpoints written earlier in this run; cold = "
+        f"\nresume ({r['repeats']} rounds, medians): every checkpoint written earlier in this run; cold = "
         "pages dropped with posix_fadvise(DONTNEED) first, cached = read again straight after"
     )
     rows = [("method", "cold s", "cold CPU-s", "cached s", "cached CPU-s", "cold GB/s", "cached GB/s")]
-    for name in (RAW_LOAD, FT_LOAD):
+    for name in (RAW_LOAD, *LOADS.values()):
         cold, cached = res[name]["cold"], res[name]["cached"]
         rows.append(
             (
@@ -504,12 +534,30 @@ def report(r: dict[str, Any]) -> None:
     table(rows)
     for mode in ("cold", "cached"):
         busy = res[RAW_LOAD][f"{mode} cpu"] / (cores * res[RAW_LOAD][mode])
-        need = res[FT_LOAD][f"{mode} cpu"]
         print(
-            f"{mode}: raw dcp.load keeps {busy * 100:.0f} % of the {cores} cores busy; ftrain's load needs "
-            f"{need:.3f} CPU-s, so it cannot end in under "
-            f"{cpu_floor(need, cores, res[RAW_LOAD][mode]):.2f}x raw dcp.load's time on these cores"
+            f"{mode}: raw dcp.load keeps {busy * 100:.0f} % of the {cores} cores busy; "
+            + "; ".join(
+                f"{name} needs {res[name][f'{mode} cpu']:.3f} CPU-s, so it cannot end in under "
+                f"{cpu_floor(res[name][f'{mode} cpu'], cores, res[RAW_LOAD][mode]):.2f}x raw dcp.load's time"
+                for name in LOADS.values()
+            )
+            + " on these cores"
         )
+    print("\ndigests side by side (ratios against raw dcp.save / raw dcp.load, medians; lower is better)")
+    rows = [("digest", "sync durable", "async blocking", "async durable", "resume cold", "resume cached")]
+    for digest, (sync, async_) in DIGESTS.items():
+        load = res[LOADS[sync]]
+        rows.append(
+            (
+                digest,
+                f"{r['saves'][sync]['durable'] / raw['durable']:.2f}x",
+                f"{r['saves'][async_]['blocking'] / raw['durable']:.3f}x",
+                f"{r['saves'][async_]['durable'] / raw['durable']:.2f}x",
+                f"{load['cold'] / res[RAW_LOAD]['cold']:.2f}x",
+                f"{load['cached'] / res[RAW_LOAD]['cached']:.2f}x",
+            )
+        )
+    table(rows)
     print("\ntargets")
     rows = [("figure", "value", "target", "")]
     for name, value, target, ok in targets(r):
@@ -548,6 +596,13 @@ def targets(r: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
     for mode in ("cold", "cached"):
         ratio = res[FT_LOAD][mode] / res[RAW_LOAD][mode]
         out.append((f"ftrain resume ÷ raw dcp.load ({mode})", f"{ratio:.2f}x", "<= 1.3x", ratio <= 1.3))
+    b3 = raw["durable"] / saves[FT_SYNC_B3]["durable"]
+    out.append(("ftrain sync, blake3 GB/s ÷ raw dcp.save GB/s", f"{b3:.2f}x", ">= 0.9x", b3 >= 0.9))
+    for mode in ("cold", "cached"):
+        ratio = res[FT_LOAD_B3][mode] / res[RAW_LOAD][mode]
+        out.append(
+            (f"ftrain resume, blake3 ÷ raw dcp.load ({mode})", f"{ratio:.2f}x", "<= 1.3x", ratio <= 1.3)
+        )
     out.append(
         (
             "for reference: dcp.async_save blocking ÷ raw dcp.save blocking",
@@ -601,7 +656,7 @@ def worker(args: argparse.Namespace) -> int:
             for method in bench.methods:
                 if method == FT_ASYNC:  # the floor right before the stall it bounds: the same noise
                     bench.copy_floor(record=round_ > 0)
-                bench.measure(method, record=round_ > 0, keep=last and method in (RAW, FT_SYNC))
+                bench.measure(method, record=round_ > 0, keep=last and method in (RAW, *LOADS))
         say("[resume]")
         resume = bench.resume(args.repeats)
     finally:

@@ -6,9 +6,11 @@ import argparse
 import os
 import stat
 from pathlib import Path
+from typing import NamedTuple
 
 import msgspec
 
+from ftrain import settings
 from ftrain.cli import documents, render
 from ftrain.errors import Refused, UsageError
 from ftrain.events.schema import CorruptSkipped
@@ -21,8 +23,20 @@ MAX_STATE_BYTES = 1024 * 1024
 # -- checkpoint --------------------------------------------------------------------------------------------
 
 
-def prepare_checkpoint(args: argparse.Namespace) -> list[tuple[str, bytes | Path]]:
-    """Read and check the checkpoint's contents before anything is written."""
+class CheckpointInput(NamedTuple):
+    """What `checkpoint` writes: its data files, and the algorithm they are hashed with (FTRAIN_DIGEST)."""
+
+    sources: list[tuple[str, bytes | Path]]
+    digest: str
+
+
+def prepare_checkpoint(args: argparse.Namespace) -> CheckpointInput:
+    """Read and check the checkpoint's contents and the digest setting before anything is written."""
+    digest = settings.digest(os.environ)
+    return CheckpointInput(_sources(args), digest)
+
+
+def _sources(args: argparse.Namespace) -> list[tuple[str, bytes | Path]]:
     if args.state is not None:
         try:
             return [("state.json", _state_json(args.state.encode()))]
@@ -115,12 +129,15 @@ def _is_utf8(name: str) -> bool:
     return True
 
 
-async def run_checkpoint(
-    app: RunService, args: argparse.Namespace, sources: list[tuple[str, bytes | Path]]
-) -> int:
+async def run_checkpoint(app: RunService, args: argparse.Namespace, written: CheckpointInput) -> int:
     """Write the checkpoint, then record it."""
     event = await app.checkpoint(
-        args.run_id, step=args.step, epoch=args.epoch, shards=args.shards, sources=sources
+        args.run_id,
+        step=args.step,
+        epoch=args.epoch,
+        shards=args.shards,
+        sources=written.sources,
+        digest=written.digest,
     )
     if args.json:
         render.emit_json(documents.checkpointed(event))

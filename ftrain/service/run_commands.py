@@ -46,6 +46,7 @@ from ftrain.events.schema import (
     now,
 )
 from ftrain.workers import progress
+from ftrain.workers.integrity import ALGORITHM
 from ftrain.workers.layout import SetAsideKind
 from ftrain.workers.storage.location import parse_root, under_root
 from ftrain.workers.storage.one_rank import write_step
@@ -234,8 +235,10 @@ class RunCommands:
         epoch: int,
         shards: int,
         sources: list[tuple[str, bytes | Path]],
+        digest: str = ALGORITHM,
     ) -> Checkpointed:
-        """Write the checkpoint directory (manifest and marker last), then append `checkpointed`."""
+        """Write the checkpoint directory (its files hashed by `digest`; manifest and marker last), then append
+        `checkpointed`."""
         run = self._run_log(run_id)
         state = await self._state(run)
 
@@ -267,6 +270,7 @@ class RunCommands:
                     sources=sources,
                     world_size=state.gpus,
                     dataset_revision=state.launch.dataset_revision,
+                    algorithm=digest,
                 )
         except CheckpointExists as exc:
             if any(c.step == step for c in (await self._state(run)).checkpoints):

@@ -137,13 +137,15 @@ def make_config(
 ) -> CheckpointConfig:
     """The configuration from the arguments and, under `ftrain run`, what the supervisor passed (which wins:
     the run, its location, the launch's cadence and dataset revision; a cadence that replaces the script's
-    `every` is said on rank 0's stderr). ValueError naming the field."""
+    `every` is said on rank 0's stderr), and the digest algorithm saves hash with (FTRAIN_DIGEST). ValueError
+    naming the field or the variable."""
     try:
         run_id = settings.run_id(env) or run_id
         written = settings.ckpt_location(env) or location
         launched_every = settings.checkpoint_every(env)
         dataset_revision = settings.dataset_revision(env) or dataset_revision
         failures = max_failed_saves or settings.max_failed_saves(env)
+        digest = settings.digest(env)
     except settings.InvalidSetting as exc:
         raise ValueError(str(exc)) from None
     if launched_every is not None:
@@ -191,6 +193,7 @@ def make_config(
         dataset_revision=dataset_revision,
         max_failed_saves=failures,
         world_change=world_change,
+        digest=digest,
     )
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import msgspec
 
+from ftrain.workers.integrity import ALGORITHM, UnknownAlgorithm, check_algorithm
 from ftrain.workers.layout import check_keep
 from ftrain.workers.storage.location import Location
 
@@ -32,6 +33,9 @@ class CheckpointConfig(msgspec.Struct, frozen=True, kw_only=True):
     """Saves in a row that may fail (storage out of reach, a full disk) before the job stops."""
     world_change: str = "refuse"
     """A resume on another world size whose data position is per rank or absent: "refuse" or "warn"."""
+    digest: str = ALGORITHM
+    """The algorithm the saves hash data files with (`workers.integrity.ALGORITHMS`); a resume checks each
+    file with the one its manifest entry names, whatever this is."""
 
     def __post_init__(self) -> None:
         check_keep(self.keep)
@@ -43,6 +47,10 @@ class CheckpointConfig(msgspec.Struct, frozen=True, kw_only=True):
             raise ValueError(f"world_change={self.world_change!r}: 'refuse' or 'warn'")
         if self.max_failed_saves < 1:
             raise ValueError(f"max_failed_saves={self.max_failed_saves}: at least 1")
+        try:
+            check_algorithm(self.digest)
+        except UnknownAlgorithm as exc:
+            raise ValueError(f"digest: {exc}") from None
 
     @property
     def run_name(self) -> str:

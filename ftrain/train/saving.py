@@ -134,7 +134,7 @@ class Saver:
         (its collectives end on each), one in the delivery only this rank: either way every rank reaches the
         gather."""
         with self.store.rank_files(uri, step, self.rank, staged=staged) as target:
-            writer = HashingWriter(target.path, sync_files=target.final)
+            writer = HashingWriter(target.path, sync_files=target.final, algorithm=self.config.digest)
             try:
                 dcp_save({"app": app}, storage_writer=writer, process_group=self.group)
             except CheckpointException as exc:

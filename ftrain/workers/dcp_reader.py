@@ -53,7 +53,7 @@ def parse_metadata(raw: bytes, files: Sequence[FileEntry]) -> Metadata | str:
     entry = next((f for f in files if f.name == METADATA), None)
     if entry is None:
         return f"manifest lists no {METADATA}"
-    if reason := entry_verdict(entry, Hashed(len(raw), digest_of(raw))):
+    if reason := entry_verdict(entry, Hashed(len(raw), digest_of(raw, entry.algorithm))):
         return reason
     try:
         metadata = restricted_loads(raw, f"`{METADATA}`")

@@ -24,7 +24,7 @@ from torch.distributed.checkpoint.filesystem import FileSystem, FileSystemWriter
 
 from ftrain.host.private_files import open_private, private_dir
 from ftrain.workers.durable_files import synced_digest
-from ftrain.workers.integrity import Hashed, Hasher, hash_file
+from ftrain.workers.integrity import ALGORITHM, Hashed, Hasher, hash_file
 from ftrain.workers.manifest import FileEntry
 
 
@@ -70,12 +70,13 @@ class _WriteStream(io.RawIOBase):
 
 
 class HashingFileSystem(FileSystem):
-    """DCP's local file system, recording each written file's size and digest (renames follow the file);
-    `durable`: each file is fsync'd before its stream closes, and hashed meanwhile."""
+    """DCP's local file system, recording each written file's size and digest by `algorithm` (renames follow
+    the file); `durable`: each file is fsync'd before its stream closes, and hashed meanwhile."""
 
-    def __init__(self, durable: bool) -> None:
+    def __init__(self, durable: bool, algorithm: str = ALGORITHM) -> None:
         super().__init__()
         self.durable = durable
+        self.algorithm = algorithm
         self.written: dict[Path, Hashed] = {}
         self._lock = threading.Lock()
 
@@ -88,13 +89,13 @@ class HashingFileSystem(FileSystem):
         path = Path(path)
         access = os.O_RDWR if self.durable else os.O_WRONLY  # a durable file is read back through its fd
         with os.fdopen(open_private(path, access | os.O_TRUNC), mode) as raw:
-            stream = _WriteStream(cast(IO[bytes], raw), None if self.durable else Hasher())
+            stream = _WriteStream(cast(IO[bytes], raw), None if self.durable else Hasher(self.algorithm))
             yield stream
             raw.flush()
             if stream.hasher is None:
-                hashed = synced_digest(raw.fileno())
+                hashed = synced_digest(raw.fileno(), self.algorithm)
             else:
-                hashed = stream.hasher.result() if stream.sequential else hash_file(path)
+                hashed = stream.hasher.result() if stream.sequential else hash_file(path, self.algorithm)
         with self._lock:
             self.written[path] = hashed
 
@@ -110,12 +111,15 @@ class HashingFileSystem(FileSystem):
 
 
 class HashingWriter(FileSystemWriter):
-    """`FileSystemWriter` whose files come out with their digests: `entries()` after `dcp.save`."""
+    """`FileSystemWriter` whose files come out with their digests (by `algorithm`): `entries()` after
+    `dcp.save`."""
 
-    def __init__(self, path: Path, sync_files: bool = True, **kwargs: Any) -> None:
+    def __init__(
+        self, path: Path, sync_files: bool = True, algorithm: str = ALGORITHM, **kwargs: Any
+    ) -> None:
         super().__init__(path, sync_files=False, **kwargs)  # the file system syncs, hashing meanwhile
         self.root = path
-        self.fs = HashingFileSystem(durable=sync_files)
+        self.fs = HashingFileSystem(durable=sync_files, algorithm=algorithm)
 
     def entries(self) -> list[FileEntry]:
         """This rank's files (names relative to the checkpoint directory), with sizes and digests."""

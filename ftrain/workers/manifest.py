@@ -4,7 +4,11 @@ The checkpoint's integrity hash is the digest of the manifest's stored bytes. It
 event, so a tampered manifest is caught against the log and a tampered file against the manifest.
 
 Format 2 writes digests that name their algorithm (`digest`, `manifest_digest`); format 1 wrote bare hex
-SHA-256 (`sha256`, `manifest_sha256`). Both read: checkpoints already on disk stay resumable.
+SHA-256 (`sha256`, `manifest_sha256`). Both read: checkpoints already on disk stay resumable. A data file's
+digest is SHA-256 or BLAKE3, as its writer was configured (`workers.integrity`), recorded per file by the
+name its digest carries, so format 2 holds either without a new field or a format of its own (a manifest of
+before BLAKE3 reads as it always did: every digest names sha256). The manifest's own digest, in the marker
+and the log, is always SHA-256.
 """
 
 from datetime import datetime
@@ -12,7 +16,7 @@ from typing import Any
 
 import msgspec
 
-from ftrain.workers.integrity import DigestField, HexField, from_hex
+from ftrain.workers.integrity import DigestField, HexField, Sha256Field, algorithm_of, from_hex
 
 FORMAT = 2
 
@@ -23,6 +27,11 @@ class FileEntry(msgspec.Struct, frozen=True):
     name: str
     size: int
     digest: DigestField
+
+    @property
+    def algorithm(self) -> str:
+        """The algorithm its digest names: the one its bytes are checked with."""
+        return algorithm_of(self.digest)
 
 
 class Manifest(msgspec.Struct, frozen=True, kw_only=True):
@@ -48,7 +57,7 @@ class Manifest(msgspec.Struct, frozen=True, kw_only=True):
 class Marker(msgspec.Struct, frozen=True, omit_defaults=True):
     """The completion marker, written last: a checkpoint without it never completed."""
 
-    manifest_digest: DigestField
+    manifest_digest: Sha256Field
     step: int
     attempt: int = 0
     """The attempt that sealed it (0, and left out: sealed by no attempt, or before attempts existed)."""

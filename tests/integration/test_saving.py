@@ -3,6 +3,7 @@ real one-process gloo group: DCP writes real shards, the store seals them. A sav
 and training goes on, `max_failed_saves` in a row stop the job, a newer attempt fences this one, and the prune
 behind the loop keeps the newest two."""
 
+import hashlib
 import os
 import subprocess
 from collections.abc import Iterator
@@ -18,7 +19,7 @@ from ftrain.domain.lifecycle import OnDisk
 from ftrain.events.schema import RETIRED_MAX
 from ftrain.train.config import CheckpointConfig
 from ftrain.train.saving import Saver, SavesFailing
-from ftrain.workers.manifest import FileEntry, Manifest
+from ftrain.workers.manifest import FileEntry, Manifest, encode_manifest
 from ftrain.workers.storage.file.run_dir import FileRun
 from ftrain.workers.storage.location import run_location
 from ftrain.workers.storage.port import RunStorage
@@ -64,6 +65,7 @@ def saver(
     max_failed_saves: int = 3,
     run_id: str | None = None,
     retired: list[tuple[int, ...]] | None = None,
+    digest: str = "sha256",
 ) -> Saver:
     """What the manager makes: a saver on `store`, recording (step, URI) for each sealed step and, into
     `retired`, the steps each record names as retired; with `run_id`, a run the log knows."""
@@ -73,6 +75,7 @@ def saver(
         keep=keep,
         max_failed_saves=max_failed_saves,
         run_id=run_id,
+        digest=digest,
     )
     store.prepare(0, staged=True)
     group = dist.new_group(backend="gloo")
@@ -95,6 +98,28 @@ def test_saves_land_are_recorded_and_the_prune_keeps_the_newest_two(backend: Bac
     assert [step for step, _ in recorded] == [1, 2, 3, 4]
     assert [d.step for d in store.complete()] == [4, 3]
     assert not [p for p in backend.stage.rglob("*") if p.is_file()], "no work file left behind"
+
+
+@pytest.mark.parametrize("staged", [False, True])
+def test_a_save_hashed_with_blake3_records_it_per_file_and_verifies_and_downloads_by_it(
+    backend: Backend, staged: bool
+) -> None:
+    """Sync and async saves, on a file system and on S3 (uploaded with the digests taken as DCP wrote):
+    every data file's digest names blake3, the checkpoint's own hash stays the manifest's SHA-256, and both
+    the CLI's verify and a rank's download for a resume check each file by blake3."""
+    store, recorded = backend.store(), list[tuple[int, str]]()
+    saves = saver(store, recorded, digest="blake3")
+    saves.save(1, 0, {"w": torch.arange(4096, dtype=torch.float32)}, 0, staged=staged)
+    saves.close()
+    (found,) = store.complete()
+    assert found.digest is not None
+    manifest = store.read_manifest(found.uri, found.digest)
+    assert isinstance(manifest, Manifest)
+    assert {f.algorithm for f in manifest.files} == {"blake3"} and len(manifest.files) == 2
+    assert found.digest == hashlib.sha256(encode_manifest(manifest)).hexdigest()
+    assert store.verify(found.uri, found.digest, run_id=RUN, step=1) is None
+    with store.readable(found.uri, manifest, manifest.files, start="blake3", rank=0) as readable:
+        assert readable.verdict is None
 
 
 def test_saves_that_cannot_land_fail_closed_and_past_the_limit_stop_the_job(

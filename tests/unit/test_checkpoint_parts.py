@@ -80,9 +80,9 @@ def spy_hash_file(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
     """Record the files the DCP writer hashes from disk (rather than in its write path)."""
     calls: list[Path] = []
 
-    def spy(path: Path) -> Hashed:
+    def spy(path: Path, algorithm: str) -> Hashed:
         calls.append(Path(path))
-        return hash_file(path)
+        return hash_file(path, algorithm)
 
     monkeypatch.setattr(ftrain.workers.dcp_writer, "hash_file", spy)
     return calls
@@ -119,9 +119,9 @@ def test_hashing_writer_lists_every_file_dcp_wrote_with_its_digest(
         synced.append(os.fstat(fd).st_ino)
         real_fsync(fd)
 
-    def hash_fd(fd: int) -> Hashed:
+    def hash_fd(fd: int, algorithm: str) -> Hashed:
         read_back.append(os.fstat(fd).st_ino)
-        return real_hash_fd(fd)
+        return real_hash_fd(fd, algorithm)
 
     monkeypatch.setattr(os, "fsync", fsync)
     monkeypatch.setattr(ftrain.workers.durable_files, "hash_fd", hash_fd)

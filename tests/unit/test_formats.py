@@ -12,6 +12,7 @@ import re
 from datetime import UTC, datetime
 from typing import Any
 
+import blake3
 import msgspec
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
@@ -341,8 +342,31 @@ def test_a_format_1_manifest_reads_with_its_digests_in_format_2s_form() -> None:
     assert manifest == msgspec.structs.replace(vector_manifest(), format=1)
 
 
-@pytest.mark.parametrize("digest", ["sha256:" + "A" * 64, "sha256:" + "a" * 63, "md5:" + "a" * 64, "a" * 64])
-def test_a_stored_digest_names_sha256_and_64_lowercase_hex(digest: str) -> None:
+def test_a_manifest_written_before_blake3_reads_each_file_as_sha256_in_either_format() -> None:
+    raw = (CHECKPOINT / "manifest.json").read_bytes()
+    assert [f.algorithm for f in decode_manifest(raw).files] == ["sha256"]
+    old = msgspec.json.decode(raw, type=dict[str, Any])
+    old["format"] = 1
+    old["files"] = [{"name": "state.json", "size": 12, "sha256": to_hex(Digest(DIGESTS["state.json"]))}]
+    assert [f.algorithm for f in decode_manifest(msgspec.json.encode(old)).files] == ["sha256"]
+
+
+def test_a_blake3_file_entry_is_format_2_and_round_trips_while_the_marker_stays_sha256() -> None:
+    data = (CHECKPOINT / "state.json").read_bytes()
+    entry = FileEntry("state.json", len(data), digest_of(data, "blake3"))
+    manifest = msgspec.structs.replace(vector_manifest(), files=(entry,))
+    raw = encode_manifest(manifest)
+    assert decode_manifest(raw) == manifest and msgspec.json.decode(raw)["format"] == FORMAT == 2
+    assert msgspec.json.decode(raw)["files"][0]["digest"] == "blake3:" + blake3.blake3(data).hexdigest()
+    with pytest.raises(msgspec.ValidationError):  # read as neither format: its marker is unreadable
+        decode_marker(msgspec.json.encode({"manifest_digest": digest_of(raw, "blake3"), "step": 100}))
+
+
+@pytest.mark.parametrize(
+    "digest",
+    ["sha256:" + "A" * 64, "sha256:" + "a" * 63, "blake3:" + "a" * 65, "a" * 64, "MD5:" + "a" * 32, "md5:"],
+)
+def test_a_stored_digest_names_its_algorithm_and_a_known_ones_is_64_lowercase_hex(digest: str) -> None:
     stored = msgspec.json.decode((CHECKPOINT / "manifest.json").read_bytes())
     stored["files"][0]["digest"] = digest
     with pytest.raises(msgspec.ValidationError, match=r"matching regex .* - at `\$\.files\[0\]\.digest`"):
@@ -435,9 +459,16 @@ def test_events_are_stamped_in_utc() -> None:
 
 
 @pytest.mark.parametrize(
-    "text", ["a" * 64 + "\n", "sha256:" + "a" * 64 + "\n", "A" * 64, "sha256:" + "a" * 63]
+    "text",
+    [
+        "a" * 64 + "\n",
+        "sha256:" + "a" * 64 + "\n",
+        "A" * 64,
+        "sha256:" + "a" * 63,
+        "blake3:" + "a" * 64 + "\n",
+    ],
 )
 def test_a_stored_digest_is_exactly_its_form_not_one_with_a_trailing_newline(text: str) -> None:
-    kind = DigestField if text.startswith("sha256:") else HexField
+    kind = DigestField if ":" in text else HexField
     with pytest.raises(msgspec.ValidationError):
         msgspec.convert(text, kind)

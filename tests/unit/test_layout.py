@@ -7,8 +7,11 @@ import pytest
 
 from ftrain.workers.integrity import (
     ALGORITHM,
+    ALGORITHMS,
     Hashed,
     Hasher,
+    UnknownAlgorithm,
+    check_algorithm,
     digest_of,
     from_hex,
     hash_file,
@@ -170,9 +173,36 @@ def test_files_are_hashed_in_order_and_an_unreadable_one_yields_its_error(tmp_pa
     paths[0].write_bytes(b"abc")
     paths[2].write_bytes(b"")
     assert hash_file(paths[0]) == Hashed(3, from_hex(ABC_SHA256))
-    first, missing, empty = hash_files(paths, threads=2)
+    first, missing, empty = hash_files([(p, ALGORITHM) for p in paths], threads=2)
     assert (first, empty) == (Hashed(3, from_hex(ABC_SHA256)), Hashed(0, from_hex(EMPTY_SHA256)))
     assert isinstance(missing, FileNotFoundError)
+
+
+ABC_BLAKE3 = "6437b3ac38465133ffb63b75273a8db548c558465d79db03fd359c6cd5bd9d85"
+"""BLAKE3 of b"abc", as the reference implementation's `b3sum` prints it."""
+
+
+def test_blake3_digests_name_their_algorithm_whichever_way_the_bytes_pass(tmp_path: Path) -> None:
+    assert ALGORITHMS == ("sha256", "blake3")
+    assert digest_of(b"abc", "blake3") == f"blake3:{ABC_BLAKE3}"
+    hasher = Hasher("blake3")
+    hasher.update(b"a")
+    hasher.update(memoryview(b"bc"))
+    assert hasher.result() == Hashed(3, digest_of(b"abc", "blake3"))
+    assert hash_stream(io.BytesIO(b"abc"), "blake3") == hasher.result()
+    (tmp_path / "abc").write_bytes(b"abc")
+    assert hash_file(tmp_path / "abc", "blake3") == hasher.result()
+    mixed = hash_files([(tmp_path / "abc", "blake3"), (tmp_path / "abc", "sha256")])
+    assert mixed == [Hashed(3, f"blake3:{ABC_BLAKE3}"), Hashed(3, from_hex(ABC_SHA256))]
+
+
+@pytest.mark.parametrize("name", ["md5", "crc32", "SHA256", "sha-256", ""])
+def test_no_other_algorithm_is_hashed_with(name: str) -> None:
+    with pytest.raises(UnknownAlgorithm, match=f"digest algorithm {name!r} is unknown"):
+        check_algorithm(name)
+    with pytest.raises(UnknownAlgorithm):
+        Hasher(name)
+    assert check_algorithm("blake3") == "blake3"
 
 
 def test_a_step_directory_that_is_a_link_is_no_checkpoint_of_the_run(tmp_path: Path) -> None:

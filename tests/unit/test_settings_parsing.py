@@ -36,7 +36,7 @@ def test_an_empty_value_reads_as_unset() -> None:
         value for value in vars(settings).values() if isinstance(value, str) and value.startswith("FTRAIN_")
     ]
     empty = dict.fromkeys(names, "")
-    assert len(empty) == 30
+    assert len(empty) == 31
     read = (
         settings.home(empty),
         settings.storage(empty),
@@ -56,6 +56,7 @@ def test_an_empty_value_reads_as_unset() -> None:
         settings.save_signals(empty),
         settings.progress_dir(empty),
         settings.stop_note(empty),
+        settings.digest(empty),
     )
     assert read == (
         DEFAULT_HOME,
@@ -76,6 +77,7 @@ def test_an_empty_value_reads_as_unset() -> None:
         (signal.SIGUSR1, signal.SIGTERM),
         None,
         None,
+        "sha256",
     )
 
 
@@ -284,3 +286,22 @@ def test_save_signals_are_named_scheduler_warnings_or_none() -> None:
     for bad in ("KILL", "STOP", "USR1;TERM", "9"):
         with pytest.raises(settings.InvalidSetting, match=r"^FTRAIN_SAVE_SIGNALS="):
             settings.save_signals({"FTRAIN_SAVE_SIGNALS": bad})
+
+
+@pytest.mark.parametrize(
+    ("text", "algorithm"),
+    [(None, "sha256"), ("sha256", "sha256"), ("blake3", "blake3"), ("BLAKE3", "blake3")],
+)
+def test_the_digest_of_new_checkpoint_files_is_sha256_unless_blake3_is_chosen(
+    text: str | None, algorithm: str
+) -> None:
+    assert settings.digest({} if text is None else {"FTRAIN_DIGEST": text}) == algorithm
+
+
+@pytest.mark.parametrize("text", ["md5", "crc32", "xxh3", "sha-256", "blake3 "])
+def test_a_digest_that_is_not_one_ftrain_hashes_with_is_refused_naming_the_choices(text: str) -> None:
+    """Never a non-cryptographic checksum, never a guess: one line naming the variable and the choices."""
+    with pytest.raises(
+        InvalidSetting, match=f"^FTRAIN_DIGEST={re.escape(repr(text))}: use one of sha256, blake3$"
+    ):
+        settings.digest({"FTRAIN_DIGEST": text})

@@ -7,6 +7,7 @@ import os
 import textwrap
 from pathlib import Path
 
+import msgspec
 import pytest
 from torch import nn
 
@@ -32,6 +33,20 @@ def test_a_bad_argument_is_a_value_error_naming_it(
 ) -> None:
     with pytest.raises(ValueError, match="^" + message.replace("(", r"\(").replace(".", r"\.")):
         make_config(tmp_path / "run", env={}, **kwargs)  # type: ignore[arg-type]
+
+
+def test_saves_hash_with_the_digest_ftrain_digest_names_and_a_bad_one_is_refused_before_anything_exists(
+    tmp_path: Path,
+) -> None:
+    assert make_config(tmp_path / "run", env={}).digest == "sha256"
+    assert make_config(tmp_path / "run", env={"FTRAIN_DIGEST": "blake3"}).digest == "blake3"
+    with pytest.raises(ValueError, match=r"^FTRAIN_DIGEST='md5': use one of sha256, blake3$"):
+        make_config(tmp_path / "run", env={"FTRAIN_DIGEST": "md5"})
+    with pytest.raises(
+        ValueError, match=r"^digest: digest algorithm 'crc32' is unknown: use one of sha256, blake3$"
+    ):
+        msgspec.structs.replace(make_config(tmp_path / "run", env={}), digest="crc32")
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize(

@@ -5,6 +5,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from ftrain.workers.integrity import ALGORITHM
 from ftrain.workers.manifest import Manifest
 from ftrain.workers.storage.port import Source, StepWriter, StoredCheckpoint
 from ftrain.workers.storage.storage_errors import CheckpointExists
@@ -21,13 +22,14 @@ def write_step(
     world_size: int = 1,
     dataset_revision: str | None = None,
     extra: dict[str, Any] | None = None,
+    algorithm: str = ALGORITHM,
 ) -> StoredCheckpoint:
-    """Begin the step, put the data files, seal it (manifest, then marker). CheckpointExists when the step is
+    """Begin the step, put the data files (hashed by `algorithm`), seal it (manifest, then marker). CheckpointExists when the step is
     taken (another writer sealed or claimed it, or an interrupted write is in the way); nothing of this
     writer's is left behind on failure."""
     uri = writer.begin(step, None)
     try:
-        entries = [writer.put(uri, name, source) for name, source in sources]
+        entries = [writer.put(uri, name, source, algorithm) for name, source in sources]
         manifest = Manifest(
             run_id=run_id,
             step=step,

@@ -23,6 +23,7 @@ import msgspec
 import structlog
 
 from ftrain.domain.lifecycle import Candidate, OnDisk, ResumePlan
+from ftrain.workers.integrity import ALGORITHM
 from ftrain.workers.layout import SetAsideKind
 from ftrain.workers.manifest import FileEntry, Manifest
 from ftrain.workers.storage.location import Location
@@ -91,9 +92,9 @@ class StepWriter(Protocol):
         """Move this rank's written files (their digests known from the write) into the step at `uri`."""
         ...
 
-    def put(self, uri: str, name: str, source: bytes | Path) -> FileEntry:
-        """Write one data file straight into the step at `uri`, hashed as it goes (one read); StorageError
-        for a name a checkpoint's data file may not take."""
+    def put(self, uri: str, name: str, source: bytes | Path, algorithm: str = ALGORITHM) -> FileEntry:
+        """Write one data file straight into the step at `uri`, hashed (by `algorithm`) as it goes (one
+        read); StorageError for a name a checkpoint's data file may not take."""
         ...
 
     def seal(self, uri: str, manifest: Manifest, attempt: int | None) -> StoredCheckpoint:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import msgspec
 
-from ftrain.workers.integrity import Hashed, digest_of, from_hex
+from ftrain.workers.integrity import ALGORITHMS, Hashed, digest_of, from_hex
 from ftrain.workers.manifest import FileEntry, Manifest, Marker, decode_manifest
 from ftrain.workers.storage.storage_errors import StorageUnavailable
 
@@ -17,7 +17,8 @@ def judge_manifest(
     marker: Marker, raw: bytes, expected_hash: str | None, *, run_id: str | None, step: int | None
 ) -> Manifest | str:
     """The manifest in `raw` when its digest is the log's `expected_hash` (or the marker's own when None:
-    the log is out of reach), the marker agrees, and it names `run_id` and `step` (when given); else why not."""
+    the log is out of reach), the marker agrees, it names `run_id` and `step` (when given) and every data
+    file's digest names an algorithm this ftrain hashes with; else why not."""
     try:
         manifest = decode_manifest(raw)
     except (msgspec.DecodeError, msgspec.ValidationError):
@@ -29,6 +30,12 @@ def judge_manifest(
         return "completion marker does not match the manifest"
     if (run_id is not None and manifest.run_id != run_id) or (step is not None and manifest.step != step):
         return f"manifest is run {manifest.run_id} step {manifest.step}, expected run {run_id} step {step}"
+    for entry in manifest.files:
+        if entry.algorithm not in ALGORITHMS:
+            return (
+                f"file {entry.name} names digest algorithm {entry.algorithm!r}, unknown to this ftrain "
+                f"(it checks {', '.join(ALGORITHMS)})"
+            )
     return manifest
 
 

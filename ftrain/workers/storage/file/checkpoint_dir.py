@@ -22,7 +22,7 @@ from ftrain.host.nofollow import remove_dir, rename_entry
 from ftrain.host.private_files import DIR_MODE, private_dir
 from ftrain.host.processes import pid_alive
 from ftrain.workers.durable_files import copy_hashing, write_file
-from ftrain.workers.integrity import digest_of, hash_files, to_hex
+from ftrain.workers.integrity import ALGORITHM, digest_of, hash_files, to_hex
 from ftrain.workers.layout import (
     MANIFEST,
     MARKER,
@@ -81,13 +81,14 @@ def begin_assembly(run: Path, step: int) -> Path:
     return tmp
 
 
-def write_source(assembly: Path, name: str, src: bytes | Path) -> FileEntry:
-    """Write (or copy) one data file into an assembly directory, fsync'd and hashed on the way."""
+def write_source(assembly: Path, name: str, src: bytes | Path, algorithm: str = ALGORITHM) -> FileEntry:
+    """Write (or copy) one data file into an assembly directory, fsync'd and hashed (with `algorithm`) on the
+    way."""
     if Path(name).is_absolute() or ".." in Path(name).parts or name in RESERVED:
         raise StorageError(f"checkpoint file name {name!r} is not allowed")
     dst = assembly / name
     private_dir(dst.parent, tighten=False)
-    hashed = write_file(dst, src) if isinstance(src, bytes) else copy_hashing(src, dst)
+    hashed = write_file(dst, src, algorithm) if isinstance(src, bytes) else copy_hashing(src, dst, algorithm)
     return FileEntry(name, hashed.size, hashed.digest)
 
 
@@ -194,9 +195,10 @@ def _read_marker(path: Path) -> Marker | str:
 
 
 def verify_files(path: Path, entries: Sequence[FileEntry]) -> str | None:
-    """None when every listed file under `path` has its size and digest (hashed in threads), else why not.
+    """None when every listed file under `path` has its size and digest (hashed in threads, each with the
+    algorithm its entry names), else why not.
     Raises StorageUnavailable when a file cannot be read for a reason other than its absence from `path`."""
-    results = hash_files([path / f.name for f in entries])
+    results = hash_files([(path / f.name, f.algorithm) for f in entries])
     verdicts = (file_verdict(path, entry, result) for entry, result in zip(entries, results, strict=True))
     return next((v for v in verdicts if v), None)
 

@@ -28,7 +28,7 @@ def fan_out(src_dir: Path, dst_dir: Path, entries: Sequence[FileEntry]) -> None:
         src, dst = src_dir / entry.name, dst_dir / entry.name
         partial = partial_path(dst)
         partial.unlink(missing_ok=True)
-        copied = copy_hashing(src, partial)
+        copied = copy_hashing(src, partial, entry.algorithm)
         if copied != Hashed(entry.size, entry.digest):
             partial.unlink(missing_ok=True)
             raise FanOutError(

@@ -20,6 +20,7 @@ import structlog
 from ftrain.domain.lifecycle import OnDisk
 from ftrain.host.nofollow import remove_dir
 from ftrain.host.private_files import private_dir
+from ftrain.workers.integrity import ALGORITHM
 from ftrain.workers.layout import (
     SetAsideKind,
     assemblies,
@@ -163,8 +164,8 @@ class FileRun:
         if not written.final:
             fan_out(written.path, uri_path(uri), entries)
 
-    def put(self, uri: str, name: str, source: bytes | Path) -> FileEntry:
-        return fs.write_source(uri_path(uri), name, source)
+    def put(self, uri: str, name: str, source: bytes | Path, algorithm: str = ALGORITHM) -> FileEntry:
+        return fs.write_source(uri_path(uri), name, source, algorithm)
 
     def seal(self, uri: str, manifest: Manifest, attempt: int | None) -> StoredCheckpoint:
         """Seal unless a newer attempt owns the run (Fenced). A `step-N` already there was never recorded by

@@ -11,7 +11,7 @@ from typing import Any, Final, TypeVar
 from boto3.s3.transfer import TransferConfig
 from botocore.exceptions import BotoCoreError, ClientError
 
-from ftrain.workers.integrity import CHUNK, Hashed, Hasher
+from ftrain.workers.integrity import ALGORITHM, CHUNK, Hashed, Hasher
 from ftrain.workers.layout import MARKER
 from ftrain.workers.storage.s3.boto_client import (
     CONFLICT,
@@ -42,9 +42,9 @@ class _HashingReader:
     """A file read once, front to back, hashed as boto3 takes its bytes. No seek: boto3 then buffers each part
     it sends, so a retried part is re-sent from memory, never re-read (and never hashed twice)."""
 
-    def __init__(self, f: Any) -> None:
+    def __init__(self, f: Any, algorithm: str) -> None:
         self._f = f
-        self.hasher = Hasher()
+        self.hasher = Hasher(algorithm)
 
     def read(self, size: int = -1) -> bytes:
         data: bytes = self._f.read(size)
@@ -199,10 +199,11 @@ class Bucket:
                 raise self.unavailable(key, exc) from exc
         raise AssertionError("unreachable")
 
-    def upload(self, key: str, path: Path) -> Hashed:
-        """Upload a local file (multipart when large), hashing its bytes as they stream (one read)."""
+    def upload(self, key: str, path: Path, algorithm: str = ALGORITHM) -> Hashed:
+        """Upload a local file (multipart when large), hashing its bytes (by `algorithm`) as they stream (one
+        read)."""
         with open(path, "rb") as f:
-            reader = _HashingReader(f)
+            reader = _HashingReader(f, algorithm)
             self._transfer(key, self.client.upload_fileobj, reader, self.name, key, Config=TRANSFER)
         return reader.hasher.result()
 
@@ -219,13 +220,13 @@ class Bucket:
         except Exception as exc:  # s3transfer wraps some failures in its own types
             raise StorageUnavailable(f"storage unavailable: s3://{self.name}/{key}: {exc}") from exc
 
-    def hashed(self, key: str) -> Hashed | None:
-        """Size and digest of an object, hashed as it streams in; None when it is not there."""
+    def hashed(self, key: str, algorithm: str = ALGORITHM) -> Hashed | None:
+        """Size and digest (by `algorithm`) of an object, hashed as it streams in; None when it is not there."""
         try:
             body = self.body(key)
         except ObjectMissing:
             return None
-        hasher = Hasher()
+        hasher = Hasher(algorithm)
         try:
             for chunk in body.iter_chunks(CHUNK):
                 hasher.update(chunk)

@@ -92,7 +92,7 @@ def fetch_file(
     order; None when it matches `entry`, else why not. Raises StorageUnavailable."""
     spans = [(start, min(ranges.size, entry.size - start)) for start in range(0, entry.size, ranges.size)]
     todo = iter(spans or [(0, 0)])
-    hasher = Hasher()
+    hasher = Hasher(entry.algorithm)
     fd = open_private(path, os.O_WRONLY | os.O_TRUNC)
     try:
         pending: deque[Future[bytes]] = deque()

@@ -26,7 +26,7 @@ import structlog
 
 from ftrain.domain.lifecycle import OnDisk
 from ftrain.workers.dcp_reader import Rejected
-from ftrain.workers.integrity import Hashed
+from ftrain.workers.integrity import ALGORITHM, Hashed
 from ftrain.workers.layout import SetAsideKind, parse_set_aside, rank_stage_dir, run_key, step_dir
 from ftrain.workers.manifest import FileEntry, Manifest
 from ftrain.workers.stage_dir import claim_dir, local_files, remove_leftovers, safe_stage_dir
@@ -207,8 +207,8 @@ class S3Run:
             known = Hashed(entry.size, entry.digest)
             step_objects.upload(self.bucket, uri, entry.name, written.path / entry.name, known)
 
-    def put(self, uri: str, name: str, source: bytes | Path) -> FileEntry:
-        return step_objects.upload(self.bucket, uri, name, source)
+    def put(self, uri: str, name: str, source: bytes | Path, algorithm: str = ALGORITHM) -> FileEntry:
+        return step_objects.upload(self.bucket, uri, name, source, algorithm=algorithm)
 
     def seal(self, uri: str, manifest: Manifest, attempt: int | None) -> StoredCheckpoint:
         if attempt is not None:

@@ -33,7 +33,7 @@ import msgspec
 import structlog
 
 from ftrain.domain.lifecycle import OnDisk
-from ftrain.workers.integrity import Hashed, digest_of, to_hex
+from ftrain.workers.integrity import ALGORITHM, Hashed, digest_of, to_hex
 from ftrain.workers.layout import (
     MANIFEST,
     MARKER,
@@ -98,24 +98,32 @@ def begin(bucket: Bucket, run_key: str, step: int) -> str:
     return uri
 
 
-def upload(bucket: Bucket, uri: str, name: str, src: bytes | Path, known: Hashed | None = None) -> FileEntry:
-    """Upload one data file of the claimed step at `uri` (multipart when large), hashing its bytes as they
-    stream (one read). With `known` — the digest its writer computed while writing the local file — the file is
-    not hashed again: its parts are read and sent in parallel (each with its CRC32, checked by the store on
-    arrival) and the stored object must have the known size, else StorageError. A local file changed between
-    its write and its upload would then be caught by the full SHA-256 verification every resume does, not
-    here: the cost of a second hash on the save path is a third of the upload here."""
+def upload(
+    bucket: Bucket,
+    uri: str,
+    name: str,
+    src: bytes | Path,
+    known: Hashed | None = None,
+    algorithm: str = ALGORITHM,
+) -> FileEntry:
+    """Upload one data file of the claimed step at `uri` (multipart when large), hashing its bytes (by
+    `algorithm`) as they stream (one read). With `known` — the digest its writer computed while writing the
+    local file — the file is not hashed again: its parts are read and sent in parallel (each with its CRC32,
+    checked by the store on arrival) and the stored object must have the known size, else StorageError. A
+    local file changed between its write and its upload would then be caught by the full verification every
+    resume does (each file against its digest), not here: the cost of a second hash on the save path is a
+    third of the upload here."""
     if name.startswith("/") or ".." in name.split("/") or name in RESERVED or name == WRITER_CLAIM:
         raise StorageError(f"checkpoint file name {name!r} is not allowed")
     key = step_key(bucket, uri) + name
     if isinstance(src, bytes):
         bucket.put(key, src)
-        entry = FileEntry(name, len(src), digest_of(src))
+        entry = FileEntry(name, len(src), digest_of(src, algorithm))
     elif known is not None:
         bucket.send(key, src)
         entry = FileEntry(name, known.size, known.digest)
     else:
-        hashed = bucket.upload(key, src)
+        hashed = bucket.upload(key, src, algorithm)
         entry = FileEntry(name, hashed.size, hashed.digest)
     if known is not None:
         if entry.digest != known.digest:
@@ -220,7 +228,7 @@ def verify(
         return manifest
     key = step_key(bucket, uri)
     with ThreadPoolExecutor(min(VERIFY_THREADS, max(1, len(manifest.files)))) as pool:
-        found = list(pool.map(lambda e: bucket.hashed(key + e.name), manifest.files))
+        found = list(pool.map(lambda e: bucket.hashed(key + e.name, e.algorithm), manifest.files))
     for entry, hashed in zip(manifest.files, found, strict=True):
         verdict = f"file {entry.name} missing" if hashed is None else entry_verdict(entry, hashed)
         if verdict:
