@@ -12,7 +12,7 @@ from ftrain.console.output import emit as emit
 from ftrain.console.output import emit_json as emit_json
 from ftrain.console.visible_text import visible
 from ftrain.domain.chain_walk import Finding
-from ftrain.domain.lifecycle import RunState, skipped_line
+from ftrain.domain.lifecycle import RunState, rank_count, skipped_line
 from ftrain.domain.vouching import Vouched
 from ftrain.events.schema import (
     AnyEvent,
@@ -90,7 +90,7 @@ def data_position(data: DataPosition, shards: int) -> str:
     """Where a checkpoint stands in the run's global sample stream, and the world that saved it."""
     return (
         f"epoch {data.epoch}, {data.offset} samples into it, {data.consumed} trained in all (seed "
-        f"{data.seed}); saved by {shards} ranks, resumable on any number"
+        f"{data.seed}); saved by {rank_count(shards)}, resumable on any number"
     )
 
 

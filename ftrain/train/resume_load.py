@@ -17,6 +17,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
+from ftrain.domain.lifecycle import rank_count
 from ftrain.errors import ResumeFailed as ResumeFailed
 from ftrain.errors import ResumeRefused, StoppedByCredentials
 from ftrain.errors import ResumeStopped as ResumeStopped
@@ -79,9 +80,13 @@ def check_world(world_change: str, state: TrainState, manifest: Manifest, world:
     if refusal is None:
         return
     if world_change == "refuse":
-        raise ResumeRefused(refusal)
+        raise ResumeRefused(
+            f"{refusal}; resume on {rank_count(manifest.world_size)}, or give the loader a global data "
+            "position (ftrain.train.sampler.GlobalSampler as its batch_sampler), or pass world_change='warn' "
+            "to go on anyway"
+        )
     if dist.get_rank() == 0:
-        log.warning("world_changed_data_per_rank", detail=refusal)
+        log.warning("world_changed_data_per_rank", detail=f"{refusal}; going on, as world_change='warn' asks")
 
 
 def world_change_refusal(source: DataSource | None, saved_world: int, world: int, step: int) -> str | None:
@@ -97,9 +102,8 @@ def world_change_refusal(source: DataSource | None, saved_world: int, world: int
         else f"the loader {source.name} has no state to resume"
     )
     return (
-        f"step {step} was saved by {saved_world} ranks and this start has {world}: {what}, so samples would be "
-        f"skipped or seen twice; resume on {saved_world} ranks, or give the loader a global data position "
-        "(ftrain.train.sampler.GlobalSampler as its batch_sampler), or pass world_change='warn' to go on anyway"
+        f"step {step} was saved by {rank_count(saved_world)} and this start has {world}: {what}, so samples "
+        "would be skipped or seen twice"
     )
 
 

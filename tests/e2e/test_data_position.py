@@ -147,11 +147,15 @@ def test_a_run_shrunk_to_2_ranks_and_grown_back_to_4_trains_the_uninterrupted_sa
 
 
 WORLD_CHANGE = (
-    "step 5 was saved by 1 ranks and this start has 2: the loader StatefulDataLoader keeps a per-rank position, "
-    "so samples would be skipped or seen twice; resume on 1 ranks, or give the loader a global data position "
+    "step 5 was saved by 1 rank and this start has 2: the loader StatefulDataLoader keeps a per-rank position, "
+    "so samples would be skipped or seen twice"
+)
+"""What both world-change tests expect said: the refusal and the warning's detail begin with it."""
+REFUSED = (
+    f"{WORLD_CHANGE}; resume on 1 rank, or give the loader a global data position "
     "(ftrain.train.sampler.GlobalSampler as its batch_sampler), or pass world_change='warn' to go on anyway"
 )
-"""What both world-change tests expect said: the refusal, and the warning's detail."""
+WARNED = f"{WORLD_CHANGE}; going on, as world_change='warn' asks"
 
 
 def _per_rank_loader_saved_on_1_then_resumed_on_2(
@@ -175,7 +179,7 @@ def _per_rank_loader_saved_on_1_then_resumed_on_2(
 def test_a_per_rank_loader_resumed_on_another_world_is_refused_before_training(tmp_path: Path) -> None:
     refused = _per_rank_loader_saved_on_1_then_resumed_on_2(tmp_path, "refuse")
     assert refused.returncode != 0
-    assert f"loader_job: {WORLD_CHANGE}\n" in refused.stderr, refused.stderr[-3000:]
+    assert f"loader_job: {REFUSED}\n" in refused.stderr, refused.stderr[-3000:]
     assert max(_losses(tmp_path / "losses.jsonl")) == 5  # nothing trained after the refusal
 
 
@@ -188,9 +192,9 @@ def test_a_per_rank_loader_resumed_on_another_world_with_warn_goes_on_after_one_
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     events = [json.loads(line) for line in resumed.stderr.splitlines() if line.startswith("{")]
     said = [(e["event"], e.get("detail")) for e in events if e["event"] == "world_changed_data_per_rank"]
-    assert said == [("world_changed_data_per_rank", WORLD_CHANGE)], resumed.stderr[-3000:]
+    assert said == [("world_changed_data_per_rank", WARNED)], resumed.stderr[-3000:]
     assert [e["event"] for e in events].count("world_size_changed") == 2  # each rank's warnings are shown
-    assert "RESUMED from step=5 (epoch=0), saved by 1 ranks, resumed by 2\n" in resumed.stdout
+    assert "RESUMED from step=5 (epoch=0), saved by 1 rank, resumed by 2\n" in resumed.stdout
     steps = Counter(
         line["step"] for line in map(json.loads, (tmp_path / "losses.jsonl").read_text().splitlines())
     )

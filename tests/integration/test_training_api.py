@@ -195,6 +195,6 @@ def test_the_log_records_the_data_position_of_each_checkpoint_and_of_the_resume(
     assert (resumed["saved_world"], resumed["world"], resumed["data"]) == (1, 1, sealed[3])
     status = cli.ok("status", RUN)
     assert (
-        "data        epoch 1, 0 samples into it, 64 trained in all (seed 5); saved by 1 ranks, resumable on "
+        "data        epoch 1, 0 samples into it, 64 trained in all (seed 5); saved by 1 rank, resumable on "
         "any number" in status
     ), status

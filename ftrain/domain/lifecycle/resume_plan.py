@@ -123,12 +123,17 @@ def skipped_line(step: int, reason: str) -> str:
     return f"checkpoint step {step} {reason} → skipped"
 
 
+def rank_count(count: int) -> str:
+    """`1 rank`, `2 ranks`: a world's size in a line a user reads."""
+    return f"{count} rank" if count == 1 else f"{count} ranks"
+
+
 def resumed_line(resumed: ResumeIntent, epoch: int) -> str:
     """The line a trainer prints once it resumed: the step and epoch, the worlds when they differ, the data
     position when the loader keeps a global one."""
     changed = (
-        f", saved by {resumed.saved_world} ranks, resumed by {resumed.world}"
-        if resumed.saved_world != resumed.world
+        f", saved by {rank_count(resumed.saved_world)}, resumed by {resumed.world}"
+        if resumed.saved_world is not None and resumed.saved_world != resumed.world
         else ""
     )
     data = resumed.data
