@@ -4,10 +4,15 @@ A rank that raises alone leaves its peers waiting in the next collective until t
 refusal is said only on rank 0 (`process_exit.say_once`): when another rank was the one to refuse, or rank 0
 was still connecting a process group as its peer left (gloo's `connectFullMesh failed`), nobody said why.
 Deciding together (one small all-reduce when nobody refused) lets every rank raise at the same point.
+`rank_zeros` is the other half: what rank 0 alone decided (a plan, an outcome, a header), on every rank.
 """
+
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
+
+T = TypeVar("T")
 
 
 def lowest_refusal(mine: str | None, group: dist.ProcessGroup) -> tuple[int, str] | None:
@@ -20,3 +25,11 @@ def lowest_refusal(mine: str | None, group: dist.ProcessGroup) -> tuple[int, str
     every: list[str | None] = [None] * dist.get_world_size(group)
     dist.all_gather_object(every, mine, group=group)
     return next((rank, words) for rank, words in enumerate(every) if words is not None)
+
+
+def rank_zeros(value: T | None, group: dist.ProcessGroup) -> T:
+    """Rank 0's `value` on every rank of `group` (the others pass None)."""
+    box: list[T | None] = [value]
+    dist.broadcast_object_list(box, src=0, group=group)
+    assert box[0] is not None
+    return box[0]

@@ -54,6 +54,7 @@ from ftrain.events.jetstream.connection import NatsSettings, open_store
 from ftrain.events.jetstream.nats_server import NatsServerError
 from ftrain.events.keyring import KeyringError
 from ftrain.events.log_port import LogTampered, LogUnavailable
+from ftrain.train.agreement import rank_zeros
 from ftrain.train.config import CheckpointConfig
 from ftrain.train.resume_load import ResumeFailed as ResumeFailed
 from ftrain.train.resume_load import ResumeStopped as ResumeStopped
@@ -113,7 +114,7 @@ def resume(
     rank = dist.get_rank()
     unsafe = _ready_stage(store, rank, staged=config.async_save)
     stages = _gathered(None if unsafe is None else str(unsafe), group)
-    decision = _broadcast(_safe_plan(config, recorder, store, stages) if stages is not None else None, group)
+    decision = rank_zeros(_safe_plan(config, recorder, store, stages) if stages is not None else None, group)
     if unsafe is not None:
         raise unsafe
     if decision.refused:
@@ -282,11 +283,3 @@ def _gathered(value: T, group: dist.ProcessGroup) -> list[T] | None:
     every: list[T] | None = [value] * dist.get_world_size(group) if dist.get_rank() == 0 else None
     dist.gather_object(value, every, dst=0, group=group)
     return every
-
-
-def _broadcast(value: T | None, group: dist.ProcessGroup) -> T:
-    """Rank 0's `value` on every rank."""
-    box: list[T | None] = [value]
-    dist.broadcast_object_list(box, src=0, group=group)
-    assert box[0] is not None
-    return box[0]

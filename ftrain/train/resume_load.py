@@ -21,6 +21,7 @@ from ftrain.domain.lifecycle import rank_count
 from ftrain.errors import ResumeFailed as ResumeFailed
 from ftrain.errors import ResumeRefused, StoppedByCredentials
 from ftrain.errors import ResumeStopped as ResumeStopped
+from ftrain.train.agreement import rank_zeros
 from ftrain.train.loaders import DataSource
 from ftrain.train.state import TrainState
 from ftrain.workers.dcp_reader import (
@@ -61,7 +62,7 @@ def load_candidate(
     """Every rank: rank 0's `header` (None on the others) shared, the world checked, then the candidate
     loaded, verified (`load_verified`). Returns the manifest loaded, or why the candidate is refused: the same
     on every rank. Raises StorageUnavailable, on every rank alike, when the storage is out of reach."""
-    shared = _shared_header(header, group)
+    shared = rank_zeros(header, group)
     manifest = shared.manifest
     if isinstance(manifest, StorageUnavailable):
         raise manifest
@@ -147,14 +148,6 @@ def load_verified(
         finally:
             state.restore_rng = True
         return combined(refused, group)
-
-
-def _shared_header(header: Header | None, group: dist.ProcessGroup) -> Header:
-    """Rank 0's header of the candidate on every rank (None on the others)."""
-    box = [header]
-    dist.broadcast_object_list(box, src=0, group=group)
-    assert box[0] is not None
-    return box[0]
 
 
 def stopped(exc: StorageUnavailable) -> ResumeStopped:

@@ -36,6 +36,7 @@ from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from ftrain.errors import SavesFailing as SavesFailing
 from ftrain.events.schema import RETIRED_MAX
+from ftrain.train.agreement import rank_zeros
 from ftrain.train.config import CheckpointConfig
 from ftrain.train.faults import fault_point
 from ftrain.workers.layout import retire
@@ -101,7 +102,7 @@ class Saver:
         """Every rank: save `app` (the live state, or its staged copy) as `step`; whether it was sealed. Fails
         closed; raises SavesFailing past the limit of failures in a row, Fenced when a newer attempt owns the
         run."""
-        outcome = _broadcast(self._begin(step, attempt) if self.rank == 0 else None, self.group)
+        outcome = rank_zeros(self._begin(step, attempt) if self.rank == 0 else None, self.group)
         if outcome.uri is not None:
             report = self._write(step, outcome.uri, app, staged)
             gathered: Reports | None = [([], None)] * self.world if self.rank == 0 else None
@@ -111,7 +112,7 @@ class Saver:
                 sealed is not None and sealed.sealed
             ):  # rank 0 woke from a stop: its peers may be dead or stopped
                 _raise_fenced(step, sealed)  # so it does not wait on them; the launcher ends the rest
-            outcome = _broadcast(sealed, self.group)
+            outcome = rank_zeros(sealed, self.group)
         if outcome.fenced:
             _raise_fenced(step, outcome)
         self._count(step, outcome.failure)
@@ -253,11 +254,3 @@ def _reason(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
     line = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
     return line if len(line) <= REASON_CHARS else line[: REASON_CHARS - 1] + "…"
-
-
-def _broadcast(value: Outcome | None, group: dist.ProcessGroup) -> Outcome:
-    """Rank 0's outcome on every rank."""
-    box = [value]
-    dist.broadcast_object_list(box, src=0, group=group)
-    assert box[0] is not None
-    return box[0]
