@@ -144,6 +144,7 @@ class StateCopy(Event, frozen=True, kw_only=True):
 
 class Checkpointed(StateCopy, frozen=True, kw_only=True, tag="checkpointed"):
     """A complete checkpoint exists at `uri`; `checkpoint_hash` is the SHA-256 of its canonical manifest."""
+
     # What the trainer measured for goodput (`projections.goodput`). Unset (absent from the payload) when the
     # writer did not measure it: an operator's `ftrain checkpoint`, a trainer from before goodput.
     stall_seconds: Amount | UnsetType = UNSET

@@ -15,9 +15,10 @@ a failure of any kind skips the snapshot, logged, and training goes on.
 """
 
 import time
+import warnings
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 import structlog
 import torch.distributed as dist
@@ -47,6 +48,10 @@ from ftrain.workers.staging import StagingBuffers, local_bytes
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
+NO_DIST: Final = "torch.distributed is disabled, unavailable or uninitialized"
+"""The start of the warning DCP gives at every save and load with `no_dist`: each rank's part is its own on
+purpose, so it is not repeated at every snapshot."""
+warnings.filterwarnings("ignore", message=NO_DIST, category=UserWarning)
 ManifestOf = Callable[[int, int, list[FileEntry]], Manifest]
 Record = Callable[[Snapshotted], None]
 """Rank 0: hand `snapshotted` to the outbox."""

@@ -66,7 +66,7 @@ def test_a_snapshot_never_moves_the_durable_tier_step_checkpoints_or_retention()
     )
 
 
-def test_within_an_attempt_each_snapshot_advances_and_a_new_attempt_snapshots_again() -> None:
+def test_each_snapshot_advances_until_the_run_resumes_and_then_snapshots_again() -> None:
     refused(
         (launched(), snap(30)),
         snap(30),
@@ -80,6 +80,9 @@ def test_within_an_attempt_each_snapshot_advances_and_a_new_attempt_snapshots_ag
         relaunch(fold(launched(), durable(20), snap(30), FAILED)),
     )
     check(fold(*reopened), snap(25, attempt=2))
+    in_place = Resumed(run_id=RUN, checkpoint_seq=2, step=20, epoch=0, uri="u20", checkpoint_hash=f"{20:064x}",
+                       resume_count=1, attempt=1)  # fmt: skip
+    check(fold(launched(), durable(20), snap(30), in_place), snap(25))  # torchrun restarted it in place
 
 
 def test_a_snapshot_follows_the_attempt_fence() -> None:

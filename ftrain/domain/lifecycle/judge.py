@@ -91,10 +91,10 @@ def check(state: RunState | None, event: AnyEvent) -> None:
 
 
 def _check_snapshot(state: RunState, event: Snapshotted) -> None:
-    """Within an attempt each memory snapshot advances past the one before it (a new attempt, resumed from
-    further back, snapshots its own steps again); it never touches the durable tier's order."""
+    """Each memory snapshot advances past the one before it until the run resumes (from further back, it
+    snapshots those steps again); it never touches the durable tier's order."""
     last = state.snapshot
-    if last is not None and last.recorded.attempt == event.attempt and event.step <= last.recorded.step:
+    if last is not None and last.resumes == state.resume_count and event.step <= last.recorded.step:
         raise IllegalTransition(
             f"run {state.run_id} has a memory snapshot of step {last.recorded.step}; step {event.step} does not "
             "advance it"
@@ -207,7 +207,7 @@ def apply(state: RunState | None, event: AnyEvent, head: ChainHead) -> RunState:
         ref = CheckpointRef(recorded=event)
         changes.update(step=event.step, epoch=event.epoch, checkpoints=(*retire(state, event), ref))
     elif isinstance(event, Snapshotted):
-        changes["snapshot"] = SnapshotRef(recorded=event)
+        changes["snapshot"] = SnapshotRef(recorded=event, resumes=state.resume_count)
     elif isinstance(event, CorruptSkipped) and event.tier == "memory":
         assert state.snapshot is not None  # checked
         changes["snapshot"] = msgspec.structs.replace(state.snapshot, status="corrupt", reason=event.reason)

@@ -55,6 +55,9 @@ class SnapshotRef(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     recorded: Snapshotted
     status: Literal["valid", "corrupt"] = "valid"
     reason: str | None = None
+    resumes: int = 0
+    """The run's resume count when it was recorded: a later snapshot must advance past it until the run
+    resumes again (from wherever: it may then snapshot earlier steps)."""
 
 
 class RunState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
