@@ -52,7 +52,7 @@ from ftrain.train.snapshots import MemoryTier
 from ftrain.workers.integrity import ALGORITHM, ALGORITHMS
 from ftrain.workers.layout import step_dir
 from ftrain.workers.manifest import FileEntry, Manifest
-from ftrain.workers.memory_tier import memory_root, remove_run
+from ftrain.workers.memory_tier import memory_root
 from ftrain.workers.staging import local_bytes
 from ftrain.workers.storage.location import run_location
 
@@ -136,7 +136,6 @@ def run(args: argparse.Namespace, base: Path) -> dict[str, Any]:
     finally:
         tier.close(completed=True)
         durable.close()
-        remove_run(root)
     medians = {name: statistics.median(values) for name, values in samples.items()}
     return {
         "date": datetime.now(UTC).strftime("%Y-%m-%d"),

@@ -39,7 +39,7 @@ from ftrain.workers.memory_tier import (
     prune,
     rank_dir,
     ready_root,
-    remove_run,
+    remove_rank,
     room,
     seal_rank,
     snapshot_dir,
@@ -109,10 +109,10 @@ class MemoryTier:
 
     def close(self, *, completed: bool) -> None:
         """Finish the snapshot in flight and stop the thread; `completed` (the run's end state is sealed in
-        the durable tier): remove the job's snapshots from this node."""
+        the durable tier): remove this rank's snapshots from its node."""
         self.wait()
         self._worker.shutdown(wait=True)
-        if completed and remove_run(self.root):
+        if completed and remove_rank(self.root, self.rank):
             log.info("memory_snapshots_removed", path=str(self.root))
 
     def _snapshot(self, step: int, epoch: int, staged: dict[str, Any], attempt: int) -> None:

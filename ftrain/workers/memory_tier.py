@@ -50,7 +50,7 @@ __all__ = [
     "prune",
     "rank_dir",
     "ready_root",
-    "remove_run",
+    "remove_rank",
     "room",
     "seal_rank",
     "snapshot_dir",
@@ -201,10 +201,15 @@ def prune(root: Path, rank: int, keep: int | None) -> None:
             continue
 
 
-def remove_run(root: Path) -> bool:
-    """Remove every snapshot of the job on this node (the run completed); whether something was removed."""
+def remove_rank(root: Path, rank: int) -> bool:
+    """Remove every snapshot part of this rank (the run completed), and `root` once the node's last rank
+    left it empty; whether `root` is gone. Each rank removes its own: two ranks of a node never race over
+    the same files."""
+    prune(root, rank, None)
     try:
-        return remove_dir(root.parent, root.name, unlink_link=True)
-    except OSError as exc:
-        log.warning("memory_snapshots_not_removed", path=str(root), error=str(exc))
+        os.rmdir(root)
+    except FileNotFoundError:
+        return True
+    except OSError:  # another rank's parts are still there, or it cannot be removed now
         return False
+    return True

@@ -25,7 +25,7 @@ from ftrain.workers.memory_tier import (
     prune,
     rank_dir,
     ready_root,
-    remove_run,
+    remove_rank,
     seal_rank,
 )
 
@@ -153,7 +153,9 @@ def test_each_rank_judges_its_own_part_against_the_log_and_tells_unavailable_fro
     assert isinstance(judge(root, 10, 0, expected, RUN), SnapshotUnavailable), "never completed here"
 
 
-def test_older_snapshots_are_dropped_as_new_ones_land_and_the_run_removes_them_all(tmp_path: Path) -> None:
+def test_older_snapshots_are_dropped_as_new_ones_land_and_a_completed_run_removes_them_all(
+    tmp_path: Path,
+) -> None:
     root = ready_root(memory_root(tmp_path, "job"))
     _snapshot(root, 10)
     _snapshot(root, 20)
@@ -164,4 +166,5 @@ def test_older_snapshots_are_dropped_as_new_ones_land_and_the_run_removes_them_a
     prune(root, 1, keep=20)
     assert sorted(p.name for p in root.iterdir()) == ["step-20"], "the node's last rank removes the step"
     assert held_bytes(root, 0) < per_rank
-    assert remove_run(root) and not root.exists()
+    assert not remove_rank(root, 0) and root.exists(), "rank 1's part is still there"
+    assert remove_rank(root, 1) and not root.exists(), "the node's last rank removes the job's directory"
