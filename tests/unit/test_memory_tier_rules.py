@@ -1,7 +1,7 @@
 """The memory tier in the log, through the pure API: `snapshotted` never touches the durable tier, a resume
 from memory names only the newest snapshot the log accepted (valid, newer than every durable checkpoint), a
-corrupt snapshot is refused against its tier, the outbox's intents decide those events, and logs from before
-the tier (no `snapshotted`, no `tier`) read as they always did."""
+corrupt snapshot is refused against its tier, the outbox's intents decide those events, logs from before
+the tier (no `snapshotted`, no `tier`) read as they always did, and `status` and the timeline show it."""
 
 import re
 from datetime import timedelta
@@ -9,6 +9,8 @@ from datetime import timedelta
 import msgspec
 import pytest
 
+from ftrain.cli import render
+from ftrain.cli.queries import status_document
 from ftrain.domain.lifecycle import (
     IllegalTransition,
     ResumeIntent,
@@ -20,6 +22,7 @@ from ftrain.domain.lifecycle import (
     relaunch,
 )
 from ftrain.events.schema import (
+    Actor,
     AnyEvent,
     Checkpointed,
     CorruptSkipped,
@@ -181,3 +184,17 @@ def test_a_log_from_before_the_tier_reads_and_folds_as_before() -> None:
     state = fold(launched(), durable(20), skipped)
     assert state.snapshot is None and [c.status for c in state.checkpoints] == ["corrupt"]
     assert b'"tier"' not in encode_event(msgspec.structs.replace(resumed, seq=3)), "unset stays absent"
+
+
+def test_status_and_the_timeline_show_the_newest_snapshot() -> None:
+    actor = Actor(user="u", host="node-a", pid=1, rank=0)
+    state = fold(launched(), durable(20), msgspec.structs.replace(snap(25), actor=actor))
+    lines = render.status(state, T0 + timedelta(hours=1))
+    assert (
+        f"memory      step 25 epoch 0 on node-a, 10 bytes (hash {render.short_hash(f'{1025:064x}')})" in lines
+    )
+    document = status_document(state)["memory_snapshot"]
+    assert (document["step"], document["host"], document["status"]) == (25, "node-a", "valid")
+    assert status_document(fold(launched(), durable(20)))["memory_snapshot"] is None
+    assert render.summary(snap(25)).startswith("step 25 epoch 0 hash ")
+    assert render.summary(from_memory(3, 25)) == "#1 from step 25 from memory"
