@@ -8,8 +8,9 @@ one step (``85m``: ≈ 1 GB of state), built as ``scripts/bench_checkpoint.py`` 
 so machine noise hits every figure alike (one warm-up round not counted; medians over the rest):
 
 1. copy floor: ``copy_`` of the state's bytes into a preallocated buffer of that size;
-2. snapshot stall: ``state_dict()`` plus ``MemoryTier.take`` (the copy into the tier's staging buffers), what
-   the loop waits for; then its background part (DCP write to the tmpfs, every file hashed, sealed) to the end;
+2. snapshot stall: ``MemoryTier.take``, what the loop waits for: ``state_dict()`` (also timed alone, just
+   before) and the copy into the tier's staging buffers; then its background part (DCP write to the tmpfs,
+   every file hashed, sealed) to the end;
 3. sync durable save: ``CheckpointManager.save`` to ``--dir`` (fsync'd, hashed, sealed): what the loop waits
    for without the tier, or at every durable save;
 4. restart load from memory: ``resume_from_memory`` of that snapshot (every file hashed against the manifest,
@@ -57,7 +58,7 @@ from ftrain.workers.staging import local_bytes
 from ftrain.workers.storage.location import run_location
 
 RUN = "bench-memory"
-FIGURES = ("copy floor", "snapshot stall", "snapshot in background", "sync durable save",
+FIGURES = ("copy floor", "state_dict() alone", "snapshot stall", "snapshot in background", "sync durable save",
            "load from memory", "load from durable, cold", "load from durable, cached")  # fmt: skip
 
 
@@ -111,15 +112,13 @@ def run(args: argparse.Namespace, base: Path) -> dict[str, Any]:
     )
     samples: dict[str, list[float]] = {name: [] for name in FIGURES}
 
-    def snapshot(step: int) -> float:  # what the loop waits for: the state dict, then the tier's copy
-        return tier.take(step, 0, state.state_dict(), attempt=1)
-
     try:
         for step in range(1, args.rounds + 2):
             state.step = step
             one = {
                 "copy floor": timed(lambda: floor_buffer.copy_(source)),
-                "snapshot stall": timed(partial(snapshot, step)),
+                "state_dict() alone": timed(state.state_dict),
+                "snapshot stall": timed(partial(tier.take, step, 0, state.state_dict, attempt=1)),
                 "snapshot in background": timed(tier.wait),
                 "sync durable save": timed(partial(durable.save, step)),
             }

@@ -463,7 +463,7 @@ class CheckpointManager:
         self.state.step = step
         if position is not None:
             self.state.epoch = position.position().epoch
-        stall = self._memory.take(step, self.state.epoch, self.state.state_dict(), self.attempt)
+        stall = self._memory.take(step, self.state.epoch, self.state.state_dict, self.attempt)
         self.clock.ended(step, stall)
         self._stalled += stall
 

@@ -92,12 +92,12 @@ class MemoryTier:
     def due(self, step: int) -> bool:
         return step % self.every == 0
 
-    def take(self, step: int, epoch: int, state: dict[str, Any], attempt: int) -> float:
-        """Stage `state` (the state at `step`) and hand it to the background thread; the seconds the loop was
-        held (waiting for the snapshot before, then the copy)."""
+    def take(self, step: int, epoch: int, state: Callable[[], dict[str, Any]], attempt: int) -> float:
+        """Stage the state at `step` (`state` gives its state dict) and hand it to the background thread; the
+        seconds the loop was held (waiting for the snapshot before, the state dict, the copy)."""
         start = time.perf_counter()
         self.wait()
-        staged = self._buffers.stage(state)
+        staged = self._buffers.stage(state())
         self._inflight = self._worker.submit(self._snapshot, step, epoch, staged, attempt)
         return time.perf_counter() - start
 
