@@ -35,12 +35,12 @@ def slowed(env: dict[str, str]) -> dict[str, str]:
     return {**env, "FTRAIN_STEP_DELAY": "0.2"}
 
 
-async def events_of(env: dict[str, str], run_id: str) -> tuple[list[AnyEvent | None], int | None]:
-    """The run's events, and the steps its goodput counts as lost."""
+async def events_of(env: dict[str, str], run_id: str) -> tuple[list[AnyEvent | None], dict[str, int]]:
+    """The run's events, and the steps its goodput counts as lost by the tier each resume loaded from."""
     async with RunService.open(env) as app:
         events = [entry.event for entry in await app.timeline(run_id)]
         goodput = await app.goodput(run_id)
-    return events, goodput.lost_steps
+    return events, goodput.lost_by_tier
 
 
 def snapshots(memory: Path) -> list[Path]:
@@ -65,7 +65,9 @@ async def test_a_killed_job_resumes_from_memory_and_a_corrupt_or_missing_snapsho
     assert resumed_step(second) == 35 and ", from memory" in second.stdout, second.stdout
     assert final_digest(second) == reference
     events, lost = await events_of(env, "mem-kill")
-    assert lost is not None and 0 <= lost <= EVERY, "at most memory_every steps trained again"
+    assert list(lost) == ["memory"] and 0 <= lost["memory"] <= EVERY, (
+        "at most memory_every steps trained again"
+    )
     resumed = [e for e in events if isinstance(e, Resumed)]
     assert resumed[-1].tier == "memory" and resumed[-1].step == 35
     assert not any(isinstance(e, CorruptSkipped) for e in events)
@@ -81,7 +83,7 @@ async def test_a_killed_job_resumes_from_memory_and_a_corrupt_or_missing_snapsho
     assert "checkpoint step 35 (memory) file __0_0.distcp hash mismatch → skipped" in fourth.stdout
     assert final_digest(fourth) == reference
     events, lost = await events_of(env, "mem-corrupt")
-    assert lost is not None and 15 <= lost <= 15 + EVERY, "trained again from the durable step 20"
+    assert list(lost) == ["durable"] and 15 <= lost["durable"] <= 15 + EVERY, "trained again from step 20"
     skipped = [e for e in events if isinstance(e, CorruptSkipped)]
     assert [(e.tier, e.step) for e in skipped] == [("memory", 35)]
     resumed = [e for e in events if isinstance(e, Resumed)]
