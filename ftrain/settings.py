@@ -73,9 +73,17 @@ MAX_FAILED_SAVES: Final = "FTRAIN_MAX_FAILED_SAVES"
 DIGEST: Final = "FTRAIN_DIGEST"
 """The algorithm checkpoint data files are hashed with as they are written, by the trainer's saves and by
 `ftrain checkpoint`: `sha256` (default) or `blake3`. Verification follows what each manifest names."""
+MEMORY_EVERY: Final = "FTRAIN_MEMORY_EVERY"
+"""Steps between memory snapshots (the memory tier, under the durable checkpoints); wins over the script's
+`memory_every`. `0` or `off`: none. Unset: the script's (default: none)."""
+MEMORY_DIR: Final = "FTRAIN_MEMORY_DIR"
+"""The node-local memory the snapshots live in: a tmpfs (default /dev/shm), under `ftrain-<uid>/`."""
+MEMORY_CAP_MB: Final = "FTRAIN_MEMORY_CAP_MB"
+"""The most memory (MiB) one rank's snapshots may hold at once; unset: bounded by the tmpfs's free space."""
 
-KILL_POINTS: Final = ("step", "stage", "write", "fanout", "finalize", "sealed")
-"""Where FTRAIN_KILL_AT may kill (and FTRAIN_STOP_AT stop): after the optimizer step, or at a phase of a save."""
+KILL_POINTS: Final = ("step", "stage", "write", "fanout", "finalize", "sealed", "snapshot")
+"""Where FTRAIN_KILL_AT may kill (and FTRAIN_STOP_AT stop): after the optimizer step, at a phase of a save, or
+once a memory snapshot of the step is recorded (`snapshot`)."""
 MAX_STEP_DELAY: Final = 60.0
 MAX_REPLICAS: Final = 5
 NATS_SCHEMES: Final = ("nats", "tls", "ws", "wss")
@@ -362,6 +370,33 @@ def digest(env: Env = os.environ) -> str:
     if text.lower() not in ALGORITHMS:
         raise InvalidSetting(f"{DIGEST}={text!r}: use one of {', '.join(ALGORITHMS)}")
     return text.lower()
+
+
+def memory_every(env: Env = os.environ) -> int | None:
+    """Steps between memory snapshots as FTRAIN_MEMORY_EVERY sets them (0: off); None when unset."""
+    text = _get(env, MEMORY_EVERY)
+    if text is None:
+        return None
+    if text.lower() == "off":
+        return 0
+    if not text.isdigit():
+        raise InvalidSetting(f"{MEMORY_EVERY}={text!r}: expected a whole number of steps, or off")
+    return int(text)
+
+
+def memory_dir(env: Env = os.environ) -> Path:
+    """The tmpfs memory snapshots are kept under (FTRAIN_MEMORY_DIR, absolute; default /dev/shm)."""
+    return _absolute(env, MEMORY_DIR) or Path("/dev/shm")
+
+
+def memory_cap(env: Env = os.environ) -> int | None:
+    """The bytes one rank's memory snapshots may hold (FTRAIN_MEMORY_CAP_MB MiB); None: the tmpfs decides."""
+    text = _get(env, MEMORY_CAP_MB)
+    if text is None:
+        return None
+    if not text.isdigit() or int(text) < 1:
+        raise InvalidSetting(f"{MEMORY_CAP_MB}={text!r}: expected a whole number of MiB ≥ 1")
+    return int(text) << 20
 
 
 def checkpoint_every(env: Env = os.environ) -> str | None:

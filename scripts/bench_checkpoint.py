@@ -61,7 +61,6 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import async_save as dcp_async_save
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
-from torch.distributed.tensor import DTensor
 
 from ftrain.examples.data import ResumableLoader, synthetic_tokens
 from ftrain.examples.model import MODELS, parameter_count
@@ -72,6 +71,7 @@ from ftrain.train.config import CheckpointConfig
 from ftrain.train.process_exit import run_then_exit
 from ftrain.train.state import TrainState
 from ftrain.workers.layout import step_dir
+from ftrain.workers.staging import local_bytes
 from ftrain.workers.storage.location import run_location
 
 WORLD = 2  # ranks on CPU; on CUDA one per GPU, at most this many
@@ -98,19 +98,6 @@ COPY_REPEATS = 5
 
 
 # ----------------------------------------------------------------------------------------------- helpers
-
-
-def local_bytes(obj: Any) -> int:
-    """Bytes of the tensors in a nested state dict as this rank holds them (a DTensor counts its shard)."""
-    if isinstance(obj, DTensor):
-        return local_bytes(obj.to_local())
-    if isinstance(obj, torch.Tensor):
-        return obj.numel() * obj.element_size()
-    if isinstance(obj, dict):
-        return sum(local_bytes(v) for v in obj.values())
-    if isinstance(obj, list | tuple):
-        return sum(local_bytes(v) for v in obj)
-    return 0
 
 
 def worst(value: float) -> float:

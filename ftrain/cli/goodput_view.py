@@ -51,12 +51,23 @@ def notes(g: Goodput, status: str) -> dict[str, str]:
         "startup": "launched → the first training step",
         "restart": f"{restarts} restart(s): resumed → training again",
         "down": f"{g.failures} failure(s): failed → resumed" + (" (→ now)" if status == "failed" else ""),
-        "recomputed": f"{lost} step(s) lost × {pace} a step"
-        if g.recomputed is None or g.recomputed_estimated
-        else f"{lost} step(s) lost, timed by the attempts that ran them",
+        "recomputed": (
+            f"{lost} step(s) lost × {pace} a step"
+            if g.recomputed is None or g.recomputed_estimated
+            else f"{lost} step(s) lost, timed by the attempts that ran them"
+        )
+        + (f" ({tiers})" if (tiers := by_tier(g)) else ""),
         "other": "teardown after failures, work after the newest checkpoint, estimates' error"
         + (f"; includes the unknown {', '.join(LABELS[t] for t in g.unknown)}" if g.unknown else ""),
     }
+
+
+def by_tier(g: Goodput) -> str:
+    """`memory 4, durable 15`: the lost steps by the tier each resume loaded from, once the memory tier
+    served one (empty otherwise: every resume was from durable storage)."""
+    if "memory" not in g.lost_by_tier:
+        return ""
+    return ", ".join(f"{tier} {steps}" for tier, steps in sorted(g.lost_by_tier.items(), reverse=True))
 
 
 def breakdown(run_id: str, status: str, g: Goodput) -> list[str]:
@@ -92,4 +103,5 @@ def document(g: Goodput) -> dict[str, Any]:
         "lost_steps": g.lost_steps,
         "step_seconds": None if g.step_seconds is None else round(g.step_seconds, 6),
         "recomputed_estimated": g.recomputed_estimated,
+        "lost_steps_by_tier": g.lost_by_tier,
     }

@@ -11,7 +11,7 @@ import msgspec
 import nats.errors
 
 from ftrain.cli import goodput_view, render
-from ftrain.domain.lifecycle import CheckpointRef, RunState
+from ftrain.domain.lifecycle import CheckpointRef, RunState, SnapshotRef
 from ftrain.errors import NotFound
 from ftrain.events.jetstream.lease import LeaseView
 from ftrain.events.lease_record import held_for
@@ -29,6 +29,15 @@ def checkpoint_document(ref: CheckpointRef) -> dict[str, Any]:
     return {"seq": r.seq, "step": r.step, "epoch": r.epoch, "shards": r.shards, "uri": r.uri,
             "checkpoint_hash": r.checkpoint_hash, "size_bytes": r.size_bytes, "time": r.time,
             "status": ref.status, "reason": ref.reason}  # fmt: skip
+
+
+def snapshot_document(ref: SnapshotRef) -> dict[str, Any]:
+    """The newest memory snapshot in `status --json`: its event's fields, the node that recorded it, its
+    status and reason."""
+    r = ref.recorded
+    return {"seq": r.seq, "step": r.step, "epoch": r.epoch, "shards": r.shards, "uri": r.uri,
+            "host": r.actor.host if r.actor else None, "checkpoint_hash": r.checkpoint_hash,
+            "size_bytes": r.size_bytes, "time": r.time, "status": ref.status, "reason": ref.reason}  # fmt: skip
 
 
 def view_document(view: RunView, *, whole: bool = True) -> dict[str, Any]:
@@ -63,6 +72,7 @@ def status_document(state: RunState) -> dict[str, Any]:
         "step": state.step,
         "epoch": state.epoch,
         "last_valid_checkpoint": valid and checkpoint_document(valid),
+        "memory_snapshot": state.snapshot and snapshot_document(state.snapshot),
         "resume_count": state.resume_count,
         "failures": state.failures,
         "last_failure": state.last_failure,

@@ -12,7 +12,7 @@ from ftrain.console.output import emit as emit
 from ftrain.console.output import emit_json as emit_json
 from ftrain.console.visible_text import visible
 from ftrain.domain.chain_walk import Finding
-from ftrain.domain.lifecycle import RunState, rank_count, skipped_line
+from ftrain.domain.lifecycle import RunState, SnapshotRef, rank_count, skipped_line
 from ftrain.domain.vouching import Vouched
 from ftrain.events.schema import (
     AnyEvent,
@@ -23,6 +23,7 @@ from ftrain.events.schema import (
     Failed,
     Launched,
     Resumed,
+    Snapshotted,
 )
 from ftrain.supervise.launch_spec import format_command
 
@@ -110,6 +111,7 @@ def status(state: RunState, moment: datetime) -> list[str]:
         f"state       {state.status}",
         f"step        {state.step} (epoch {state.epoch})",
         f"checkpoint  {last}",
+        *([f"memory      {memory_snapshot(state.snapshot)}"] if state.snapshot is not None else []),
         *(
             [f"data        {data_position(data, valid.recorded.shards)}"]
             if valid and isinstance(data, DataPosition)
@@ -137,6 +139,14 @@ def status(state: RunState, moment: datetime) -> list[str]:
         f"{state.cost_unit.lower():<12}{state.cost_hours_at(moment):.2f}",
         f"chain head  seq {state.head.seq} {short_hash(state.head.hash)} (stream seq {state.head.stream_seq})",
     ]
+
+
+def memory_snapshot(snapshot: SnapshotRef) -> str:
+    """The `memory` line of `status`: the run's newest memory snapshot, on which node, and its state."""
+    r = snapshot.recorded
+    on = r.actor.host if r.actor is not None else "unknown node"
+    refused = f", refused: {snapshot.reason}" if snapshot.status != "valid" else ""
+    return f"step {r.step} epoch {r.epoch} on {on}, {r.size_bytes} bytes (hash {short_hash(r.checkpoint_hash)}){refused}"
 
 
 def table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> list[str]:
@@ -169,15 +179,17 @@ def summary(event: AnyEvent) -> str:
     """The gist of an event, for `replay`."""
     if isinstance(event, Launched):
         return f"{allocation(event)} {event.strategy} rdzv {event.rdzv_endpoint}"
-    if isinstance(event, Checkpointed):
+    if isinstance(event, Checkpointed | Snapshotted):
         return f"step {event.step} epoch {event.epoch} hash {short_hash(event.checkpoint_hash)} {event.uri}"
     if isinstance(event, Failed):
         return event.reason + (f" exit {event.exit_code}" if event.exit_code is not None else "")
     if isinstance(event, Resumed):
         on = f" on {', '.join(event.hosts)}" if isinstance(event.hosts, tuple) else ""
-        return f"#{event.resume_count} from step {event.step}{on}" + (
+        tier = f" from {event.tier}" if isinstance(event.tier, str) else ""
+        return f"#{event.resume_count} from step {event.step}{tier}{on}" + (
             " (while the log still saw it running)" if event.forced else ""
         )
     if isinstance(event, CorruptSkipped):
-        return f"step {event.step}: {event.reason}"
+        tier = f" ({event.tier})" if isinstance(event.tier, str) else ""
+        return f"step {event.step}{tier}: {event.reason}"
     return f"cost {event.cost_gpu_hours:.2f} ({event.cost_source}; in the run's unit, as launched)"

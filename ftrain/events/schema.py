@@ -12,7 +12,12 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import UNSET, UnsetType
 
-EVENT_TYPES = ("launched", "checkpointed", "failed", "resumed", "corrupt_skipped", "completed")
+EVENT_TYPES = (
+    "launched", "checkpointed", "snapshotted", "failed", "resumed", "corrupt_skipped", "completed",
+)  # fmt: skip
+Tier = Literal["memory"]
+"""Where a copy of the state lives, when not in durable storage: `memory`, node-local memory (a private
+tmpfs that outlives the trainer process). Unset on an event: the durable tier, as every log before tiers."""
 FAILURE_REASONS: tuple[str, ...] = (
     "preempted", "node-failure", "oom", "exit-code", "signal", "unknown",
     "lost",  # its supervisor stopped renewing its lease (recorded by the relaunch that took it over)
@@ -123,8 +128,10 @@ class Launched(Event, frozen=True, kw_only=True, tag="launched"):
     """The scheduler's job `ftrain run` launched it in; unset outside one (and in older logs)."""
 
 
-class Checkpointed(Event, frozen=True, kw_only=True, tag="checkpointed"):
-    """A complete checkpoint exists at `uri`; `checkpoint_hash` is the SHA-256 of its canonical manifest."""
+class StateCopy(Event, frozen=True, kw_only=True):
+    """What every record of a complete copy of the job's state says: the step and epoch it holds, the ranks
+    that wrote it, where it is, the SHA-256 of its canonical manifest, its bytes and the attempt that wrote
+    it (0: written before attempts existed, or by no attempt's process)."""
 
     step: Count
     epoch: Count
@@ -133,7 +140,11 @@ class Checkpointed(Event, frozen=True, kw_only=True, tag="checkpointed"):
     checkpoint_hash: str
     size_bytes: Count
     attempt: Count = 0
-    """The attempt that wrote it (0: written before attempts existed, or by no attempt's process)."""
+
+
+class Checkpointed(StateCopy, frozen=True, kw_only=True, tag="checkpointed"):
+    """A complete checkpoint exists at `uri`; `checkpoint_hash` is the SHA-256 of its canonical manifest."""
+
     # What the trainer measured for goodput (`projections.goodput`). Unset (absent from the payload) when the
     # writer did not measure it: an operator's `ftrain checkpoint`, a trainer from before goodput.
     stall_seconds: Amount | UnsetType = UNSET
@@ -154,6 +165,17 @@ class Checkpointed(Event, frozen=True, kw_only=True, tag="checkpointed"):
     """The steps of earlier checkpoints retention deletes now that this one is sealed (deleted only after this
     event was recorded): those the log then shows `pruned`. Unset (absent) when it retires none, or written by
     a trainer from before retention named them. At most RETIRED_MAX: the oldest first, the rest next time."""
+
+
+class Snapshotted(StateCopy, frozen=True, kw_only=True, tag="snapshotted"):
+    """A verified snapshot of the whole job's state exists in node-local memory (the memory tier, under the
+    durable one): each rank's files on its own node, `checkpoint_hash` the SHA-256 of the canonical manifest
+    that lists every rank's files with their digests, so a resume verifies each byte against this event.
+
+    Its own type, not a `checkpointed` with a tier: a snapshot is never a checkpoint of the durable tier
+    (it neither advances the run's step, nor takes part in retention, `ftrain verify`, export or the
+    relaunch's choice), and it lives and dies with its node. Only the newest one counts. Its `uri` is rank
+    0's snapshot directory on its node (what an operator looks at; each rank's resume finds its own)."""
 
 
 class Failed(Event, frozen=True, kw_only=True, tag="failed"):
@@ -197,6 +219,9 @@ class Resumed(Event, frozen=True, kw_only=True, tag="resumed"):
     """The ranks that resumed it (a supervisor: the attempt's nodes × `gpus_per_node`)."""
     data: DataPosition | UnsetType = UNSET
     """The global data position resumed from, when the saving loader kept one."""
+    tier: Tier | UnsetType = UNSET
+    """`memory`: resumed from the `snapshotted` event `checkpoint_seq` (node-local memory); unset: from a
+    durable checkpoint (every log before tiers)."""
 
 
 class CorruptSkipped(Event, frozen=True, kw_only=True, tag="corrupt_skipped"):
@@ -206,6 +231,8 @@ class CorruptSkipped(Event, frozen=True, kw_only=True, tag="corrupt_skipped"):
     step: Count
     uri: str
     reason: str
+    tier: Tier | UnsetType = UNSET
+    """`memory`: the snapshot of the `snapshotted` event `checkpoint_seq` failed; unset: a durable checkpoint."""
 
 
 class Completed(Event, frozen=True, kw_only=True, tag="completed"):
@@ -217,7 +244,7 @@ class Completed(Event, frozen=True, kw_only=True, tag="completed"):
     attempt: Count = 0
 
 
-AnyEvent = Launched | Checkpointed | Failed | Resumed | CorruptSkipped | Completed
+AnyEvent = Launched | Checkpointed | Snapshotted | Failed | Resumed | CorruptSkipped | Completed
 
 _TYPES: dict[type, str] = {cls: str(cls.__struct_config__.tag) for cls in typing.get_args(AnyEvent)}
 _decoder = msgspec.json.Decoder(AnyEvent)

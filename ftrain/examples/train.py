@@ -79,6 +79,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=None,
         help="samples per step over all ranks (default: the model's batch × 2); the same on any world",
     )
+    p.add_argument(
+        "--memory-every",
+        type=int,
+        default=None,
+        help="snapshot to node-local memory every N steps (the memory tier; needs a run id)",
+    )
     p.add_argument("--async-ckpt", action="store_true", help="stage to host memory, write and fan out behind")
     p.add_argument("--ckpt-stage-dir", type=Path, default=None, help="node-local staging (async)")
     p.add_argument("--no-resume", action="store_true", help="start fresh instead of resuming")
@@ -210,6 +216,7 @@ def train(args: argparse.Namespace) -> int:
             resume=not args.no_resume,
             run_id=args.run_id,
             dataset_revision=f"synthetic-v1-seed{args.seed}",
+            memory_every=args.memory_every,
         )
     except ValueError as exc:
         dist.destroy_process_group()

@@ -59,6 +59,9 @@ class Goodput(msgspec.Struct, frozen=True, kw_only=True):
     """The run's mean seconds per step (None: no attempt measured one)."""
     recomputed_estimated: bool = False
     """Whether a restart's recomputed time is lost steps × a pace (its trainer did not time the lost steps)."""
+    lost_by_tier: dict[str, int] = msgspec.field(default_factory=dict)
+    """The lost steps of the restarts that reported them, by the tier that served each one's resume
+    (`durable`, `memory`): what the memory tier saves shows here."""
 
     @property
     def ratio(self) -> float | None:
@@ -80,6 +83,8 @@ class _Attempt:
     from_step: int
     failed_at: datetime | None = None
     saves: list[Checkpointed] = field(default_factory=list)
+    tier: str = "durable"
+    """The tier its resume loaded from: `durable`, or `memory` (a `resumed` naming it)."""
 
     @property
     def loop_start(self) -> datetime | None:
@@ -159,10 +164,11 @@ class _Fold:
         """A `resumed` starts the processes again: it opens the next attempt, or restarts the failed one in
         place; in a running attempt it says the trainer fell back to an older checkpoint at its start-up."""
         opened = event.attempt or self.number + 1
+        tier = event.tier if isinstance(event.tier, str) else "durable"
         if opened == self.number and self.attempts[-1].failed_at is None:
-            self.attempts[-1].from_step = event.step
+            self.attempts[-1].from_step, self.attempts[-1].tier = event.step, tier
             return
-        self.attempts.append(_Attempt(event.time, event.step))
+        self.attempts.append(_Attempt(event.time, event.step, tier=tier))
         self.number = opened
 
     def down(self, end: datetime) -> float:
@@ -220,7 +226,17 @@ class _Fold:
             lost_steps=None if None in lost else sum(n for n in lost if n is not None),
             step_seconds=self.step_seconds(),
             recomputed_estimated=estimated,
+            lost_by_tier=_by_tier(later),
         )
+
+
+def _by_tier(restarts: Sequence[_Attempt]) -> dict[str, int]:
+    """The lost steps of the restarts that reported them, summed by the tier each resumed from."""
+    lost: dict[str, int] = {}
+    for attempt in restarts:
+        if attempt.lost_steps is not None:
+            lost[attempt.tier] = lost.get(attempt.tier, 0) + attempt.lost_steps
+    return lost
 
 
 def _known(value: float | UnsetType) -> float | None:

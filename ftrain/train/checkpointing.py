@@ -44,7 +44,7 @@ from torch._C._distributed_c10d import HashStore
 
 from ftrain import settings
 from ftrain.cadence import parse_checkpoint_every
-from ftrain.domain.lifecycle import CheckpointIntent
+from ftrain.domain.lifecycle import CheckpointIntent, SnapshotIntent
 from ftrain.errors import (
     FtrainError,
     MissingCredentials,
@@ -58,7 +58,7 @@ from ftrain.errors import (
     UnresumableState,
 )
 from ftrain.events.run_id import InvalidRunId, validate_run_id
-from ftrain.events.schema import Checkpointed, DataPosition
+from ftrain.events.schema import Checkpointed, DataPosition, Snapshotted
 from ftrain.host.lifeline import die_with_launcher
 from ftrain.train.attempt_clock import AttemptClock
 from ftrain.train.beacon import ProgressBeacon
@@ -72,10 +72,12 @@ from ftrain.train.resume import ResumePoint, resume
 from ftrain.train.sampler import accumulation
 from ftrain.train.save_check import check_resumable
 from ftrain.train.saving import Saver
+from ftrain.train.snapshots import MemoryTier
 from ftrain.train.state import Resumable, TrainState
 from ftrain.workers.integrity import digest_of, to_hex
 from ftrain.workers.layout import rank_stage_dir
 from ftrain.workers.manifest import FileEntry, Manifest
+from ftrain.workers.memory_tier import memory_root
 from ftrain.workers.recorder import Recorder
 from ftrain.workers.stage_dir import UnsafeDirectory, default_stage_dir
 from ftrain.workers.staging import StagingBuffers
@@ -133,6 +135,7 @@ def make_config(
     dataset_revision: str | None = None,
     max_failed_saves: int | None = None,
     world_change: str = "refuse",
+    memory_every: int | None = None,
     env: Mapping[str, str] = os.environ,
 ) -> CheckpointConfig:
     """The configuration from the arguments and, under `ftrain run`, what the supervisor passed (which wins:
@@ -146,6 +149,8 @@ def make_config(
         dataset_revision = settings.dataset_revision(env) or dataset_revision
         failures = max_failed_saves or settings.max_failed_saves(env)
         digest = settings.digest(env)
+        launched_memory = settings.memory_every(env)
+        memory_dir, memory_cap = settings.memory_dir(env), settings.memory_cap(env)
     except settings.InvalidSetting as exc:
         raise ValueError(str(exc)) from None
     if launched_every is not None:
@@ -181,9 +186,11 @@ def make_config(
         save_interval, every_seconds = cadence.steps, cadence.seconds or every_seconds
     elif every is not None:
         raise ValueError(f"every={every!r}: a step count, or a string like '500steps', '10min'")
+    memory_every = _memory_cadence(memory_every if launched_memory is None else launched_memory, run_id)
+    job = _job_name(place, run_id, env)
     return CheckpointConfig(
         location=place,
-        stage_dir=(stage_dir or default_stage_dir(_job_name(place, run_id, env))).expanduser().absolute(),
+        stage_dir=(stage_dir or default_stage_dir(job)).expanduser().absolute(),
         run_id=run_id,
         save_interval=save_interval,
         every_seconds=every_seconds,
@@ -194,7 +201,25 @@ def make_config(
         max_failed_saves=failures,
         world_change=world_change,
         digest=digest,
+        memory_every=memory_every,
+        memory_root=memory_root(memory_dir, job) if memory_every else None,
+        memory_cap=memory_cap,
     )
+
+
+def _memory_cadence(memory_every: int | None, run_id: str | None) -> int | None:
+    """The steps between memory snapshots (None: no memory tier). A job without a run id has none: a
+    snapshot is resumed from only when the log vouches for it. ValueError for a bad count."""
+    if memory_every is not None and (isinstance(memory_every, bool) or memory_every < 0):
+        raise ValueError(f"memory_every={memory_every!r}: a number of steps (0: no memory snapshots)")
+    if not memory_every:
+        return None
+    if run_id is None:
+        log.warning(
+            "memory_tier_off", reason="no run id: a memory snapshot is resumed only when the log vouches"
+        )
+        return None
+    return memory_every
 
 
 def _differs(every: int | str, launched: str) -> bool:
@@ -239,6 +264,7 @@ class CheckpointManager:
         run_id: str | None = None,
         dataset_revision: str | None = None,
         world_change: str = "refuse",
+        memory_every: int | None = None,
     ) -> None:
         """`location`: the run's checkpoints, a directory or `s3://bucket/prefix/<run>` (under `ftrain run`:
         the run's). `states`: every other object that shapes training, by name. `loader`: the data loader,
@@ -247,7 +273,9 @@ class CheckpointManager:
         its own when it has none (`ftrain.train.loaders`); one that cannot is accepted, and a resume then
         starts its iteration over (a warning says so). `world_change`: a resume on another world size whose
         loader position is per rank (or absent) is refused ("refuse") or goes on with a warning ("warn").
-        `every`: steps between saves, or a cadence like `"500steps"`, `"10min"`. Raises ValueError naming a
+        `every`: steps between saves, or a cadence like `"500steps"`, `"10min"`. `memory_every`: steps
+        between memory snapshots (node-local memory, under the durable checkpoints: `ftrain.train.snapshots`;
+        FTRAIN_MEMORY_EVERY wins; None or 0: none; only for a run in the log). Raises ValueError naming a
         bad argument before anything is created."""
         named = dict(states or {})
         source = adopt(loader) if loader is not None else None
@@ -273,6 +301,7 @@ class CheckpointManager:
             resume=resume,
             dataset_revision=dataset_revision,
             world_change=world_change,
+            memory_every=memory_every,
         )
         state = TrainState(model, optimizer, named, _rank())
         state.data = source
@@ -308,7 +337,14 @@ class CheckpointManager:
         """This rank's progress, for the supervisor's hang watchdog (off outside `ftrain run`)."""
         agree = self.world > 1 and (config.every_seconds is not None or self._signals.installed)
         self._due_group = dist.new_group(backend="gloo") if agree else None
-        self._groups = [g for g in (self.group, self._due_group) if g is not None]
+        self._memory = (
+            MemoryTier(config, self._manifest, self._snapshotted if self.recorder is not None else None)
+            if config.memory_every is not None
+            else None
+        )
+        """The memory tier under the durable checkpoints (None: off)."""
+        memory_group = self._memory.group if self._memory is not None else None
+        self._groups = [g for g in (self.group, self._due_group, memory_group) if g is not None]
         """The groups this manager made, destroyed by `close`."""
         self._stopping = False
         self._last_save = time.monotonic()
@@ -321,6 +357,8 @@ class CheckpointManager:
         self._inflight: Future[None] | None = None
         self._sealed: int | None = None
         """The newest step this job sealed or resumed from: what a final save of the same step skips."""
+        self._completed = False
+        """The run's end state is sealed in the durable tier (`save(final=True)`): its memory snapshots go."""
         self._data_at: dict[int, DataPosition] = {}
         """The data position of each step in flight, for its `checkpointed`."""
         self.attempt = 0
@@ -352,12 +390,15 @@ class CheckpointManager:
         location cannot be written (or its run directory is a link) or the start contradicts the log,
         ResumeStopped when the storage or the log is out of reach, UnsafeDirectory when the stage directory
         is not private."""
+        if self._memory is not None:
+            self._memory.ready()
         self.resumed, self.attempt, plan = resume(
-            self.config, self.state, self.recorder, self.group, self.store
+            self.config, self.state, self.recorder, self.group, self.store, self._memory
         )
         self._saver.vouched(plan.accepted(self.resumed.step if self.resumed else None), plan.retired)
         step = self.resumed.step if self.resumed is not None else 0
-        self._sealed = self.resumed.step if self.resumed is not None else None
+        # a step resumed from memory is no durable checkpoint: a final save of it is still due
+        self._sealed = self.resumed.step if self.resumed is not None and self.resumed.tier is None else None
         if self.config.async_save and self.resumed is not None:  # so the first save stalls no longer than
             # the next; on a fresh start the optimizer has no state yet, and asking for its state dict would
             # make some (torch steps it once with lr 0: Adam's step count would be off by one)
@@ -409,7 +450,22 @@ class CheckpointManager:
             dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self._due_group)
             by_time, signalled = bool(flags[0]), bool(flags[1])
         self._stopping = self._stopping or signalled
-        return by_steps or by_time or signalled
+        due = by_steps or by_time or signalled
+        if not due and self._memory is not None and self._memory.due(step):
+            self._snapshot(step)
+        return due
+
+    def _snapshot(self, step: int) -> None:
+        """A memory snapshot of the state at `step` (a step no durable save takes), staged now and written
+        behind; its stall counts as a save's (goodput, the lost work's time)."""
+        assert self._memory is not None
+        position = self.state.data.position if self.state.data is not None else None
+        self.state.step = step
+        if position is not None:
+            self.state.epoch = position.position().epoch
+        stall = self._memory.take(step, self.state.epoch, self.state.state_dict, self.attempt)
+        self.clock.ended(step, stall)
+        self._stalled += stall
 
     def save(self, step: int, epoch: int = 0, *, final: bool = False) -> SaveTimes:
         """Checkpoint the state at `step`: synchronously, or staged and handed to the background pipeline.
@@ -422,9 +478,12 @@ class CheckpointManager:
         if final:
             drain = self.drain()  # the save in flight may be of this very step
             if self._sealed == step:
+                self._completed = True
                 return SaveTimes(drain_seconds=drain)
             times = self.save(step, epoch)
-            return msgspec.structs.replace(times, drain_seconds=times.drain_seconds + drain + self.drain())
+            times = msgspec.structs.replace(times, drain_seconds=times.drain_seconds + drain + self.drain())
+            self._completed = self._sealed == step
+            return times
         self._beacon.saving(step)
         self.state.step, self.state.epoch = step, epoch
         if (position := self._reached(step)) is not None:
@@ -511,6 +570,8 @@ class CheckpointManager:
         try:
             return self.drain()
         finally:
+            if self._memory is not None:
+                self._memory.close(completed=self._completed)
             self._worker.shutdown(wait=True)
             self._saver.close()
             self._signals.restore()
@@ -558,6 +619,11 @@ class CheckpointManager:
             files=tuple(sorted(entries, key=lambda e: e.name)),
             extra={"format": "torch.distributed.checkpoint", "torch": str(torch.__version__)},
         )
+
+    def _snapshotted(self, event: Snapshotted) -> None:
+        """Rank 0: a memory snapshot complete on every rank, through the durable outbox."""
+        if self.recorder is not None:
+            self.recorder.record(SnapshotIntent(snapshotted=event))
 
     def _record(
         self,

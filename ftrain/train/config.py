@@ -36,6 +36,12 @@ class CheckpointConfig(msgspec.Struct, frozen=True, kw_only=True):
     digest: str = ALGORITHM
     """The algorithm the saves hash data files with (`workers.integrity.ALGORITHMS`); a resume checks each
     file with the one its manifest entry names, whatever this is."""
+    memory_every: int | None = None
+    """Steps between memory snapshots (the memory tier, under the durable checkpoints); None: no memory tier."""
+    memory_root: Path | None = None
+    """This node's snapshots of the job (`workers.memory_tier.memory_root`); set with `memory_every`."""
+    memory_cap: int | None = None
+    """The bytes one rank's snapshots may hold at once (None: bounded by the tmpfs's free space alone)."""
 
     def __post_init__(self) -> None:
         check_keep(self.keep)
@@ -45,6 +51,10 @@ class CheckpointConfig(msgspec.Struct, frozen=True, kw_only=True):
             raise ValueError(f"every_seconds={self.every_seconds}: a positive number of seconds, or None")
         if self.world_change not in ("refuse", "warn"):
             raise ValueError(f"world_change={self.world_change!r}: 'refuse' or 'warn'")
+        if self.memory_every is not None and (self.memory_every < 1 or self.memory_root is None):
+            raise ValueError(
+                f"memory_every={self.memory_every}: a positive number of steps with a memory_root"
+            )
         if self.max_failed_saves < 1:
             raise ValueError(f"max_failed_saves={self.max_failed_saves}: at least 1")
         try:

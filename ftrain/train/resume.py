@@ -41,6 +41,7 @@ from ftrain.domain.lifecycle import (
     ResumePlan,
     RunState,
     SkipIntent,
+    SnapshotRef,
     no_valid_refusal,
     plan_resume,
     restarted_in_place,
@@ -54,11 +55,14 @@ from ftrain.events.jetstream.connection import NatsSettings, open_store
 from ftrain.events.jetstream.nats_server import NatsServerError
 from ftrain.events.keyring import KeyringError
 from ftrain.events.log_port import LogTampered, LogUnavailable
+from ftrain.events.schema import Tier
 from ftrain.train.agreement import rank_zeros
 from ftrain.train.config import CheckpointConfig
+from ftrain.train.memory_resume import resume_from_memory
 from ftrain.train.resume_load import ResumeFailed as ResumeFailed
 from ftrain.train.resume_load import ResumeStopped as ResumeStopped
 from ftrain.train.resume_load import load_candidate, stopped
+from ftrain.train.snapshots import MemoryTier
 from ftrain.train.state import TrainState
 from ftrain.workers.manifest import Manifest
 from ftrain.workers.recorder import Recording
@@ -78,10 +82,12 @@ class RunBroken(FtrainError):
 
 
 class ResumePoint(msgspec.Struct, frozen=True):
-    """Where training continues: the checkpoint's step and epoch."""
+    """Where training continues: the checkpoint's step and epoch, and the tier that served it (None: the
+    durable tier)."""
 
     step: int
     epoch: int
+    tier: Tier | None = None
 
 
 class StartDecision(msgspec.Struct, frozen=True):
@@ -97,6 +103,8 @@ class StartDecision(msgspec.Struct, frozen=True):
     """The kind of the refusal or stop, so that every rank raises the same class (None: the plain one)."""
     start: str = ""
     """Names this start's downloads (object storage), so a crashed start's are never taken for its."""
+    memory: SnapshotRef | None = None
+    """The memory snapshot the log vouches for, tried before the plan's candidates (None: none to try)."""
 
 
 def resume(
@@ -105,12 +113,14 @@ def resume(
     recorder: Recording | None,
     group: dist.ProcessGroup,
     store: RunStorage,
+    memory: MemoryTier | None = None,
 ) -> tuple[ResumePoint | None, int, ResumePlan]:
     """Ready every rank's stage directory, then load the newest valid checkpoint into `state` on every rank;
     returns where training continues (None: from the start), the attempt this job records in (0: no log to
     say) and the plan (what retention may count: `ResumePlan.accepted`). A stage directory refused on any
     rank is refused on every rank, before rank 0 plans: that rank raises its UnsafeDirectory, the others the
-    lowest refusing rank's."""
+    lowest refusing rank's. With a memory tier, the snapshot the log vouches for is tried first
+    (`memory_resume`): where every rank's part is there and verified, the durable tier is not read."""
     rank = dist.get_rank()
     unsafe = _ready_stage(store, rank, staged=config.async_save)
     stages = _gathered(None if unsafe is None else str(unsafe), group)
@@ -122,6 +132,12 @@ def resume(
     if decision.stopped:
         raise (decision.error or ResumeStopped)(decision.stopped)
     plan, attempt = decision.plan, decision.attempt
+    if (
+        memory is not None
+        and decision.memory is not None
+        and resume_from_memory(memory, decision.memory, state, recorder, attempt, config.run_name)
+    ):
+        return ResumePoint(state.step, state.epoch, "memory"), attempt, plan
     for candidate in plan.candidates:
         header = read_header(store, candidate, config.run_name) if rank == 0 else None
         try:
@@ -241,7 +257,8 @@ def _plan(config: CheckpointConfig, recorder: Recording | None, store: RunStorag
         # later start is refused the same way, never as superseded by this one's claim
         ready(store, attempt, expected=bool(plan.candidates))
     set_aside_planned(store, plan)
-    return StartDecision(plan, attempt, start=uuid.uuid4().hex[:12])
+    memory = state.memory_candidate() if state is not None and config.resume and config.memory_every else None
+    return StartDecision(plan, attempt, start=uuid.uuid4().hex[:12], memory=memory)
 
 
 def _run_state(config: CheckpointConfig, recorder: Recording | None) -> RunState | None:

@@ -55,18 +55,18 @@ def same_device(stage: Path, destination: Path) -> bool:
     return os.stat(stage).st_dev == os.stat(existing).st_dev
 
 
-def claim_dir(parent: Path, name: str) -> bool:
+def claim_dir(parent: Path, name: str, *, label: str = LABEL, choose: str = CHOOSE) -> bool:
     """The directory `name` under `parent` (a checked private directory), made 0700 by whichever of the
     processes sharing `parent` gets there first: True for that one (it removes the directory after), False
-    for the others. Raises UnsafeDirectory unless what is there is a real directory of this user's that
-    no one else can write to."""
+    for the others. Raises UnsafeDirectory (naming it `label`, advising `choose`) unless what is there is a
+    real directory of this user's that no one else can write to."""
     path = parent / name
     try:
         os.mkdir(path, 0o700)
         created = True
     except FileExistsError:
         created = False
-    check_dir(path, what=f"{LABEL} {path}", choose=CHOOSE)
+    check_dir(path, what=f"{label} {path}", choose=choose)
     return created
 
 

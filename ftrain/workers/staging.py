@@ -60,3 +60,17 @@ def _tensor_layout(value: Any, path: str = "") -> Iterator[tuple[str, tuple[int,
     elif isinstance(value, list | tuple):
         for index, item in enumerate(value):
             yield from _tensor_layout(item, f"{path}/{index}")
+
+
+def local_bytes(value: Any) -> int:
+    """Bytes of the tensors in a nested state dict as this rank holds them (a DTensor counts its shard): what
+    staging copies, and what a rank's write of it holds, its metadata aside."""
+    if isinstance(value, DTensor):
+        return local_bytes(value.to_local())
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, dict):
+        return sum(local_bytes(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return sum(local_bytes(v) for v in value)
+    return 0

@@ -74,6 +74,7 @@ def test_the_json_outputs_carry_every_term_in_seconds(cli: Cli, env: dict[str, s
         "checkpoint_stall_seconds": 3.0, "startup_seconds": 5.0, "restart_seconds": 5.0, "down_seconds": 2.6,
         "recomputed_seconds": 2.4, "other_seconds": 2.0, "unknown": [], "attempts": 2, "failures": 1,
         "saves": 3, "lost_steps": 4, "step_seconds": 0.6, "recomputed_estimated": True,
+        "lost_steps_by_tier": {"durable": 4},
     }  # fmt: skip
     cost = json.loads(cli.ok("cost", "--run", RUN, "--json")[0])
     assert cost == {"run_id": RUN, "state": "completed", "gpus": 1, "gpu_hours": 1.0, "cost_hours": 1.0,

@@ -447,7 +447,7 @@ def test_the_published_json_schema_names_every_event_type() -> None:
     schema = stored_schema()
     defs, variants = schema["$defs"], schema["anyOf"]
     assert isinstance(defs, dict) and isinstance(variants, list)
-    types = ["Launched", "Checkpointed", "Failed", "Resumed", "CorruptSkipped", "Completed"]
+    types = ["Launched", "Checkpointed", "Snapshotted", "Failed", "Resumed", "CorruptSkipped", "Completed"]
     assert sorted(defs) == sorted([*types, "Actor", "CheckpointPolicy", "DataPosition", "SchedulerJob"])
     assert [variant["$ref"] for variant in variants] == [f"#/$defs/{name}" for name in types]
 

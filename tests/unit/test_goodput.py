@@ -13,7 +13,15 @@ from msgspec import UNSET
 
 from ftrain.domain.lifecycle import RunState, apply
 from ftrain.events.chain import ChainHead
-from ftrain.events.schema import AnyEvent, Checkpointed, Completed, CorruptSkipped, Failed, Resumed
+from ftrain.events.schema import (
+    AnyEvent,
+    Checkpointed,
+    Completed,
+    CorruptSkipped,
+    Failed,
+    Resumed,
+    Snapshotted,
+)
 from ftrain.projections.goodput import Goodput, measure
 from tests.support.builders import launched
 
@@ -333,3 +341,24 @@ def test_a_checkpoint_without_measurements_encodes_as_before() -> None:
     event = Checkpointed(run_id=RUN, step=1, epoch=0, shards=1, uri="u", checkpoint_hash="h", size_bytes=0)
     assert event.stall_seconds is UNSET
     assert b"seconds" not in msgspec.json.encode(event) and b"lost_steps" not in msgspec.json.encode(event)
+
+
+def test_the_lost_steps_are_told_apart_by_the_tier_each_resume_loaded_from() -> None:
+    """Attempt 1 snapshots step 24 in memory after its durable step 20 and dies at 26; the relaunch opens from
+    step 20, its trainer resumes from memory at 24 (2 steps lost); attempt 2 dies too, its memory snapshot lost
+    with its node, and attempt 3 resumes from the durable step 30 (3 steps lost)."""
+    log = Log()
+    newest = first_attempt(log)
+    snapshot = log.add(Snapshotted(run_id=RUN, step=24, epoch=0, shards=1, uri="file:///dev/shm/s24",
+                                   checkpoint_hash=f"{1024:064x}", size_bytes=1, attempt=1), 21)  # fmt: skip
+    log.fail(22.4)
+    log.resume(newest, 25, attempt=2, count=1)
+    log.add(Resumed(run_id=RUN, checkpoint_seq=snapshot.seq, step=24, epoch=0, uri="file:///dev/shm/s24",
+                    checkpoint_hash=f"{1024:064x}", resume_count=2, attempt=2, tier="memory"), 26)  # fmt: skip
+    thirty = log.save(30, 37, attempt=2, stall_seconds=1.0, train_seconds=4.0, loop_seconds=7.0, lost_steps=2)
+    log.fail(40, attempt=2)
+    log.resume(thirty, 42, attempt=3, count=3)
+    log.save(40, 55, attempt=3, stall_seconds=1.0, train_seconds=6.0, loop_seconds=7.0, lost_steps=3)
+    g = log.measure()
+    assert (g.lost_steps, g.lost_by_tier) == (5, {"memory": 2, "durable": 3})
+    assert failed_and_resumed().measure().lost_by_tier == {"durable": 4}

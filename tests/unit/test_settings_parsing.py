@@ -36,7 +36,7 @@ def test_an_empty_value_reads_as_unset() -> None:
         value for value in vars(settings).values() if isinstance(value, str) and value.startswith("FTRAIN_")
     ]
     empty = dict.fromkeys(names, "")
-    assert len(empty) == 31
+    assert len(empty) == 34
     read = (
         settings.home(empty),
         settings.storage(empty),
@@ -57,6 +57,9 @@ def test_an_empty_value_reads_as_unset() -> None:
         settings.progress_dir(empty),
         settings.stop_note(empty),
         settings.digest(empty),
+        settings.memory_every(empty),
+        settings.memory_dir(empty),
+        settings.memory_cap(empty),
     )
     assert read == (
         DEFAULT_HOME,
@@ -78,6 +81,9 @@ def test_an_empty_value_reads_as_unset() -> None:
         None,
         None,
         "sha256",
+        None,
+        Path("/dev/shm"),
+        None,
     )
 
 
@@ -187,7 +193,8 @@ def test_kill_and_stop_points_and_the_once_directory(tmp_path: Path) -> None:
 @pytest.mark.parametrize("text", ["boom:3", "step:x", "step:", "write", "fanout:-1", "step:3,boom:4"])
 def test_a_malformed_fault_point_is_refused_naming_the_accepted_points(name: str, text: str) -> None:
     with pytest.raises(
-        InvalidSetting, match=rf"^{name}=.* with point one of step, stage, write, fanout, finalize, sealed$"
+        InvalidSetting,
+        match=rf"^{name}=.* with point one of step, stage, write, fanout, finalize, sealed, snapshot$",
     ):
         (settings.kill_targets if name == "FTRAIN_KILL_AT" else settings.stop_targets)({name: text})
 

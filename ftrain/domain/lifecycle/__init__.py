@@ -28,6 +28,7 @@ from ftrain.domain.lifecycle.intents import (
     Intent,
     ResumeIntent,
     SkipIntent,
+    SnapshotIntent,
 )
 from ftrain.domain.lifecycle.judge import (
     IllegalTransition,
@@ -47,7 +48,7 @@ from ftrain.domain.lifecycle.resume_plan import (
     resumed_line,
     skipped_line,
 )
-from ftrain.domain.lifecycle.run_state import CheckpointRef, RunState, RunStatus
+from ftrain.domain.lifecycle.run_state import CheckpointRef, RunState, RunStatus, SnapshotRef
 
 __all__ = [
     "Candidate",
@@ -63,6 +64,8 @@ __all__ = [
     "RunState",
     "RunStatus",
     "SkipIntent",
+    "SnapshotIntent",
+    "SnapshotRef",
     "apply",
     "check",
     "check_may_resume",

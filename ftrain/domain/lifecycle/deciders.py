@@ -16,6 +16,7 @@ from ftrain.domain.lifecycle.intents import (
     Intent,
     ResumeIntent,
     SkipIntent,
+    SnapshotIntent,
 )
 from ftrain.domain.lifecycle.judge import IllegalTransition, check_open
 from ftrain.domain.lifecycle.run_state import CheckpointRef, RunState
@@ -218,6 +219,15 @@ def _intent_event(state: RunState, intent: Intent, at: datetime) -> AnyEvent | N
         if _by_hash(state, intent.checkpointed.checkpoint_hash) is not None:
             return None
         return msgspec.structs.replace(intent.checkpointed, run_id=state.run_id)
+    if isinstance(intent, SnapshotIntent):
+        known = state.snapshot
+        if known is not None and known.recorded.checkpoint_hash == intent.snapshotted.checkpoint_hash:
+            return None
+        return msgspec.structs.replace(intent.snapshotted, run_id=state.run_id)
+    if isinstance(intent, SkipIntent) and intent.tier == "memory":
+        return _memory_skip(state, intent)
+    if isinstance(intent, ResumeIntent) and intent.tier == "memory":
+        return _memory_resume(state, intent, forced=running)
     if isinstance(intent, SkipIntent):
         ref = _by_hash(state, intent.checkpoint_hash) or _unknown(intent.checkpoint_hash, intent.step, at)
         return None if ref.status != "valid" else corrupt_skipped_event(state, ref, intent.reason)
@@ -248,6 +258,49 @@ def _intent_event(state: RunState, intent: Intent, at: datetime) -> AnyEvent | N
     if state.status == "completed":
         return None
     return completed_event(state, intent.cost_gpu_hours, at, intent.attempt)
+
+
+def _memory_skip(state: RunState, intent: SkipIntent) -> CorruptSkipped | None:
+    """`corrupt_skipped` of the run's memory snapshot with the intent's digest (None: refused already); one
+    the log does not hold as its snapshot becomes an event naming seq 0, for the judge to refuse."""
+    snap = state.snapshot
+    if snap is not None and snap.recorded.checkpoint_hash == intent.checkpoint_hash:
+        if snap.status != "valid":
+            return None
+        seq, uri = snap.recorded.seq, snap.recorded.uri
+    else:
+        seq, uri = 0, ""
+    return CorruptSkipped(
+        run_id=state.run_id,
+        checkpoint_seq=seq,
+        step=intent.step,
+        uri=uri,
+        reason=intent.reason,
+        tier="memory",
+    )
+
+
+def _memory_resume(state: RunState, intent: ResumeIntent, *, forced: bool) -> Resumed:
+    """`resumed` from the run's memory snapshot with the intent's digest, in the intent's attempt (one the log
+    does not hold as its snapshot names seq 0, for the judge to refuse)."""
+    snap = state.snapshot
+    known = snap is not None and snap.recorded.checkpoint_hash == intent.checkpoint_hash
+    return Resumed(
+        run_id=state.run_id,
+        checkpoint_seq=snap.recorded.seq if snap is not None and known else 0,
+        step=intent.step,
+        epoch=snap.recorded.epoch if snap is not None and known else 0,
+        uri=snap.recorded.uri if snap is not None and known else "",
+        checkpoint_hash=intent.checkpoint_hash or "",
+        resume_count=state.resume_count + 1,
+        forced=forced,
+        command=state.launch.command,
+        attempt=intent.attempt or state.attempt + 1,
+        saved_world=intent.saved_world or UNSET,
+        world=intent.world or UNSET,
+        data=intent.data or UNSET,
+        tier="memory",
+    )
 
 
 def _opened_by_supervisor(state: RunState, intent: ResumeIntent) -> bool:

@@ -8,7 +8,7 @@ position: the position is decided when the log is reachable, against the run's s
 
 import msgspec
 
-from ftrain.events.schema import Checkpointed, DataPosition
+from ftrain.events.schema import Checkpointed, DataPosition, Snapshotted, Tier
 
 
 class CheckpointIntent(msgspec.Struct, frozen=True, kw_only=True, tag="checkpoint"):
@@ -17,12 +17,20 @@ class CheckpointIntent(msgspec.Struct, frozen=True, kw_only=True, tag="checkpoin
     checkpointed: Checkpointed
 
 
+class SnapshotIntent(msgspec.Struct, frozen=True, kw_only=True, tag="snapshot"):
+    """A memory snapshot is complete on every rank: record this `snapshotted` event."""
+
+    snapshotted: Snapshotted
+
+
 class SkipIntent(msgspec.Struct, frozen=True, kw_only=True, tag="skip"):
     """The checkpoint with this manifest digest failed verification: record `corrupt_skipped`."""
 
     checkpoint_hash: str
     step: int
     reason: str
+    tier: Tier | None = None
+    """`memory`: the run's memory snapshot with this digest (None: a durable checkpoint)."""
 
 
 class ResumeIntent(msgspec.Struct, frozen=True, kw_only=True, tag="resume"):
@@ -36,6 +44,8 @@ class ResumeIntent(msgspec.Struct, frozen=True, kw_only=True, tag="resume"):
     world: int | None = None
     data: DataPosition | None = None
     """The global data position resumed from (None: the loader keeps none)."""
+    tier: Tier | None = None
+    """`memory`: resumed from the run's memory snapshot with this digest (None: a durable checkpoint)."""
 
 
 class FailIntent(msgspec.Struct, frozen=True, kw_only=True, tag="fail"):
@@ -54,4 +64,4 @@ class CompleteIntent(msgspec.Struct, frozen=True, kw_only=True, tag="complete"):
     attempt: int = 0
 
 
-Intent = CheckpointIntent | SkipIntent | ResumeIntent | FailIntent | CompleteIntent
+Intent = CheckpointIntent | SnapshotIntent | SkipIntent | ResumeIntent | FailIntent | CompleteIntent

@@ -7,7 +7,7 @@ when the projector or the audit folds it: one place says which transition is leg
 import msgspec
 from msgspec import UnsetType
 
-from ftrain.domain.lifecycle.run_state import CheckpointRef, RunState
+from ftrain.domain.lifecycle.run_state import CheckpointRef, RunState, SnapshotRef
 from ftrain.events.chain import ChainHead
 from ftrain.events.schema import (
     AnyEvent,
@@ -17,10 +17,11 @@ from ftrain.events.schema import (
     Failed,
     Launched,
     Resumed,
+    Snapshotted,
     event_type,
 )
 
-ATTEMPT_EVENTS = (Checkpointed, Failed, Completed)
+ATTEMPT_EVENTS = (Checkpointed, Snapshotted, Failed, Completed)
 """The events an attempt's own processes record: each carries the attempt, checked against the fence."""
 
 
@@ -63,6 +64,22 @@ def check(state: RunState | None, event: AnyEvent) -> None:
             raise IllegalTransition(
                 f"run {state.run_id} is at step {state.step}; checkpoint step {event.step} does not advance it"
             )
+    elif isinstance(event, Snapshotted):
+        _check_snapshot(state, event)
+    elif isinstance(event, CorruptSkipped) and event.tier == "memory":
+        snap = state.snapshot
+        if (
+            snap is None
+            or snap.status != "valid"
+            or (snap.recorded.seq, snap.recorded.step)
+            != (
+                event.checkpoint_seq,
+                event.step,
+            )
+        ):
+            raise IllegalTransition(
+                f"run {state.run_id} has no valid memory snapshot at seq {event.checkpoint_seq}"
+            )
     elif isinstance(event, CorruptSkipped):
         ref = state.checkpoint(event.checkpoint_seq)
         if ref is None or ref.status != "valid" or ref.step != event.step:
@@ -71,6 +88,31 @@ def check(state: RunState | None, event: AnyEvent) -> None:
             )
     elif isinstance(event, Resumed):
         _check_resume(state, event)
+
+
+def _check_snapshot(state: RunState, event: Snapshotted) -> None:
+    """Each memory snapshot advances past the one before it until the run resumes (from further back, it
+    snapshots those steps again); it never touches the durable tier's order."""
+    last = state.snapshot
+    if last is not None and last.resumes == state.resume_count and event.step <= last.recorded.step:
+        raise IllegalTransition(
+            f"run {state.run_id} has a memory snapshot of step {last.recorded.step}; step {event.step} does not "
+            "advance it"
+        )
+
+
+def _check_memory_resume(state: RunState, event: Resumed) -> None:
+    """A resume from memory names the run's newest snapshot, still valid and newer than every valid durable
+    checkpoint (`RunState.memory_candidate`): never one the log did not accept, nor an older one."""
+    snap = state.memory_candidate()
+    if snap is None or snap.recorded.seq != event.checkpoint_seq:
+        raise IllegalTransition(
+            f"run {state.run_id} must resume from memory only from its newest valid snapshot newer than its "
+            f"durable checkpoints, not seq {event.checkpoint_seq}"
+        )
+    if snap.recorded.step != event.step or snap.recorded.checkpoint_hash != event.checkpoint_hash:
+        raise IllegalTransition(f"resumed event does not match memory snapshot seq {event.checkpoint_seq}")
+    _check_resume_count(state, event)
 
 
 def check_attempt(state: RunState, attempt: int) -> None:
@@ -109,6 +151,9 @@ def _check_resume(state: RunState, event: Resumed) -> None:
             )
     if len(set(hosts)) != len(hosts):
         raise IllegalTransition(f"run {state.run_id}: an attempt names each of its nodes once")
+    if event.tier == "memory":
+        _check_memory_resume(state, event)
+        return
     if event.checkpoint_seq == 0:
         _check_restart(state, event)
         return
@@ -161,6 +206,11 @@ def apply(state: RunState | None, event: AnyEvent, head: ChainHead) -> RunState:
     if isinstance(event, Checkpointed):
         ref = CheckpointRef(recorded=event)
         changes.update(step=event.step, epoch=event.epoch, checkpoints=(*retire(state, event), ref))
+    elif isinstance(event, Snapshotted):
+        changes["snapshot"] = SnapshotRef(recorded=event, resumes=state.resume_count)
+    elif isinstance(event, CorruptSkipped) and event.tier == "memory":
+        assert state.snapshot is not None  # checked
+        changes["snapshot"] = msgspec.structs.replace(state.snapshot, status="corrupt", reason=event.reason)
     elif isinstance(event, CorruptSkipped):
         changes["checkpoints"] = tuple(
             msgspec.structs.replace(c, status="corrupt", reason=event.reason)

@@ -138,7 +138,8 @@ def resumed_line(resumed: ResumeIntent, epoch: int) -> str:
     )
     data = resumed.data
     at = f", data at sample {data.offset} of epoch {data.epoch}" if data is not None else ""
-    return f"RESUMED from step={resumed.step} (epoch={epoch}){changed}{at}"
+    tier = f", from {resumed.tier}" if resumed.tier is not None else ""
+    return f"RESUMED from step={resumed.step} (epoch={epoch}){changed}{at}{tier}"
 
 
 def no_valid_refusal(where: str, found_now: int, run_id: str | None) -> str:

@@ -7,7 +7,7 @@ import msgspec
 from msgspec import UnsetType
 
 from ftrain.events.chain import ChainHead
-from ftrain.events.schema import Checkpointed, Launched
+from ftrain.events.schema import Checkpointed, Launched, Snapshotted
 
 RunStatus = Literal["running", "failed", "completed"]
 CostUnit = Literal["GPU-hours", "CPU-hours", "node-hours"]
@@ -48,6 +48,18 @@ class CheckpointRef(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         return self.recorded.time
 
 
+class SnapshotRef(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """The run's newest memory snapshot as the log knows it: the `snapshotted` event that recorded it, and
+    whether a resume has since refused it (`corrupt`)."""
+
+    recorded: Snapshotted
+    status: Literal["valid", "corrupt"] = "valid"
+    reason: str | None = None
+    resumes: int = 0
+    """The run's resume count when it was recorded: a later snapshot must advance past it until the run
+    resumes again (from wherever: it may then snapshot earlier steps)."""
+
+
 class RunState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """Everything the log says about one run, folded from its events."""
 
@@ -83,6 +95,17 @@ class RunState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     folded and stored by an older ftrain, when every attempt ran on the launch's nodes)."""
     resumed_mlflow_run_id: str | None = None
     """The MLflow run the newest `resumed` that named one continues (None: none did; see `mlflow_run_id`)."""
+    snapshot: SnapshotRef | None = None
+    """The newest memory snapshot the log accepted (None: none; a state stored before the memory tier)."""
+
+    def memory_candidate(self) -> SnapshotRef | None:
+        """The snapshot a resume may try before the durable tier: the newest, unless refused or no newer than
+        the newest valid durable checkpoint (which is then as near, and survives a lost node)."""
+        snapshot = self.snapshot
+        if snapshot is None or snapshot.status != "valid":
+            return None
+        newest = next(iter(self.valid_checkpoints()), None)
+        return snapshot if newest is None or snapshot.recorded.step > newest.step else None
 
     @property
     def mlflow_run_id(self) -> str | None:

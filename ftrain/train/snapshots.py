@@ -1,0 +1,207 @@
+"""Memory snapshots: every `memory_every` steps the whole job's state goes to node-local memory, verified and
+recorded, so an unwarned kill of the job's processes loses at most `memory_every` steps instead of everything
+since the last durable checkpoint.
+
+The training loop's only stall is the copy into host buffers (the async save's staging, with buffers of the
+tier's own). One background thread per rank then writes this rank's state with DCP alone (no collective:
+each rank's snapshot holds all that rank resumes from, on its own node), hashing each file as it is written,
+into its private directory (`workers.memory_tier`). On a gloo group of the tier's own (never the training
+group, never the durable pipeline's) every rank's admission is agreed, its files gathered by rank 0, which
+builds the manifest (every rank's files under `rank-<r>/`) and sends it to every rank to seal its part; once
+every part is sealed rank 0 records `snapshotted` through the outbox, and each rank drops its older
+snapshots. Every collective runs in the same order on every rank, in that one thread; a snapshot starts only
+once the previous one is done (the loop waits for it, as the durable pipeline waits for its save in flight);
+a failure of any kind skips the snapshot, logged, and training goes on.
+"""
+
+import time
+import warnings
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Final, TypeVar
+
+import structlog
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+
+from ftrain.events.schema import Snapshotted
+from ftrain.train.agreement import rank_zeros
+from ftrain.train.config import CheckpointConfig
+from ftrain.train.faults import fault_point
+from ftrain.workers.dcp_writer import HashingWriter
+from ftrain.workers.integrity import digest_of, to_hex
+from ftrain.workers.manifest import FileEntry, Manifest, encode_manifest
+from ftrain.workers.memory_tier import (
+    UnsafeDirectory,
+    admit,
+    begin_rank,
+    held_bytes,
+    named,
+    prune,
+    rank_dir,
+    ready_root,
+    remove_rank,
+    room,
+    seal_rank,
+    snapshot_dir,
+)
+from ftrain.workers.staging import StagingBuffers, local_bytes
+
+log = structlog.get_logger(__name__)
+T = TypeVar("T")
+NO_DIST: Final = "torch.distributed is disabled, unavailable or uninitialized"
+"""The start of the warning DCP gives at every save and load with `no_dist`: each rank's part is its own on
+purpose, so it is not repeated at every snapshot."""
+warnings.filterwarnings("ignore", message=NO_DIST, category=UserWarning)
+ManifestOf = Callable[[int, int, list[FileEntry]], Manifest]
+Record = Callable[[Snapshotted], None]
+"""Rank 0: hand `snapshotted` to the outbox."""
+
+
+class MemoryTier:
+    """One rank's memory snapshots of the job (`CheckpointConfig.memory_every` set)."""
+
+    def __init__(self, config: CheckpointConfig, manifest: ManifestOf, record: Record | None) -> None:
+        assert config.memory_every is not None and config.memory_root is not None
+        self.every, self.root, self.cap, self.digest = (
+            config.memory_every,
+            config.memory_root,
+            config.memory_cap,
+            config.digest,
+        )
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.group = dist.new_group(backend="gloo")
+        self._manifest, self._record = manifest, record
+        self._buffers = StagingBuffers()
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ftrain-memory")
+        self._inflight: Future[None] | None = None
+        self.newest: int | None = None
+        """The step of this job's newest recorded snapshot (None: none yet)."""
+
+    def ready(self) -> None:
+        """Every rank, at start-up: its node's snapshot directory readied (private, 0700); a directory refused
+        on any rank raises UnsafeDirectory on every rank (the lowest refusing rank's words)."""
+        try:
+            ready_root(self.root)
+            refusal = None
+        except UnsafeDirectory as exc:
+            refusal = str(exc)
+        refused = next((r for r in self._all(refusal) if r is not None), None)
+        if refused is not None:
+            raise UnsafeDirectory(refused)
+
+    def due(self, step: int) -> bool:
+        return step % self.every == 0
+
+    def take(self, step: int, epoch: int, state: Callable[[], dict[str, Any]], attempt: int) -> float:
+        """Stage the state at `step` (`state` gives its state dict) and hand it to the background thread; the
+        seconds the loop was held (waiting for the snapshot before, the state dict, the copy)."""
+        start = time.perf_counter()
+        self.wait()
+        staged = self._buffers.stage(state())
+        self._inflight = self._worker.submit(self._snapshot, step, epoch, staged, attempt)
+        return time.perf_counter() - start
+
+    def wait(self) -> None:
+        """Wait for the snapshot in flight (its failures are logged, never raised)."""
+        inflight, self._inflight = self._inflight, None
+        if inflight is not None:
+            inflight.result()
+
+    def close(self, *, completed: bool) -> None:
+        """Finish the snapshot in flight and stop the thread; `completed` (the run's end state is sealed in
+        the durable tier): remove this rank's snapshots from its node."""
+        self.wait()
+        self._worker.shutdown(wait=True)
+        if completed and remove_rank(self.root, self.rank):
+            log.info("memory_snapshots_removed", path=str(self.root))
+
+    def _snapshot(self, step: int, epoch: int, staged: dict[str, Any], attempt: int) -> None:
+        """Every rank, on the tier's thread: admit, write, seal, record, prune (see the module's docstring)."""
+        try:
+            self._snapshot_of(step, epoch, staged, attempt)
+        except Exception as exc:  # a peer gone mid-collective, a full tmpfs: skip it, never stop training
+            log.warning(
+                "memory_snapshot_failed", step=step, rank=self.rank, error=f"{type(exc).__name__}: {exc}"
+            )
+
+    def _snapshot_of(self, step: int, epoch: int, staged: dict[str, Any], attempt: int) -> None:
+        refusal = self._admission(staged)
+        refused = next(((r, why) for r, why in enumerate(self._all(refusal)) if why is not None), None)
+        if refused is not None:
+            if self.rank == 0:
+                log.warning("memory_snapshot_skipped", step=step, rank=refused[0], reason=refused[1])
+            return
+        written = self._write(step, staged)
+        every: list[list[FileEntry] | str] | None = [[]] * self.world if self.rank == 0 else None
+        dist.gather_object(written, every, dst=0, group=self.group)
+        combined = self._combined(step, epoch, every) if every is not None else None
+        manifest = rank_zeros(combined, self.group)
+        failure = self._seal(manifest, attempt) if isinstance(manifest, Manifest) else str(manifest)
+        failures = self._all(failure)
+        if (first := next((f for f in failures if f is not None), None)) is not None:
+            if self.rank == 0:
+                log.warning("memory_snapshot_failed", step=step, reason=first)
+            prune(self.root, self.rank, self.newest)  # drops this one's part; the newest recorded stays
+            return
+        assert isinstance(manifest, Manifest)
+        if self._record is not None:
+            raw = encode_manifest(manifest)
+            self._record(
+                Snapshotted(
+                    run_id=manifest.run_id,
+                    step=step,
+                    epoch=epoch,
+                    shards=self.world,
+                    uri=snapshot_dir(self.root, step).as_uri(),
+                    checkpoint_hash=to_hex(digest_of(raw)),
+                    size_bytes=manifest.size_bytes,
+                    attempt=attempt,
+                )
+            )
+        self.newest = step
+        prune(self.root, self.rank, step)
+        if self.rank == 0:  # once recorded: a kill here finds the snapshot in the log
+            fault_point("snapshot", step)
+
+    def _admission(self, staged: dict[str, Any]) -> str | None:
+        """Why this rank may not write a snapshot of `staged` now (None: it may)."""
+        need = local_bytes(staged)
+        try:
+            free, total = room(self.root)
+            return admit(need, held_bytes(self.root, self.rank), self.cap, free, total)
+        except OSError as exc:
+            return f"memory snapshot directory unreadable: {exc}"
+
+    def _write(self, step: int, staged: dict[str, Any]) -> list[FileEntry] | str:
+        """This rank's state written alone into its part of the snapshot, hashed as written: its files as the
+        manifest names them, or why the write failed."""
+        try:
+            path = begin_rank(self.root, step, self.rank)
+            writer = HashingWriter(path, sync_files=False, algorithm=self.digest)
+            dcp_save({"app": staged}, storage_writer=writer, no_dist=True)
+            return named(self.rank, writer.entries())
+        except Exception as exc:
+            return f"rank {self.rank}: {type(exc).__name__}: {exc}"
+
+    def _combined(self, step: int, epoch: int, every: list[list[FileEntry] | str]) -> Manifest | str:
+        """Rank 0: the snapshot's manifest over every rank's files, or the first rank's failure."""
+        if failure := next((w for w in every if isinstance(w, str)), None):
+            return failure
+        return self._manifest(
+            step, epoch, [e for files in every if not isinstance(files, str) for e in files]
+        )
+
+    def _seal(self, manifest: Manifest, attempt: int) -> str | None:
+        """This rank's part sealed (the manifest's copy, then the marker), or why not."""
+        try:
+            seal_rank(rank_dir(self.root, manifest.step, self.rank), manifest, attempt)
+        except OSError as exc:
+            return f"rank {self.rank}: {type(exc).__name__}: {exc}"
+        return None
+
+    def _all(self, value: T) -> list[T]:
+        """Every rank's `value`, in rank order, on every rank."""
+        every: list[T] = [value] * self.world
+        dist.all_gather_object(every, value, group=self.group)
+        return every

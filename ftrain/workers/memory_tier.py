@@ -1,0 +1,215 @@
+"""The memory tier's node-local side: where each rank's snapshots live, how much memory they may hold, and how
+one rank's part of a snapshot is sealed, judged and dropped.
+
+A snapshot lives in node-local memory that outlives the trainer process (a tmpfs, /dev/shm by default), as
+`<memory dir>/ftrain-<uid>/<job>/step-<N>/rank-<r>/`: each rank's DCP files (written by that rank alone, so
+they hold all it needs to resume and its node holds them whoever else is lost), then a copy of the
+snapshot's manifest and its completion marker, written last. The manifest lists every rank's files, named
+`rank-<r>/<file>` with their digests; its digest is what the `snapshotted` event records, so each rank checks
+its own files against the log, never against what lies beside them.
+
+The directories are private to their user, as the stage directory is (`host.private_files` decides: 0700,
+a link or another user's directory refused, never adopted); removal never follows a link
+(`host.nofollow`). A rank's snapshots are bounded: a new one is admitted only when it fits the cap (when one
+is set) beside those it holds already, and takes at most half of what the tmpfs has free.
+
+"Unavailable" (no marker: never completed here, or the node lost it) is told from "corrupt" (a completed
+snapshot whose bytes do not match its manifest, or whose manifest does not match the log).
+"""
+
+import os
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Final
+
+import msgspec
+import structlog
+
+from ftrain.host.atomic_file import write_atomic
+from ftrain.host.nofollow import remove_dir
+from ftrain.host.private_files import UnsafeDirectory, check_dir, safe_dir
+from ftrain.workers.integrity import digest_of
+from ftrain.workers.layout import MANIFEST, MARKER
+from ftrain.workers.manifest import FileEntry, Manifest, Marker, encode_manifest
+from ftrain.workers.stage_dir import claim_dir
+from ftrain.workers.storage.file.checkpoint_dir import read_manifest, verify_files
+from ftrain.workers.storage.storage_errors import StorageUnavailable
+
+__all__ = [
+    "FREE_SHARE",
+    "SnapshotUnavailable",
+    "UnsafeDirectory",
+    "admit",
+    "begin_rank",
+    "held_bytes",
+    "judge",
+    "local_entries",
+    "memory_root",
+    "named",
+    "prune",
+    "rank_dir",
+    "ready_root",
+    "remove_rank",
+    "room",
+    "seal_rank",
+    "snapshot_dir",
+]
+log = structlog.get_logger(__name__)
+
+LABEL: Final = "memory snapshot directory"
+CHOOSE: Final = "choose another with FTRAIN_MEMORY_DIR"
+FREE_SHARE: Final = 0.5
+"""The most of the tmpfs's free space one snapshot may take: it is the node's memory, the training's too."""
+_STEP = re.compile(r"step-(\d+)\Z")
+
+
+class SnapshotUnavailable(msgspec.Struct, frozen=True):
+    """This rank's part of a snapshot is not here (never completed on this node, or the node lost it): no
+    defect of the snapshot, and nothing to record as corrupt."""
+
+    reason: str
+
+
+def memory_root(memory_dir: Path, job: str) -> Path:
+    """This user's snapshots of `job` on this node: `<memory dir>/ftrain-<uid>/<job>`."""
+    return memory_dir / f"ftrain-{os.getuid()}" / job
+
+
+def snapshot_dir(root: Path, step: int) -> Path:
+    return root / f"step-{step}"
+
+
+def rank_dir(root: Path, step: int, rank: int) -> Path:
+    return snapshot_dir(root, step) / f"rank-{rank}"
+
+
+def named(rank: int, entries: Sequence[FileEntry]) -> list[FileEntry]:
+    """A rank's files as the snapshot's manifest names them: under `rank-<r>/`."""
+    return [FileEntry(f"rank-{rank}/{e.name}", e.size, e.digest) for e in entries]
+
+
+def local_entries(manifest: Manifest, rank: int) -> list[FileEntry]:
+    """The manifest's files of `rank`, by their names in its own directory."""
+    prefix = f"rank-{rank}/"
+    return [
+        FileEntry(e.name.removeprefix(prefix), e.size, e.digest)
+        for e in manifest.files
+        if e.name.startswith(prefix)
+    ]
+
+
+def ready_root(root: Path) -> Path:
+    """`root` created (0700, with missing parents) unless it exists; UnsafeDirectory unless it is a private
+    directory of this user's below directories no one else controls."""
+    return safe_dir(root, label=LABEL, choose=CHOOSE)
+
+
+def admit(need: int, held: int, cap: int | None, free: int, total: int) -> str | None:
+    """Why a snapshot of `need` bytes may not be written beside the `held` bytes of this rank's snapshots
+    (with `cap` bytes allowed, None: no cap) on a tmpfs of `total` bytes with `free` free; None: it may."""
+    if cap is not None and held + need > cap:
+        return f"{need} bytes beside the {held} held would exceed the cap of {cap} bytes"
+    if need > free * FREE_SHARE:
+        return (
+            f"{need} bytes would take more than {FREE_SHARE:.0%} of the free memory ({free} of {total} free)"
+        )
+    return None
+
+
+def room(root: Path) -> tuple[int, int]:
+    """(free, total) bytes of the file system `root` is on."""
+    stats = os.statvfs(root)
+    return stats.f_bavail * stats.f_frsize, stats.f_blocks * stats.f_frsize
+
+
+def _steps(root: Path) -> list[int]:
+    try:
+        names = os.listdir(root)
+    except FileNotFoundError:
+        return []
+    return sorted(int(m.group(1)) for name in names if (m := _STEP.match(name)))
+
+
+def held_bytes(root: Path, rank: int) -> int:
+    """The bytes of this rank's snapshots under `root` (links neither followed nor counted)."""
+    total = 0
+    for step in _steps(root):
+        try:
+            with os.scandir(rank_dir(root, step, rank)) as found:
+                total += sum(
+                    e.stat(follow_symlinks=False).st_size for e in found if e.is_file(follow_symlinks=False)
+                )
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+    return total
+
+
+def begin_rank(root: Path, step: int, rank: int) -> Path:
+    """A fresh private directory for this rank's part of the snapshot of `step` (what a crashed one left
+    there is removed first, a link there unlinked, never followed)."""
+    step_dir = snapshot_dir(root, step)
+    claim_dir(root, step_dir.name, label=LABEL, choose=CHOOSE)
+    remove_dir(step_dir, f"rank-{rank}", unlink_link=True)
+    claim_dir(step_dir, f"rank-{rank}", label=LABEL, choose=CHOOSE)
+    return step_dir / f"rank-{rank}"
+
+
+def seal_rank(path: Path, manifest: Manifest, attempt: int) -> None:
+    """This rank's copy of the snapshot's manifest, then its completion marker: the part is complete."""
+    raw = encode_manifest(manifest)
+    write_atomic(path / MANIFEST, raw)
+    write_atomic(path / MARKER, msgspec.json.encode(Marker(digest_of(raw), manifest.step, attempt)))
+
+
+def judge(
+    root: Path, step: int, rank: int, expected_hash: str, run_id: str
+) -> Manifest | SnapshotUnavailable | str:
+    """This rank's part of the snapshot of `step`: the manifest when it is the log's (`expected_hash`), of
+    `run_id` at `step`, and every file of this rank's matches it; SnapshotUnavailable when the part never
+    completed here (no marker) or cannot be read; else why it is corrupt."""
+    path = rank_dir(root, step, rank)
+    try:
+        os.lstat(path / MARKER)
+    except OSError as exc:
+        return SnapshotUnavailable(
+            f"rank {rank} has no snapshot of step {step} on this node ({exc.strerror})"
+        )
+    try:
+        check_dir(path, what=f"{LABEL} {path}", choose=CHOOSE)
+        manifest = read_manifest(path, expected_hash, run_id=run_id, step=step)
+        if isinstance(manifest, str):
+            return manifest
+        return verify_files(path, local_entries(manifest, rank)) or manifest
+    except (UnsafeDirectory, StorageUnavailable, OSError) as exc:
+        return SnapshotUnavailable(f"rank {rank}'s snapshot of step {step} unreadable: {exc}")
+
+
+def prune(root: Path, rank: int, keep: int | None) -> None:
+    """Drop this rank's snapshots other than the one of step `keep` (None: all), and step directories left
+    empty. Never follows a link; what cannot be removed is logged and left for the next prune."""
+    for step in _steps(root):
+        if step == keep:
+            continue
+        step_dir = snapshot_dir(root, step)
+        try:
+            remove_dir(step_dir, f"rank-{rank}", first=MARKER)
+            os.rmdir(step_dir)  # the node's last rank of the step removes it
+        except FileNotFoundError:
+            continue
+        except OSError:  # another rank's part is still there, or it cannot be removed now
+            continue
+
+
+def remove_rank(root: Path, rank: int) -> bool:
+    """Remove every snapshot part of this rank (the run completed), and `root` once the node's last rank
+    left it empty; whether `root` is gone. Each rank removes its own: two ranks of a node never race over
+    the same files."""
+    prune(root, rank, None)
+    try:
+        os.rmdir(root)
+    except FileNotFoundError:
+        return True
+    except OSError:  # another rank's parts are still there, or it cannot be removed now
+        return False
+    return True
