@@ -4,6 +4,7 @@ table, and the JSON document both `--json` outputs carry. A term the log cannot 
 from typing import Any
 
 from ftrain.cli.render import table
+from ftrain.events.schema import SNAPSHOT_TIERS
 from ftrain.projections.goodput import TERMS, Goodput
 
 UNKNOWN = "unknown"
@@ -65,7 +66,7 @@ def notes(g: Goodput, status: str) -> dict[str, str]:
 def by_tier(g: Goodput) -> str:
     """`memory 4, durable 15`: the lost steps by the tier each resume loaded from, once the memory tier
     served one (empty otherwise: every resume was from durable storage)."""
-    if "memory" not in g.lost_by_tier:
+    if not any(tier in g.lost_by_tier for tier in SNAPSHOT_TIERS):
         return ""
     return ", ".join(f"{tier} {steps}" for tier, steps in sorted(g.lost_by_tier.items(), reverse=True))
 

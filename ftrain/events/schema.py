@@ -7,7 +7,7 @@ the stored bytes, see `events.chain`).
 
 import typing
 from datetime import UTC, datetime
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 import msgspec
 from msgspec import UNSET, UnsetType
@@ -15,9 +15,12 @@ from msgspec import UNSET, UnsetType
 EVENT_TYPES = (
     "launched", "checkpointed", "snapshotted", "failed", "resumed", "corrupt_skipped", "completed",
 )  # fmt: skip
-Tier = Literal["memory"]
+Tier = Literal["memory", "peer"]
 """Where a copy of the state lives, when not in durable storage: `memory`, node-local memory (a private
-tmpfs that outlives the trainer process). Unset on an event: the durable tier, as every log before tiers."""
+tmpfs that outlives the trainer process); `peer`, the same snapshot, some ranks' parts sent back from the
+replicas their buddies' nodes held. Unset on an event: the durable tier, as every log before tiers."""
+SNAPSHOT_TIERS: tuple[Tier, ...] = get_args(Tier)
+"""The tiers whose copies are the run's memory snapshot."""
 FAILURE_REASONS: tuple[str, ...] = (
     "preempted", "node-failure", "oom", "exit-code", "signal", "unknown",
     "lost",  # its supervisor stopped renewing its lease (recorded by the relaunch that took it over)

@@ -61,7 +61,7 @@ class Goodput(msgspec.Struct, frozen=True, kw_only=True):
     """Whether a restart's recomputed time is lost steps × a pace (its trainer did not time the lost steps)."""
     lost_by_tier: dict[str, int] = msgspec.field(default_factory=dict)
     """The lost steps of the restarts that reported them, by the tier that served each one's resume
-    (`durable`, `memory`): what the memory tier saves shows here."""
+    (`durable`, `memory`, `peer`): what the memory tier saves shows here."""
 
     @property
     def ratio(self) -> float | None:
@@ -84,7 +84,7 @@ class _Attempt:
     failed_at: datetime | None = None
     saves: list[Checkpointed] = field(default_factory=list)
     tier: str = "durable"
-    """The tier its resume loaded from: `durable`, or `memory` (a `resumed` naming it)."""
+    """The tier its resume loaded from: `durable`, or `memory` or `peer` (a `resumed` naming it)."""
 
     @property
     def loop_start(self) -> datetime | None:

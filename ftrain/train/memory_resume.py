@@ -9,6 +9,10 @@ nothing against the snapshot; a part whose bytes do not match makes every rank s
 `corrupt_skipped` with `tier: memory`. Only when every part is clean does each rank load its own part with
 DCP, alone, `.metadata` parsed only once its bytes matched, every pickle through the allowlist (the durable
 resume's reader and planner); rank 0 then records `resumed` with `tier: memory`.
+
+On a job of several nodes, where some ranks' parts are not on their nodes (a node lost whole) but every one
+of them has a verified replica on its buddy's node, those parts are sent back first (`peer_resume`), judged
+again on arrival as any part, and the outcome is recorded with `tier: peer`.
 """
 
 import structlog
@@ -18,6 +22,8 @@ from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
 from ftrain.domain.lifecycle import ResumeIntent, SkipIntent, SnapshotRef, resumed_line, skipped_line
+from ftrain.events.schema import Tier
+from ftrain.train.peer_resume import fetch_replicas
 from ftrain.train.snapshots import MemoryTier
 from ftrain.train.state import TrainState
 from ftrain.workers.dcp_reader import RestrictedLoadPlanner, VerifiedReader, load_metadata
@@ -43,7 +49,7 @@ def resume_from_memory(
     """Every rank: load the snapshot of `candidate` (the same on every rank) into `state` when every rank's
     part is there and verified; whether it was loaded. Rank 0 records the outcome (see the module)."""
     snap = candidate.recorded
-    verdict = _loaded(tier, snap.step, snap.checkpoint_hash, run_name, state)
+    verdict, via = _loaded(tier, snap.step, snap.checkpoint_hash, run_name, state, attempt)
     if verdict is None:
         if tier.rank == 0:
             resumed = ResumeIntent(
@@ -53,7 +59,7 @@ def resume_from_memory(
                 saved_world=snap.shards,
                 world=tier.world,
                 data=state.data.position.position() if state.data and state.data.position else None,
-                tier="memory",
+                tier=via,
             )
             if recorder is not None:
                 recorder.record(resumed)
@@ -67,23 +73,48 @@ def resume_from_memory(
         else:
             if recorder is not None:
                 recorder.record(
-                    SkipIntent(
-                        checkpoint_hash=snap.checkpoint_hash, step=snap.step, reason=verdict, tier="memory"
-                    )
+                    SkipIntent(checkpoint_hash=snap.checkpoint_hash, step=snap.step, reason=verdict, tier=via)
                 )
-            print(skipped_line(snap.step, f"(memory) {verdict}"), flush=True)
+            print(skipped_line(snap.step, f"({via}) {verdict}"), flush=True)
     return False
 
 
-def _loaded(tier: MemoryTier, step: int, expected: str, run_name: str, state: TrainState) -> Verdict:
-    """Every rank's verdict on its part, combined; when all are clean, each rank's part loaded (a failure of
-    the load combined the same way). The same on every rank."""
+def _loaded(
+    tier: MemoryTier, step: int, expected: str, run_name: str, state: TrainState, attempt: int
+) -> tuple[Verdict, Tier]:
+    """Every rank's verdict on its part, combined, and the tier it came from (`peer`: some part was sent
+    back from its replica); when all are clean, each rank's part loaded (a failure of the load combined the
+    same way). The same on every rank."""
+    manifest, mine = _judged(tier, step, expected, run_name)
+    every = _every(mine, tier)
+    missing = [r for r, v in enumerate(every) if isinstance(v, SnapshotUnavailable)]
+    via: Tier = "memory"
+    if (
+        missing
+        and tier.buddy is not None
+        and not any(isinstance(v, str) for v in every)
+        and fetch_replicas(tier, step, expected, run_name, missing, attempt)
+    ):
+        via = "peer"
+        manifest, mine = _judged(tier, step, expected, run_name)
+        every = _every(mine, tier)
+    if (verdict := _worst(every)) is not None or manifest is None:
+        return verdict, via
+    return _load(tier, step, manifest, state), via
+
+
+def _judged(tier: MemoryTier, step: int, expected: str, run_name: str) -> tuple[Manifest | None, Verdict]:
+    """This rank's part on its node: its manifest when clean, else its verdict."""
     judged = judge(tier.root, step, tier.rank, expected, run_name)
-    manifest, mine = (judged, None) if isinstance(judged, Manifest) else (None, judged)
-    if manifest is not None and manifest.world_size != tier.world:
-        mine = SnapshotUnavailable(f"saved by {manifest.world_size} ranks, resumed by {tier.world}")
-    if (verdict := _combined(mine, tier)) is not None or manifest is None:
-        return verdict
+    if not isinstance(judged, Manifest):
+        return None, judged
+    if judged.world_size != tier.world:
+        return None, SnapshotUnavailable(f"saved by {judged.world_size} ranks, resumed by {tier.world}")
+    return judged, None
+
+
+def _load(tier: MemoryTier, step: int, manifest: Manifest, state: TrainState) -> Verdict:
+    """Each rank's clean part loaded into `state`; the verdicts on the load, combined."""
     path = rank_dir(tier.root, step, tier.rank)
     failure: Verdict = None
     try:
@@ -113,7 +144,17 @@ def _loaded(tier: MemoryTier, step: int, expected: str, run_name: str, state: Tr
 def _combined(verdict: Verdict, tier: MemoryTier) -> Verdict:
     """Every rank's verdict, the same on each: a corrupt part first (it is recorded), else an unavailable
     one, else None."""
+    return _worst(_every(verdict, tier))
+
+
+def _every(verdict: Verdict, tier: MemoryTier) -> list[Verdict]:
+    """Every rank's verdict, in rank order, on every rank."""
     every: list[Verdict] = [None] * tier.world
     dist.all_gather_object(every, verdict, group=tier.group)
+    return every
+
+
+def _worst(every: list[Verdict]) -> Verdict:
+    """A corrupt part first (it is recorded), else an unavailable one, else None."""
     corrupt = next((v for v in every if isinstance(v, str)), None)
     return corrupt if corrupt is not None else next((v for v in every if v is not None), None)

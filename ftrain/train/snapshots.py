@@ -12,8 +12,14 @@ every part is sealed rank 0 records `snapshotted` through the outbox, and each r
 snapshots. Every collective runs in the same order on every rank, in that one thread; a snapshot starts only
 once the previous one is done (the loop waits for it, as the durable pipeline waits for its save in flight);
 a failure of any kind skips the snapshot, logged, and training goes on.
+
+On a job of several nodes, once a snapshot is recorded, each rank on that same thread sends its part to its
+buddy (`memory_tier.buddy`: the same local rank on the next node) while receiving its source's, which it
+verifies against the manifest and seals as `replica-<source>` (a mismatch: dropped, logged). Training never
+waits on it unless it is still going when the next snapshot is due: a slow peer makes the replica late.
 """
 
+import os
 import time
 import warnings
 from collections.abc import Callable
@@ -28,6 +34,7 @@ from ftrain.events.schema import Snapshotted
 from ftrain.train.agreement import rank_zeros
 from ftrain.train.config import CheckpointConfig
 from ftrain.train.faults import fault_point
+from ftrain.train.replication import swap
 from ftrain.workers.dcp_writer import HashingWriter
 from ftrain.workers.integrity import digest_of, to_hex
 from ftrain.workers.manifest import FileEntry, Manifest, encode_manifest
@@ -35,7 +42,11 @@ from ftrain.workers.memory_tier import (
     UnsafeDirectory,
     admit,
     begin_rank,
+    buddy,
+    concatenated,
     held_bytes,
+    keep_replica,
+    local_entries,
     named,
     prune,
     rank_dir,
@@ -70,6 +81,11 @@ class MemoryTier:
             config.digest,
         )
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.local_world = int(os.environ.get("LOCAL_WORLD_SIZE", self.world))
+        self.buddy = buddy(self.rank, self.local_world, self.world)
+        """The rank on the next node that holds this rank's replica (None: one node, no replication)."""
+        self.source = None if self.buddy is None else (self.rank - self.local_world) % self.world
+        """The rank whose replica this one holds."""
         self.group = dist.new_group(backend="gloo")
         self._manifest, self._record = manifest, record
         self._buffers = StagingBuffers()
@@ -113,7 +129,7 @@ class MemoryTier:
         the durable tier): remove this rank's snapshots from its node."""
         self.wait()
         self._worker.shutdown(wait=True)
-        if completed and remove_rank(self.root, self.rank):
+        if completed and remove_rank(self.root, self.rank, self.source):
             log.info("memory_snapshots_removed", path=str(self.root))
 
     def _snapshot(self, step: int, epoch: int, staged: dict[str, Any], attempt: int) -> None:
@@ -142,7 +158,7 @@ class MemoryTier:
         if (first := next((f for f in failures if f is not None), None)) is not None:
             if self.rank == 0:
                 log.warning("memory_snapshot_failed", step=step, reason=first)
-            prune(self.root, self.rank, self.newest)  # drops this one's part; the newest recorded stays
+            prune(self.root, self.rank, self.newest, self.source)  # drops this one; the newest recorded stays
             return
         assert isinstance(manifest, Manifest)
         if self._record is not None:
@@ -160,16 +176,21 @@ class MemoryTier:
                 )
             )
         self.newest = step
-        prune(self.root, self.rank, step)
+        prune(self.root, self.rank, step, self.source)
+        if self.buddy is not None:
+            replicas = self._all(self._replicate(manifest, attempt))
+            if self.rank == 0:
+                log.info("memory_replicated", step=step, replicas=sum(replicas), of=self.world)
         if self.rank == 0:  # once recorded: a kill here finds the snapshot in the log
             fault_point("snapshot", step)
 
     def _admission(self, staged: dict[str, Any]) -> str | None:
-        """Why this rank may not write a snapshot of `staged` now (None: it may)."""
-        need = local_bytes(staged)
+        """Why this rank may not write a snapshot of `staged` now (None: it may). Replicating, it will hold its
+        source's part beside its own: as large, ranks of a node holding alike."""
+        need = local_bytes(staged) * (1 if self.buddy is None else 2)
         try:
             free, total = room(self.root)
-            return admit(need, held_bytes(self.root, self.rank), self.cap, free, total)
+            return admit(need, held_bytes(self.root, self.rank, self.source), self.cap, free, total)
         except OSError as exc:
             return f"memory snapshot directory unreadable: {exc}"
 
@@ -191,6 +212,25 @@ class MemoryTier:
         return self._manifest(
             step, epoch, [e for files in every if not isinstance(files, str) for e in files]
         )
+
+    def _replicate(self, manifest: Manifest, attempt: int) -> bool:
+        """Send this rank's part of `manifest`'s snapshot to its buddy while receiving its source's, which is
+        kept, verified against the manifest and sealed, or dropped (logged); whether it was kept. A failure
+        is logged, never raised: the snapshot stands without its replica."""
+        assert self.buddy is not None and self.source is not None
+        step, theirs = manifest.step, local_entries(manifest, self.source)
+        try:
+            mine = concatenated(rank_dir(self.root, step, self.rank), local_entries(manifest, self.rank))
+            sent = swap(self.group, self.buddy, mine, self.source, sum(e.size for e in theirs))
+            dropped = keep_replica(self.root, step, self.source, manifest, sent, attempt)
+        except Exception as exc:  # a peer gone, a full tmpfs: the replica is missing, the snapshot stands
+            log.warning(
+                "memory_replica_failed", step=step, source=self.source, error=f"{type(exc).__name__}: {exc}"
+            )
+            return False
+        if dropped is not None:
+            log.warning("memory_replica_dropped", step=step, source=self.source, reason=dropped)
+        return dropped is None
 
     def _seal(self, manifest: Manifest, attempt: int) -> str | None:
         """This rank's part sealed (the manifest's copy, then the marker), or why not."""

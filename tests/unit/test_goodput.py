@@ -11,6 +11,7 @@ import msgspec
 import pytest
 from msgspec import UNSET
 
+from ftrain.cli.goodput_view import by_tier
 from ftrain.domain.lifecycle import RunState, apply
 from ftrain.events.chain import ChainHead
 from ftrain.events.schema import (
@@ -362,3 +363,8 @@ def test_the_lost_steps_are_told_apart_by_the_tier_each_resume_loaded_from() -> 
     g = log.measure()
     assert (g.lost_steps, g.lost_by_tier) == (5, {"memory": 2, "durable": 3})
     assert failed_and_resumed().measure().lost_by_tier == {"durable": 4}
+    assert by_tier(g) == "memory 2, durable 3"
+    assert (
+        by_tier(msgspec.structs.replace(g, lost_by_tier={"peer": 2, "durable": 3})) == "peer 2, durable 3"
+    ), "a resume from a peer's replica is the memory tier's too"
+    assert by_tier(failed_and_resumed().measure()) == "", "durable storage alone: nothing to tell apart"

@@ -1,6 +1,7 @@
 """The memory tier's node-local side on real files: its layout, its confinement (private, never through a
 link, never another user's), the cap, a part judged unavailable or corrupt, and the drop of older
-snapshots."""
+snapshots; the replicas held for another node's rank (its buddy pairing, its layout, its verification on
+arrival, its drop with the older snapshots) and a part restored from one at resume."""
 
 import os
 from collections.abc import Callable
@@ -11,14 +12,18 @@ import pytest
 
 from ftrain import settings
 from ftrain.workers.integrity import digest_of, to_hex
+from ftrain.workers.layout import MANIFEST
 from ftrain.workers.manifest import FileEntry, Manifest, encode_manifest
 from ftrain.workers.memory_tier import (
     SnapshotUnavailable,
     UnsafeDirectory,
     admit,
     begin_rank,
+    buddy,
+    concatenated,
     held_bytes,
     judge,
+    keep_replica,
     local_entries,
     memory_root,
     named,
@@ -26,6 +31,8 @@ from ftrain.workers.memory_tier import (
     rank_dir,
     ready_root,
     remove_rank,
+    replica_dir,
+    restore_part,
     seal_rank,
 )
 
@@ -168,3 +175,66 @@ def test_older_snapshots_are_dropped_as_new_ones_land_and_a_completed_run_remove
     assert held_bytes(root, 0) < per_rank
     assert not remove_rank(root, 0) and root.exists(), "rank 1's part is still there"
     assert remove_rank(root, 1) and not root.exists(), "the node's last rank removes the job's directory"
+
+
+def test_each_rank_is_paired_with_the_same_local_rank_on_the_next_node_and_one_node_has_none() -> None:
+    assert [buddy(r, 2, 4) for r in range(4)] == [2, 3, 0, 1], "2 nodes of 2: across, never beside"
+    assert [buddy(r, 2, 6) for r in range(6)] == [2, 3, 4, 5, 0, 1], "a ring over 3 nodes"
+    assert [buddy(r, 1, 2) for r in range(2)] == [1, 0]
+    assert buddy(0, 2, 2) is None and buddy(1, 4, 4) is None, "one node: no other node to hold a replica"
+
+
+def _replica(
+    tmp_path: Path, sent: Callable[[bytes], bytes] = bytes
+) -> tuple[Path, Manifest, str, str | None]:
+    """Node A's snapshot of step 10, and rank 0's part of it arrived at node B as `sent` makes it: node B's
+    root, the manifest, its digest, and why the replica was dropped (None: kept)."""
+    node_a, node_b = (ready_root(memory_root(tmp_path / n, "job")) for n in ("a", "b"))
+    expected = _snapshot(node_a, 10)
+    manifest = judge(node_a, 10, 0, expected, RUN)
+    assert isinstance(manifest, Manifest)
+    part = concatenated(rank_dir(node_a, 10, 0), local_entries(manifest, 0))
+    return node_b, manifest, expected, keep_replica(node_b, 10, 0, manifest, sent(part), attempt=1)
+
+
+def test_a_replica_is_verified_on_arrival_and_sealed_as_a_part_or_dropped(tmp_path: Path) -> None:
+    node_b, _, expected, dropped = _replica(tmp_path / "kept")
+    assert dropped is None and replica_dir(node_b, 10, 0) == node_b / "step-10" / "replica-0"
+    assert isinstance(judge(node_b, 10, 0, expected, RUN, replica=True), Manifest)
+    assert isinstance(judge(node_b, 10, 0, expected, RUN), SnapshotUnavailable), "not rank 0's own part"
+
+    node_b, *_, dropped = _replica(tmp_path / "flipped", lambda b: b[:-1] + bytes([b[-1] ^ 1]))
+    assert dropped == "file __0_0.distcp hash mismatch" and not replica_dir(node_b, 10, 0).exists()
+    node_b, *_, dropped = _replica(tmp_path / "short", lambda b: b[:5])
+    assert dropped == "5 bytes received, the manifest lists 14" and not replica_dir(node_b, 10, 0).exists()
+
+
+def test_replicas_count_against_the_cap_and_are_dropped_with_older_snapshots(tmp_path: Path) -> None:
+    root = ready_root(memory_root(tmp_path, "job"))
+    for step in (10, 20):
+        _snapshot(root, step)
+        replica = begin_rank(root, step, 3, replica=True)
+        (replica / "__0_0.distcp").write_bytes(b"x" * 100)
+    assert held_bytes(root, 0, source=3) == held_bytes(root, 0) + 200
+    prune(root, 0, keep=20, source=3)
+    assert not replica_dir(root, 10, 3).exists() and replica_dir(root, 20, 3).exists()
+    assert (root / "step-10" / "rank-1").exists(), "rank 1's part is its own to drop"
+    prune(root, 1, keep=20)
+    assert sorted(p.name for p in root.iterdir()) == ["step-20"]
+    assert not remove_rank(root, 0, source=3) and not replica_dir(root, 20, 3).exists()
+    assert remove_rank(root, 1) and not root.exists()
+
+
+def test_a_part_sent_back_is_restored_only_with_the_manifest_the_log_vouches_for(tmp_path: Path) -> None:
+    node_b, manifest, expected, _ = _replica(tmp_path)
+    path = replica_dir(node_b, 10, 0)
+    raw, files = (path / MANIFEST).read_bytes(), concatenated(path, local_entries(manifest, 0))
+    node_a = ready_root(memory_root(tmp_path / "a-again", "job"))
+    assert restore_part(node_a, 10, 0, "0" * 64, 2, raw, files) == (
+        "the manifest sent is not the one the log vouches for"
+    )
+    assert isinstance(judge(node_a, 10, 0, expected, RUN), SnapshotUnavailable), "nothing written"
+    assert restore_part(node_a, 10, 0, expected, 2, raw, files) is None
+    assert isinstance(judge(node_a, 10, 0, expected, RUN), Manifest), "judged as any part before it is used"
+    restore_part(node_a, 10, 0, expected, 2, raw, files[:-1] + b"!")
+    assert judge(node_a, 10, 0, expected, RUN) == "file __0_0.distcp hash mismatch", "corrupt, not loaded"

@@ -172,6 +172,26 @@ def test_the_outbox_intents_decide_the_memory_events() -> None:
         check(state, unknown)
 
 
+def test_a_resume_served_by_a_peers_replica_is_the_snapshots_as_from_memory() -> None:
+    at = T0 + timedelta(hours=1)
+    state = fold(launched(), durable(20), snap(25), FAILED)
+    intent = ResumeIntent(checkpoint_hash=f"{1025:064x}", step=25, attempt=2, tier="peer")
+    event = decide_intent(state, intent, "i", at)
+    assert isinstance(event, Resumed) and (event.checkpoint_seq, event.tier) == (3, "peer")
+    check(state, event)
+    assert decode_event(encode_event(event)) == event
+    refused((launched(), durable(20), snap(25), snap(30), FAILED), msgspec.structs.replace(event, step=25),
+            f"run {RUN} must resume from memory only from its newest valid snapshot newer than its durable "
+            "checkpoints, not seq 3")  # fmt: skip
+    skip = decide_intent(
+        state, SkipIntent(checkpoint_hash=f"{1025:064x}", step=25, reason="bad", tier="peer"), "i", at
+    )
+    assert isinstance(skip, CorruptSkipped) and (skip.checkpoint_seq, skip.tier) == (3, "peer")
+    skipped = fold(launched(), durable(20), snap(25), FAILED, skip)
+    assert skipped.snapshot is not None and skipped.snapshot.status == "corrupt"
+    assert skipped.memory_candidate() is None, "a snapshot corrupt from a peer is not tried again"
+
+
 def test_a_log_from_before_the_tier_reads_and_folds_as_before() -> None:
     old_resumed = b'{"type":"resumed","run_id":"r","checkpoint_seq":2,"step":20,"epoch":0,"uri":"u20",'
     old_resumed += b'"checkpoint_hash":"' + f"{20:064x}".encode() + b'","resume_count":1}'

@@ -21,6 +21,7 @@ from ftrain.domain.lifecycle.intents import (
 from ftrain.domain.lifecycle.judge import IllegalTransition, check_open
 from ftrain.domain.lifecycle.run_state import CheckpointRef, RunState
 from ftrain.events.schema import (
+    SNAPSHOT_TIERS,
     AnyEvent,
     Checkpointed,
     CheckpointPolicy,
@@ -224,9 +225,9 @@ def _intent_event(state: RunState, intent: Intent, at: datetime) -> AnyEvent | N
         if known is not None and known.recorded.checkpoint_hash == intent.snapshotted.checkpoint_hash:
             return None
         return msgspec.structs.replace(intent.snapshotted, run_id=state.run_id)
-    if isinstance(intent, SkipIntent) and intent.tier == "memory":
+    if isinstance(intent, SkipIntent) and intent.tier in SNAPSHOT_TIERS:
         return _memory_skip(state, intent)
-    if isinstance(intent, ResumeIntent) and intent.tier == "memory":
+    if isinstance(intent, ResumeIntent) and intent.tier in SNAPSHOT_TIERS:
         return _memory_resume(state, intent, forced=running)
     if isinstance(intent, SkipIntent):
         ref = _by_hash(state, intent.checkpoint_hash) or _unknown(intent.checkpoint_hash, intent.step, at)
@@ -276,7 +277,7 @@ def _memory_skip(state: RunState, intent: SkipIntent) -> CorruptSkipped | None:
         step=intent.step,
         uri=uri,
         reason=intent.reason,
-        tier="memory",
+        tier=intent.tier or UNSET,
     )
 
 
@@ -299,7 +300,7 @@ def _memory_resume(state: RunState, intent: ResumeIntent, *, forced: bool) -> Re
         saved_world=intent.saved_world or UNSET,
         world=intent.world or UNSET,
         data=intent.data or UNSET,
-        tier="memory",
+        tier=intent.tier or UNSET,
     )
 
 

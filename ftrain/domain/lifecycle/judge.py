@@ -10,6 +10,7 @@ from msgspec import UnsetType
 from ftrain.domain.lifecycle.run_state import CheckpointRef, RunState, SnapshotRef
 from ftrain.events.chain import ChainHead
 from ftrain.events.schema import (
+    SNAPSHOT_TIERS,
     AnyEvent,
     Checkpointed,
     Completed,
@@ -66,7 +67,7 @@ def check(state: RunState | None, event: AnyEvent) -> None:
             )
     elif isinstance(event, Snapshotted):
         _check_snapshot(state, event)
-    elif isinstance(event, CorruptSkipped) and event.tier == "memory":
+    elif isinstance(event, CorruptSkipped) and event.tier in SNAPSHOT_TIERS:
         snap = state.snapshot
         if (
             snap is None
@@ -151,7 +152,7 @@ def _check_resume(state: RunState, event: Resumed) -> None:
             )
     if len(set(hosts)) != len(hosts):
         raise IllegalTransition(f"run {state.run_id}: an attempt names each of its nodes once")
-    if event.tier == "memory":
+    if event.tier in SNAPSHOT_TIERS:
         _check_memory_resume(state, event)
         return
     if event.checkpoint_seq == 0:
@@ -208,7 +209,7 @@ def apply(state: RunState | None, event: AnyEvent, head: ChainHead) -> RunState:
         changes.update(step=event.step, epoch=event.epoch, checkpoints=(*retire(state, event), ref))
     elif isinstance(event, Snapshotted):
         changes["snapshot"] = SnapshotRef(recorded=event, resumes=state.resume_count)
-    elif isinstance(event, CorruptSkipped) and event.tier == "memory":
+    elif isinstance(event, CorruptSkipped) and event.tier in SNAPSHOT_TIERS:
         assert state.snapshot is not None  # checked
         changes["snapshot"] = msgspec.structs.replace(state.snapshot, status="corrupt", reason=event.reason)
     elif isinstance(event, CorruptSkipped):
