@@ -47,6 +47,9 @@ STOP_AT: Final = "FTRAIN_STOP_AT"
 KILL_ONCE: Final = "FTRAIN_KILL_ONCE"
 STEP_DELAY: Final = "FTRAIN_STEP_DELAY"
 """Seconds every rank sleeps after each optimizer step (failure injection: a slower job to act on mid-run)."""
+REPLICA_DELAY: Final = "FTRAIN_REPLICA_DELAY"
+"""Seconds each rank that has it sleeps before each exchange of memory snapshot replicas with its buddy
+(failure injection: a slow link to the peer node; set on one node's ranks alone)."""
 RUN_ID: Final = "FTRAIN_RUN_ID"
 """Set by `ftrain run` for the trainer: the run it records into."""
 CKPT_DIR: Final = "FTRAIN_CKPT_DIR"
@@ -300,13 +303,24 @@ def kill_once(env: Env = os.environ) -> Path | None:
 def step_delay(env: Env = os.environ) -> float:
     """How long each rank sleeps at the `step` point (0 unless set): a job slowed down, so that a test or an
     experiment can act while it trains, whatever the machine's speed. At most a minute: a typo must not hang."""
-    text = _get(env, STEP_DELAY) or "0"
+    return _delay(env, STEP_DELAY)
+
+
+def replica_delay(env: Env = os.environ) -> float:
+    """How long this rank sleeps before each exchange of replicas with its buddy (0 unless set): a slow peer,
+    whose replica is late, on any machine. At most a minute, as `step_delay`."""
+    return _delay(env, REPLICA_DELAY)
+
+
+def _delay(env: Env, name: str) -> float:
+    """Seconds from 0 to MAX_STEP_DELAY in `name` (0 unless set); InvalidSetting otherwise."""
+    text = _get(env, name) or "0"
     try:
         seconds = float(text)
     except ValueError:
         seconds = math.nan
     if not 0 <= seconds <= MAX_STEP_DELAY:  # nan too
-        raise InvalidSetting(f"{STEP_DELAY}={text!r}: expected seconds from 0 to {MAX_STEP_DELAY:g}")
+        raise InvalidSetting(f"{name}={text!r}: expected seconds from 0 to {MAX_STEP_DELAY:g}")
     return seconds
 
 

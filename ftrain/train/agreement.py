@@ -4,7 +4,8 @@ A rank that raises alone leaves its peers waiting in the next collective until t
 refusal is said only on rank 0 (`process_exit.say_once`): when another rank was the one to refuse, or rank 0
 was still connecting a process group as its peer left (gloo's `connectFullMesh failed`), nobody said why.
 Deciding together (one small all-reduce when nobody refused) lets every rank raise at the same point.
-`rank_zeros` is the other half: what rank 0 alone decided (a plan, an outcome, a header), on every rank.
+`any_rank` is the same agreement on a plain flag; `rank_zeros` is the other half: what rank 0 alone decided
+(a plan, an outcome, a header), on every rank.
 """
 
 from typing import TypeVar
@@ -25,6 +26,13 @@ def lowest_refusal(mine: str | None, group: dist.ProcessGroup) -> tuple[int, str
     every: list[str | None] = [None] * dist.get_world_size(group)
     dist.all_gather_object(every, mine, group=group)
     return next((rank, words) for rank, words in enumerate(every) if words is not None)
+
+
+def any_rank(mine: bool, group: dist.ProcessGroup) -> bool:
+    """Whether `mine` holds on any rank of `group` (one small all-reduce), the same answer on every rank."""
+    flag = torch.tensor([mine], dtype=torch.uint8)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+    return bool(flag.item())
 
 
 def rank_zeros(value: T | None, group: dist.ProcessGroup) -> T:

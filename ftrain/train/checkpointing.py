@@ -343,8 +343,8 @@ class CheckpointManager:
             else None
         )
         """The memory tier under the durable checkpoints (None: off)."""
-        memory_group = self._memory.group if self._memory is not None else None
-        self._groups = [g for g in (self.group, self._due_group, memory_group) if g is not None]
+        memory_groups = [self._memory.group, self._memory.loop_group] if self._memory is not None else []
+        self._groups = [g for g in (self.group, self._due_group, *memory_groups) if g is not None]
         """The groups this manager made, destroyed by `close`."""
         self._stopping = False
         self._last_save = time.monotonic()

@@ -13,6 +13,8 @@ test).
 
 `FTRAIN_STEP_DELAY=<seconds>` (0–60) slows the job instead: every rank sleeps that long at each `step` point,
 so that a test or an experiment can act while the job trains (cut a link, kill a server) on any machine.
+`FTRAIN_REPLICA_DELAY=<seconds>` (0–60), set on one node's ranks, slows that node's link to its peer: each of
+its ranks sleeps that long at the `replicate` point, before exchanging memory snapshot replicas with its buddy.
 """
 
 import os
@@ -26,13 +28,16 @@ from ftrain.host.private_files import FILE_MODE, private_dir
 _KILLS = settings.kill_targets()  # at import: a typo fails the trainer before it trains
 _STOPS = settings.stop_targets()
 _DELAY = settings.step_delay()
+_REPLICA_DELAY = settings.replica_delay()
 
 
 def fault_point(point: str, step: int) -> None:
     """Kill (or stop) the job here if FTRAIN_KILL_AT (FTRAIN_STOP_AT) names this point and step; sleep
-    FTRAIN_STEP_DELAY at every `step`."""
+    FTRAIN_STEP_DELAY at every `step`, FTRAIN_REPLICA_DELAY at every `replicate`."""
     if point == "step" and _DELAY:
         time.sleep(_DELAY)
+    if point == "replicate" and _REPLICA_DELAY:
+        time.sleep(_REPLICA_DELAY)
     if (point, step) in _KILLS and _first_time(f"{point}-{step}"):
         _signal_job(signal.SIGKILL)
     if (point, step) in _STOPS and _first_time(f"stop-{point}-{step}"):

@@ -9,14 +9,19 @@ into its private directory (`workers.memory_tier`). On a gloo group of the tier'
 group, never the durable pipeline's) every rank's admission is agreed, its files gathered by rank 0, which
 builds the manifest (every rank's files under `rank-<r>/`) and sends it to every rank to seal its part; once
 every part is sealed rank 0 records `snapshotted` through the outbox, and each rank drops its older
-snapshots. Every collective runs in the same order on every rank, in that one thread; a snapshot starts only
-once the previous one is done (the loop waits for it, as the durable pipeline waits for its save in flight);
-a failure of any kind skips the snapshot, logged, and training goes on.
+snapshots. Every collective runs in the same order on every rank, in that one thread; a failure of any kind
+skips the snapshot, logged, and training goes on.
 
 On a job of several nodes, once a snapshot is recorded, each rank on that same thread sends its part to its
 buddy (`memory_tier.buddy`: the same local rank on the next node) while receiving its source's, which it
-verifies against the manifest and seals as `replica-<source>` (a mismatch: dropped, logged). Training never
-waits on it unless it is still going when the next snapshot is due: a slow peer makes the replica late.
+verifies against the manifest and seals as `replica-<source>` (a mismatch: dropped, logged).
+
+Training never waits on that thread: a snapshot starts only once every rank's previous one is done, and
+when one is still going at the next snapshot step (a slow peer, a slow write) every rank skips that step,
+rank 0 logging `memory_snapshot_skipped` with the count so far. The ranks agree on it from the loop, on a
+gloo group of the loop's own (the thread owns the tier's group; the training group may be NCCL), so their
+threads stay in lock-step: no rank snapshots a step another skipped. A slow peer makes snapshots sparser
+and the replica late, never the loop slower.
 """
 
 import os
@@ -31,7 +36,7 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from ftrain.events.schema import Snapshotted
-from ftrain.train.agreement import rank_zeros
+from ftrain.train.agreement import any_rank, rank_zeros
 from ftrain.train.config import CheckpointConfig
 from ftrain.train.faults import fault_point
 from ftrain.train.replication import swap
@@ -87,12 +92,17 @@ class MemoryTier:
         self.source = None if self.buddy is None else (self.rank - self.local_world) % self.world
         """The rank whose replica this one holds."""
         self.group = dist.new_group(backend="gloo")
+        """The tier's thread's group: every collective of a snapshot."""
+        self.loop_group = dist.new_group(backend="gloo")
+        """The training loop's group: whether every rank's snapshot in flight is done (`take`)."""
         self._manifest, self._record = manifest, record
         self._buffers = StagingBuffers()
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ftrain-memory")
         self._inflight: Future[None] | None = None
         self.newest: int | None = None
         """The step of this job's newest recorded snapshot (None: none yet)."""
+        self.skipped = 0
+        """The snapshot steps skipped so far because a rank's previous snapshot was still in flight."""
 
     def ready(self) -> None:
         """Every rank, at start-up: its node's snapshot directory readied (private, 0700); a directory refused
@@ -110,13 +120,31 @@ class MemoryTier:
         return step % self.every == 0
 
     def take(self, step: int, epoch: int, state: Callable[[], dict[str, Any]], attempt: int) -> float:
-        """Stage the state at `step` (`state` gives its state dict) and hand it to the background thread; the
-        seconds the loop was held (waiting for the snapshot before, the state dict, the copy)."""
+        """Stage the state at `step` (`state` gives its state dict) and hand it to the background thread,
+        unless a rank's previous snapshot is still in flight (then every rank skips `step`); the seconds the
+        loop was held (agreeing, the state dict, the copy)."""
         start = time.perf_counter()
-        self.wait()
+        if self._in_flight(step):
+            return time.perf_counter() - start
+        self.wait()  # done on every rank: its outcome collected, never waited for
         staged = self._buffers.stage(state())
         self._inflight = self._worker.submit(self._snapshot, step, epoch, staged, attempt)
         return time.perf_counter() - start
+
+    def _in_flight(self, step: int) -> bool:
+        """Whether any rank's previous snapshot is still in flight, agreed by every rank; if so, the
+        snapshot of `step` is skipped (counted, rank 0 logs it)."""
+        if not any_rank(self._inflight is not None and not self._inflight.done(), self.loop_group):
+            return False
+        self.skipped += 1
+        if self.rank == 0:
+            log.warning(
+                "memory_snapshot_skipped",
+                step=step,
+                reason="the previous snapshot is still in flight (a slow peer or write)",
+                skipped=self.skipped,
+            )
+        return True
 
     def wait(self) -> None:
         """Wait for the snapshot in flight (its failures are logged, never raised)."""
@@ -219,6 +247,7 @@ class MemoryTier:
         is logged, never raised: the snapshot stands without its replica."""
         assert self.buddy is not None and self.source is not None
         step, theirs = manifest.step, local_entries(manifest, self.source)
+        fault_point("replicate", step)
         try:
             mine = concatenated(rank_dir(self.root, step, self.rank), local_entries(manifest, self.rank))
             sent = swap(self.group, self.buddy, mine, self.source, sum(e.size for e in theirs))

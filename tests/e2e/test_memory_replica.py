@@ -3,9 +3,12 @@ torchrun agents, `--nnodes 2`, one CPU process each, gloo, the debug model), eac
 directory, and a real nats-server. A node lost whole (every process of it SIGKILLed once a snapshot newer
 than the last durable checkpoint is recorded, its memory removed) comes back from the replica its peer
 node holds: the resume names the `peer` tier, loses at most `memory_every` steps, and the job ends
-bit-identical to an uninterrupted one."""
+bit-identical to an uninterrupted one. A slow link to the peer (every exchange of replicas delayed on one
+node) never holds the training loop: the snapshots due meanwhile are skipped on every rank, taken again once
+the exchange ends, and a job killed after them resumes from the newest, bit-identical too."""
 
 import asyncio
+import json
 import os
 import shutil
 import signal
@@ -16,13 +19,15 @@ from pathlib import Path
 
 import pytest
 
-from ftrain.events.schema import CorruptSkipped, Resumed
+from ftrain.events.schema import CorruptSkipped, Resumed, Snapshotted
 from tests.e2e.test_memory_tier import EVERY, FLAGS, KILLED, events_of, job_env, slowed
 from tests.support.processes import free_port
-from tests.support.training import final_digest, resumed_step, torchrun_env
+from tests.support.training import final_digest, metrics, resumed_step, torchrun_env
 
 pytestmark = pytest.mark.timeout(600)
 NODES = 2
+SLOW_LINK = 4.0
+"""Seconds node 1's ranks wait before each exchange of replicas: several snapshot intervals of slowed steps."""
 
 
 def node_command(ckpt: Path, node: int, port: int) -> list[str]:
@@ -35,16 +40,21 @@ def node_command(ckpt: Path, node: int, port: int) -> list[str]:
 
 
 def two_nodes(
-    ckpt: Path, env: dict[str, str], memory: list[Path], kill_at: str | None = None
+    ckpt: Path,
+    env: dict[str, str],
+    memory: list[Path],
+    kill_at: str | None = None,
+    node1: dict[str, str] | None = None,
 ) -> list[subprocess.CompletedProcess[str]]:
     """One job of 2 nodes, node `n` with the memory directory `memory[n]` (static rendezvous: node `n`
-    holds rank `n`), waiting for both to end; once node 0 ends, node 1 is given 60 s, then SIGKILLed (its
-    peer gone, it may wait on the rendezvous' store)."""
+    holds rank `n`), node 1 given `node1` besides (a slow link), waiting for both to end; once node 0 ends,
+    node 1 is given 60 s, then SIGKILLed (its peer gone, it may wait on the rendezvous' store)."""
     port = free_port()
+    given: list[dict[str, str]] = [{}, node1 or {}]
     nodes = [
         subprocess.Popen(
             node_command(ckpt, n, port),
-            env={**torchrun_env(env, kill_at), "FTRAIN_MEMORY_DIR": str(memory[n])},
+            env={**torchrun_env(env, kill_at), "FTRAIN_MEMORY_DIR": str(memory[n]), **given[n]},
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -64,6 +74,14 @@ def two_nodes(
     ]
 
 
+def node_memories(tmp_path: Path) -> list[Path]:
+    """Each node's memory directory, made private and empty."""
+    memory = [tmp_path / f"shm-node{n}" for n in range(NODES)]
+    for path in memory:
+        path.mkdir(mode=0o700)
+    return memory
+
+
 def sealed(memory: Path, part: str) -> list[str]:
     """The steps of which `part` (`rank-<r>`, `replica-<r>`) is sealed under a node's memory directory."""
     return sorted(p.parent.parent.name for p in memory.glob(f"ftrain-*/*/step-*/{part}/.complete"))
@@ -72,9 +90,7 @@ def sealed(memory: Path, part: str) -> list[str]:
 async def test_a_node_lost_whole_resumes_from_its_peers_replica_bit_identical(
     tmp_path: Path, env: dict[str, str]
 ) -> None:
-    memory = [tmp_path / f"shm-node{n}" for n in range(NODES)]
-    for path in memory:
-        path.mkdir(mode=0o700)
+    memory = node_memories(tmp_path)
 
     ckpt, job = job_env("replica-reference", env, memory[0])
     reference = await asyncio.to_thread(two_nodes, ckpt, job, memory)
@@ -102,3 +118,47 @@ async def test_a_node_lost_whole_resumes_from_its_peers_replica_bit_identical(
     last = [e for e in events if isinstance(e, Resumed)][-1]
     assert (last.tier, last.step) == ("peer", 35)
     assert not any(isinstance(e, CorruptSkipped) for e in events)
+
+
+def skipped_snapshots(result: subprocess.CompletedProcess[str]) -> list[int]:
+    """The steps rank 0 logged as `memory_snapshot_skipped` (its structlog lines on stderr, JSON)."""
+    lines = [json.loads(line) for line in result.stderr.splitlines() if line.startswith("{")]
+    return [line["step"] for line in lines if line.get("event") == "memory_snapshot_skipped"]
+
+
+def held(ckpt: Path, steps: list[int]) -> list[float]:
+    """How long rank 0's loop was held after each of `steps` (its first attempt's): from that step's metrics
+    line to the next step's, less the next step's own compute."""
+    lines = {m["train/iter"]: m for m in metrics(ckpt) if "train/dt" in m}  # read before any resume
+    return [lines[s + 1]["time"] - lines[s]["time"] - lines[s + 1]["train/dt"] for s in steps]
+
+
+async def test_a_slow_peer_skips_snapshots_never_holds_training_and_the_resume_is_bit_identical(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    memory = node_memories(tmp_path)
+    ckpt, job = job_env("slow-peer-reference", env, memory[0])
+    digest = final_digest((await asyncio.to_thread(two_nodes, ckpt, job, memory))[0])
+
+    # node 1's link slow: each exchange of replicas takes SLOW_LINK s, some 3 snapshot intervals; killed
+    # at step 33, past the durable step 20 and a snapshot taken after the skips
+    slow = {"FTRAIN_REPLICA_DELAY": str(SLOW_LINK)}
+    ckpt, job = job_env("slow-peer", env, memory[0])
+    killed = await asyncio.to_thread(two_nodes, ckpt, slowed(job), memory, "step:33", slow)
+    assert killed[0].returncode == KILLED, killed[0].stderr[-3000:]
+    due = [step for step in range(EVERY, 33, EVERY) if step != 20]  # 20: a durable save, no snapshot
+    hold = held(ckpt, due)
+    assert max(hold) < SLOW_LINK / 4, f"the loop never waits on the exchange: {hold}"
+    resumed = await asyncio.to_thread(two_nodes, ckpt, job, memory, None, slow)
+    assert final_digest(resumed[0]) == digest
+
+    events, _ = await events_of(env, "slow-peer")
+    snapshots = [e for e in events if isinstance(e, Snapshotted)]
+    taken = sorted(e.step for e in snapshots if e.attempt == snapshots[0].attempt)
+    skipped = skipped_snapshots(killed[0])
+    print(f"slow peer: snapshots taken {taken}, skipped {skipped}; the loop held {max(hold):.2f} s at most")
+    assert taken[0] == 5 and 10 in skipped, (taken, skipped)
+    assert any(step > 20 for step in taken), f"taken again once the exchange ended: {taken}, {skipped}"
+    assert sorted(taken + skipped) == due, "each due snapshot taken or skipped"
+    last = [e for e in events if isinstance(e, Resumed)][-1]
+    assert (last.tier, last.step) == ("memory", taken[-1])

@@ -1,7 +1,7 @@
 """The pieces of the save path that only a fresh interpreter shows: when a process started (read from the
 kernel) and the fault injection that acts at import (a typo in `FTRAIN_KILL_AT` or `FTRAIN_STEP_DELAY`), the
-kill at a named point, the delay of every step (the pieces in this process:
-tests/unit/test_checkpoint_parts.py)."""
+kill at a named point, the delay of every step and every exchange of replicas, the ranks' agreement on a flag
+(the pieces in this process: tests/unit/test_checkpoint_parts.py)."""
 
 import os
 import signal
@@ -69,19 +69,37 @@ def test_valid_kill_points_import_cleanly_and_kill_at_the_named_point_only() -> 
     assert (result.returncode, result.stdout, result.stderr) == (-signal.SIGKILL, "alive before step 3\n", "")
 
 
-def test_the_step_delay_slows_every_step_and_nothing_else() -> None:
+def test_the_injected_delays_slow_every_step_and_every_replica_exchange_and_nothing_else() -> None:
     code = (
         "import time\n"
         "from ftrain.train.faults import fault_point\n"
-        "began = time.monotonic(); fault_point('write', 1); fault_point('sealed', 1)\n"
-        "saves = time.monotonic() - began\n"
-        "began = time.monotonic(); fault_point('step', 1); fault_point('step', 2)\n"
-        "print(saves, time.monotonic() - began)\n"
+        "def timed(*points):\n"
+        "    began = time.monotonic()\n"
+        "    for point in points: fault_point(point, 1)\n"
+        "    return time.monotonic() - began\n"
+        "print(timed('write', 'sealed', 'snapshot'), timed('step', 'step'), timed('replicate'))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "FTRAIN_STEP_DELAY": "0.4"},
+    delays = {"FTRAIN_STEP_DELAY": "0.4", "FTRAIN_REPLICA_DELAY": "0.3"}
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, **delays},
                          capture_output=True, text=True, check=True).stdout  # fmt: skip
-    saves, steps = map(float, out.split())
-    assert saves < 0.2 and 0.8 <= steps < 1.5
+    saves, steps, replicate = map(float, out.split())
+    assert saves < 0.2 and 0.8 <= steps < 1.5 and 0.3 <= replicate < 0.7
     typo = subprocess.run([sys.executable, "-c", "import ftrain.train.faults"],
                           env={**os.environ, "FTRAIN_STEP_DELAY": "forever"}, capture_output=True, text=True)  # fmt: skip
     assert typo.returncode == 1 and "InvalidSetting: FTRAIN_STEP_DELAY='forever'" in typo.stderr
+
+
+def test_the_ranks_agree_a_flag_any_of_them_raised(tmp_path: Path) -> None:
+    """Two processes on a real gloo group: rank 1 alone busy, both told so; nobody busy, both told not."""
+    code = (
+        "import sys, torch.distributed as dist\n"
+        "from ftrain.train.agreement import any_rank\n"
+        "rank = int(sys.argv[1])\n"
+        "dist.init_process_group('gloo', init_method=sys.argv[2], rank=rank, world_size=2)\n"
+        "group = dist.new_group(backend='gloo')\n"
+        "print(any_rank(rank == 1, group), any_rank(False, group))\n"
+    )
+    store = f"file://{tmp_path / 'store'}"
+    ranks = [subprocess.Popen([sys.executable, "-c", code, str(r), store], stdout=subprocess.PIPE, text=True)
+             for r in range(2)]  # fmt: skip
+    assert [rank.communicate(timeout=60)[0].split() for rank in ranks] == [["True", "False"]] * 2

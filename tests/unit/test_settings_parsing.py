@@ -5,6 +5,7 @@ import logging
 import os
 import re
 import signal
+from collections.abc import Callable
 from pathlib import Path
 
 import nkeys
@@ -36,7 +37,7 @@ def test_an_empty_value_reads_as_unset() -> None:
         value for value in vars(settings).values() if isinstance(value, str) and value.startswith("FTRAIN_")
     ]
     empty = dict.fromkeys(names, "")
-    assert len(empty) == 34
+    assert len(empty) == 35
     read = (
         settings.home(empty),
         settings.storage(empty),
@@ -46,6 +47,7 @@ def test_an_empty_value_reads_as_unset() -> None:
         settings.stop_targets(empty),
         settings.kill_once(empty),
         settings.step_delay(empty),
+        settings.replica_delay(empty),
         settings.run_id(empty),
         settings.ckpt_dir(empty),
         settings.attempt(empty),
@@ -69,6 +71,7 @@ def test_an_empty_value_reads_as_unset() -> None:
         frozenset(),
         frozenset(),
         None,
+        0.0,
         0.0,
         None,
         None,
@@ -199,13 +202,17 @@ def test_a_malformed_fault_point_is_refused_naming_the_accepted_points(name: str
         (settings.kill_targets if name == "FTRAIN_KILL_AT" else settings.stop_targets)({name: text})
 
 
-def test_the_step_delay_is_seconds_up_to_a_minute() -> None:
-    assert [settings.step_delay({"FTRAIN_STEP_DELAY": t}) for t in ("0", "0.5", "60")] == [0.0, 0.5, 60.0]
+@pytest.mark.parametrize(
+    ("parse", "name"),
+    [(settings.step_delay, "FTRAIN_STEP_DELAY"), (settings.replica_delay, "FTRAIN_REPLICA_DELAY")],
+)
+def test_an_injected_delay_is_seconds_up_to_a_minute(
+    parse: Callable[[dict[str, str]], float], name: str
+) -> None:
+    assert [parse({name: t}) for t in ("0", "0.5", "60")] == [0.0, 0.5, 60.0]
     for bad in ("x", "-1", "60.5", "nan", "inf", "1s"):
-        with pytest.raises(
-            InvalidSetting, match=rf"^FTRAIN_STEP_DELAY='{bad}': expected seconds from 0 to 60$"
-        ):
-            settings.step_delay({"FTRAIN_STEP_DELAY": bad})
+        with pytest.raises(InvalidSetting, match=rf"^{name}='{bad}': expected seconds from 0 to 60$"):
+            parse({name: bad})
 
 
 def test_what_the_supervisor_sets_for_the_trainer(tmp_path: Path) -> None:
