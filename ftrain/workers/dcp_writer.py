@@ -24,8 +24,8 @@ from torch.distributed.checkpoint.filesystem import FileSystem, FileSystemWriter
 
 from ftrain.host.private_files import open_private, private_dir
 from ftrain.workers.durable_files import synced_digest
-from ftrain.workers.integrity import ALGORITHM, Hashed, Hasher, hash_file
-from ftrain.workers.manifest import FileEntry
+from ftrain.workers.integrity import ALGORITHM, DIGEST_CHUNK, Hashed, Hasher, hash_file
+from ftrain.workers.manifest import FileEntry, entry_of
 
 
 class _WriteStream(io.RawIOBase):
@@ -70,8 +70,9 @@ class _WriteStream(io.RawIOBase):
 
 
 class HashingFileSystem(FileSystem):
-    """DCP's local file system, recording each written file's size and digest by `algorithm` (renames follow
-    the file); `durable`: each file is fsync'd before its stream closes, and hashed meanwhile."""
+    """DCP's local file system, recording each written file's size and digest by `algorithm`, and its
+    chunks' (format 3), in the same pass (renames follow the file); `durable`: each file is fsync'd before
+    its stream closes, and hashed meanwhile."""
 
     def __init__(self, durable: bool, algorithm: str = ALGORITHM) -> None:
         super().__init__()
@@ -89,13 +90,16 @@ class HashingFileSystem(FileSystem):
         path = Path(path)
         access = os.O_RDWR if self.durable else os.O_WRONLY  # a durable file is read back through its fd
         with os.fdopen(open_private(path, access | os.O_TRUNC), mode) as raw:
-            stream = _WriteStream(cast(IO[bytes], raw), None if self.durable else Hasher(self.algorithm))
+            hasher = None if self.durable else Hasher(self.algorithm, DIGEST_CHUNK)
+            stream = _WriteStream(cast(IO[bytes], raw), hasher)
             yield stream
             raw.flush()
             if stream.hasher is None:
-                hashed = synced_digest(raw.fileno(), self.algorithm)
+                hashed = synced_digest(raw.fileno(), self.algorithm, DIGEST_CHUNK)
+            elif stream.sequential:
+                hashed = stream.hasher.result()
             else:
-                hashed = stream.hasher.result() if stream.sequential else hash_file(path, self.algorithm)
+                hashed = hash_file(path, self.algorithm, DIGEST_CHUNK)
         with self._lock:
             self.written[path] = hashed
 
@@ -125,6 +129,6 @@ class HashingWriter(FileSystemWriter):
         """This rank's files (names relative to the checkpoint directory), with sizes and digests."""
         fs = cast(HashingFileSystem, self.fs)
         return sorted(
-            (FileEntry(str(p.relative_to(self.root)), h.size, h.digest) for p, h in fs.written.items()),
+            (entry_of(str(p.relative_to(self.root)), h) for p, h in fs.written.items()),
             key=lambda e: e.name,
         )

@@ -56,11 +56,14 @@ class RankFiles(msgspec.Struct, frozen=True):
 @dataclass(frozen=True)
 class Readable:
     """A rank's owned files of a candidate, local and judged: the directory DCP reads from, this rank's
-    verdict on its files (None: clean), and the hook that fetches a file the load needs that `path` lacks."""
+    verdict on its files (None: clean), and the hook that fetches a file the load needs that `path` lacks.
+    `chunked`: files whose entries list chunk digests were left unchecked (the verdict is on the others),
+    for the load to check chunk by chunk as it reads them (`workers.dcp_reader.unchecked`)."""
 
     path: Path
     verdict: str | StorageUnavailable | None
     fetch: Callable[[str], None] | None = None
+    chunked: bool = False
 
 
 class StepWriter(Protocol):

@@ -39,6 +39,7 @@ from ftrain.workers.storage.file.probe_dir import probe_dir
 from ftrain.workers.storage.location import Location, path_uri, uri_path
 from ftrain.workers.storage.port import RankFiles, Readable, StoredCheckpoint
 from ftrain.workers.storage.storage_errors import StorageUnavailable
+from ftrain.workers.storage.verdict import verify_files
 
 log = structlog.get_logger(__name__)
 
@@ -124,13 +125,14 @@ class FileRun:
     def readable(
         self, uri: str, manifest: Manifest, files: Sequence[FileEntry], *, start: str, rank: int
     ) -> Iterator[Readable]:
-        """The files verified in place: the step directory is what DCP reads."""
+        """The files verified in place, those with chunk digests as the load reads them: the step directory
+        is what DCP reads."""
         path = uri_path(uri)
         try:
-            verdict: str | StorageUnavailable | None = fs.verify_files(path, files)
+            verdict: str | StorageUnavailable | None = verify_files(path, [f for f in files if not f.chunked])
         except StorageUnavailable as exc:
             verdict = exc
-        yield Readable(path, verdict)
+        yield Readable(path, verdict, chunked=True)
 
     def verify(
         self, uri: str, expected_hash: str, *, run_id: str | None = None, step: int | None = None
