@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from types import FrameType
-from typing import Final, Literal, NamedTuple, Protocol
+from typing import Final, Literal, NamedTuple
 
 import msgspec
 import structlog
@@ -45,6 +45,7 @@ from ftrain.supervise.relay import STOP_SIGNALS, note_stop, stop_signals, warnin
 from ftrain.supervise.watchdog import Hang, Watchdog
 from ftrain.train.preemption import PREEMPTED_EXIT
 from ftrain.workers.layout import complete_steps
+from ftrain.workers.recorder import Recording
 from ftrain.workers.storage.location import run_location
 from ftrain.workers.storage.open import open_run
 from ftrain.workers.storage.storage_errors import Fenced, StorageError, StorageUnavailable
@@ -62,14 +63,6 @@ END_SECONDS: Final = 10.0
 """How long the processes of an ended attempt get to die of SIGKILL before the run is given up."""
 
 log = structlog.get_logger(__name__)
-
-
-class Recording(Protocol):
-    """What the supervisor needs of `workers.recorder.Recorder`."""
-
-    def record(self, intent: FailIntent | CompleteIntent) -> str: ...
-
-    def flush(self, timeout: float) -> bool: ...
 
 
 class Relaunches(msgspec.Struct, frozen=True, kw_only=True):

@@ -60,7 +60,7 @@ from ftrain.train.resume_load import ResumeStopped as ResumeStopped
 from ftrain.train.resume_load import load_candidate, stopped
 from ftrain.train.state import TrainState
 from ftrain.workers.manifest import Manifest
-from ftrain.workers.recorder import Recorder
+from ftrain.workers.recorder import Recording
 from ftrain.workers.stage_dir import UnsafeDirectory
 from ftrain.workers.storage.location import under_root
 from ftrain.workers.storage.port import RunStorage, read_header, ready, set_aside_planned
@@ -101,7 +101,7 @@ class StartDecision(msgspec.Struct, frozen=True):
 def resume(
     config: CheckpointConfig,
     state: TrainState,
-    recorder: Recorder | None,
+    recorder: Recording | None,
     group: dist.ProcessGroup,
     store: RunStorage,
 ) -> tuple[ResumePoint | None, int, ResumePlan]:
@@ -171,7 +171,7 @@ def _ready_stage(store: RunStorage, rank: int, *, staged: bool) -> UnsafeDirecto
 
 
 def _safe_plan(
-    config: CheckpointConfig, recorder: Recorder | None, store: RunStorage, stages: list[str | None]
+    config: CheckpointConfig, recorder: Recording | None, store: RunStorage, stages: list[str | None]
 ) -> StartDecision:
     """Rank 0's plan, once every rank's stage directory is ready (`stages`: each rank's refusal, None when
     ready); a refusal travels to every rank (raising here alone would leave the others waiting)."""
@@ -197,7 +197,7 @@ def _safe_plan(
         return StartDecision(refused=str(exc))
 
 
-def _plan(config: CheckpointConfig, recorder: Recorder | None, store: RunStorage) -> StartDecision:
+def _plan(config: CheckpointConfig, recorder: Recording | None, store: RunStorage) -> StartDecision:
     """Rank 0: the lifecycle's plan, from the log when it answers, else from the run's sealed steps (and the
     ones set aside as corrupt) alone; the run's stale partial work is removed, its location proven writable,
     the run claimed for the attempt, and what the plan sets aside moved (kept, never deleted).
@@ -243,14 +243,14 @@ def _plan(config: CheckpointConfig, recorder: Recorder | None, store: RunStorage
     return StartDecision(plan, attempt, start=uuid.uuid4().hex[:12])
 
 
-def _run_state(config: CheckpointConfig, recorder: Recorder | None) -> RunState | None:
+def _run_state(config: CheckpointConfig, recorder: Recording | None) -> RunState | None:
     if config.run_id is None or recorder is None:
         return None
     return read_run(config.run_id, settings.nats(os.environ), LOG_TIMEOUT, recorder)
 
 
 def read_run(
-    run_id: str, settings: NatsSettings, timeout: float, recorder: Recorder | None = None
+    run_id: str, settings: NatsSettings, timeout: float, recorder: Recording | None = None
 ) -> RunState | None:
     """The state of `run_id` from its own events; None if the log cannot be read within `timeout` seconds,
     or when `recorder` (the trainer's) cannot append what its outbox still holds for the run (what

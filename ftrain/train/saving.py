@@ -2,8 +2,9 @@
 background thread), on every backend (`workers.storage.port.RunStorage`).
 
 Rank 0 begins the step (a file system: the attempt's assembly directory; S3: the claim); every rank writes its
-shards where the store says (hashing as DCP writes them) and delivers them (already in place, fanned out from
-node-local disk, or uploaded with their digests); rank 0 gathers every rank's entries and, once all are in and
+shards where and through the writer the store says (hashing as DCP writes them) and delivers them (already in
+place — written there, or streamed to S3 from memory —, fanned out from node-local disk, or uploaded with
+their digests); rank 0 gathers every rank's entries and, once all are in and
 no newer attempt holds the run's fence, seals the step, decides what retention retires (`workers.layout.retire`,
 by the steps the log accepted, never by a listing alone), records the step naming them, and hands their
 deletion to a pruner thread (off the training loop: unlinking a 1 GB checkpoint took 0.85 s here). Every
@@ -37,7 +38,6 @@ from ftrain.errors import SavesFailing as SavesFailing
 from ftrain.events.schema import RETIRED_MAX
 from ftrain.train.config import CheckpointConfig
 from ftrain.train.faults import fault_point
-from ftrain.workers.dcp_writer import HashingWriter
 from ftrain.workers.layout import retire
 from ftrain.workers.manifest import FileEntry, Manifest
 from ftrain.workers.storage.port import RunStorage
@@ -134,7 +134,7 @@ class Saver:
         (its collectives end on each), one in the delivery only this rank: either way every rank reaches the
         gather."""
         with self.store.rank_files(uri, step, self.rank, staged=staged) as target:
-            writer = HashingWriter(target.path, sync_files=target.final, algorithm=self.config.digest)
+            writer = self.store.dcp_writer(uri, target, self.config.digest)
             try:
                 dcp_save({"app": app}, storage_writer=writer, process_group=self.group)
             except CheckpointException as exc:

@@ -14,13 +14,13 @@ import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, cast
+from pathlib import Path, PurePath
+from typing import IO, TYPE_CHECKING, Any, Protocol, cast
 
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer
 
-from torch.distributed.checkpoint.filesystem import FileSystem, FileSystemWriter
+from torch.distributed.checkpoint.filesystem import FileSystem, FileSystemBase, FileSystemWriter
 
 from ftrain.host.private_files import open_private, private_dir
 from ftrain.workers.durable_files import synced_digest
@@ -78,7 +78,7 @@ class HashingFileSystem(FileSystem):
         super().__init__()
         self.durable = durable
         self.algorithm = algorithm
-        self.written: dict[Path, Hashed] = {}
+        self.written: dict[PurePath, Hashed] = {}
         self._lock = threading.Lock()
 
     @contextmanager
@@ -114,20 +114,35 @@ class HashingFileSystem(FileSystem):
                 self.written[Path(new_path)] = hashed
 
 
+class HashedFiles(Protocol):
+    """What a hashing DCP file system records of each file it wrote, by path: its size and digest."""
+
+    written: dict[PurePath, Hashed]
+
+
 class HashingWriter(FileSystemWriter):
     """`FileSystemWriter` whose files come out with their digests (by `algorithm`): `entries()` after
-    `dcp.save`."""
+    `dcp.save`. Local files by default; `fs`, another hashing file system (whose root `path` is), instead:
+    the S3 backend's, which streams each file to the store as it is written."""
 
     def __init__(
-        self, path: Path, sync_files: bool = True, algorithm: str = ALGORITHM, **kwargs: Any
+        self,
+        path: PurePath,
+        sync_files: bool = True,
+        algorithm: str = ALGORITHM,
+        *,
+        fs: FileSystemBase | None = None,
+        **kwargs: Any,
     ) -> None:
         super().__init__(path, sync_files=False, **kwargs)  # the file system syncs, hashing meanwhile
+        # DCP's writer calls only FileSystemBase's methods; torch types the attribute by its default's class
+        self.fs = cast(FileSystem, fs or HashingFileSystem(durable=sync_files, algorithm=algorithm))
+        self.path = self.fs.init_path(path)
         self.root = path
-        self.fs = HashingFileSystem(durable=sync_files, algorithm=algorithm)
 
     def entries(self) -> list[FileEntry]:
-        """This rank's files (names relative to the checkpoint directory), with sizes and digests."""
-        fs = cast(HashingFileSystem, self.fs)
+        """This rank's files (names relative to the checkpoint's root), with sizes and digests."""
+        fs = cast(HashedFiles, self.fs)
         return sorted(
             (entry_of(str(p.relative_to(self.root)), h) for p, h in fs.written.items()),
             key=lambda e: e.name,

@@ -4,6 +4,9 @@
 connection, delivers the run's pending intents to the log in order, each decided against the run's own log
 (`domain.command_handler.RunLog`); while the log is unreachable it backs off and retries forever. Nothing the
 log does reaches the training thread: the log must never stall or kill training.
+
+Trainers and the supervisor hold it as `Recording`, the port they record through: what they may ask of it,
+without its thread or its file.
 """
 
 import asyncio
@@ -16,7 +19,7 @@ from collections.abc import AsyncIterator
 from functools import partial
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import Protocol, Self
 
 import msgspec
 import nats.errors
@@ -115,6 +118,20 @@ async def deliver(run_log: RunLog, outbox: Outbox) -> int:
             outbox.done(row.row_id)
             appended += event is not None
     return appended
+
+
+class Recording(Protocol):
+    """The recording port: one run's lifecycle intents recorded at once, in the log when it answers."""
+
+    def record(self, intent: Intent) -> str:
+        """Keep `intent` durably until the log has it; returns its id, which becomes the event's. Never waits
+        on the log."""
+        ...
+
+    def flush(self, timeout: float) -> bool:
+        """Wait until no intent of the run is left waiting (each in the log, or refused and set aside): True,
+        or False after `timeout` seconds."""
+        ...
 
 
 class Recorder:

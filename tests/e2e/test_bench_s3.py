@@ -1,5 +1,6 @@
 """Smoke test of the S3 checkpoint benchmark (`scripts/bench_s3.py`): at the debug size it starts its own
-SeaweedFS, runs every method it knows on two CPU ranks, and writes figures for each of them."""
+SeaweedFS, runs every method it knows on two CPU ranks (ftrain's streamed and local-file saves with each digest
+among them), and writes figures for each of them."""
 
 import json
 import os
@@ -40,8 +41,16 @@ def test_bench_s3_runs_at_debug_size(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     figures = json.loads(out.read_text())
     saves, resume = figures["saves"], figures["resume"]
-    assert {"ftrain S3 sync (sealed)", "raw boto3 (dcp.save + upload)"} <= set(saves)
-    assert {"ftrain load() (download + verify + load)", "raw boto3 download + dcp.load"} <= set(resume)
+    ftrain_saves = [
+        f"ftrain S3 sync, {way}{digest}" for way in ("streamed", "local file") for digest in ("", ", blake3")
+    ]
+    assert {*ftrain_saves, "raw boto3 (dcp.save + upload)"} <= set(saves)
+    loads = {
+        "ftrain load() (download + verify + load)",
+        "ftrain load(), blake3",
+        "raw boto3 download + dcp.load",
+    }
+    assert loads <= set(resume)
     for s in [*saves.values(), *resume.values()]:
         assert len(s["all"]) == 1
         assert s["seconds"] > 0

@@ -25,6 +25,8 @@ from ftrain.workers.storage.open import open_run
 from ftrain.workers.storage.port import RunStorage, StoredCheckpoint
 from ftrain.workers.storage.s3.run_prefix import S3Run
 from ftrain.workers.storage.storage_errors import CheckpointExists, Fenced, StorageError, StorageUnavailable
+from ftrain.workers.storage.verdict import verify_files
+from tests.support.rank_files import write_rank
 from tests.support.s3 import Endpoint
 
 RUN = "conf-run"
@@ -104,11 +106,11 @@ def save(store: RunStorage, step: int, attempt: int = 0, *, staged: bool = False
     uri = store.begin(step, attempt)
     entries = []
     for rank, names in enumerate(([".metadata", "__0_0.distcp"], ["__1_0.distcp"])):
-        with store.rank_files(uri, step, rank, staged=staged) as target:
-            mine = [FileEntry(name, len(FILES[name]), digest_of(FILES[name])) for name in names]
-            for name in names:
-                (target.path / name).write_bytes(FILES[name])
-            store.deliver(uri, target, mine)
+        mine = write_rank(store, uri, step, rank, {name: FILES[name] for name in names}, staged=staged)
+        # chunk digests (format 3) are listed where a local file is written, not by an S3 stream
+        assert [(e.name, e.size, e.digest) for e in mine] == [
+            (n, len(FILES[n]), digest_of(FILES[n])) for n in sorted(names)
+        ]
         entries += mine
     return store.seal(uri, manifest(step, entries), attempt)
 
@@ -157,7 +159,10 @@ class StoreCases:
         with store.readable(
             written.uri, written.manifest, written.manifest.files, start="s2", rank=0
         ) as local:
-            assert local.verdict == "file __0_0.distcp hash mismatch"
+            verdict = local.verdict
+            if verdict is None and local.chunked:  # left for the load to check chunk by chunk, as export does
+                verdict = verify_files(local.path, [f for f in written.manifest.files if f.chunked])
+            assert verdict == "file __0_0.distcp hash mismatch"
         backend.overwrite(written.uri, MANIFEST, b"{}")
         assert (
             store.read_manifest(written.uri, written.checkpoint_hash, run_id=RUN, step=10)
@@ -216,9 +221,7 @@ class StoreCases:
 
     def test_a_discarded_save_leaves_nothing_and_the_step_can_be_saved_again(self, store: RunStorage) -> None:
         uri = store.begin(10, 0)
-        with store.rank_files(uri, 10, 0, staged=False) as target:
-            (target.path / "__0_0.distcp").write_bytes(b"half")
-            store.deliver(uri, target, [FileEntry("__0_0.distcp", 4, digest_of(b"half"))])
+        write_rank(store, uri, 10, 0, {"__0_0.distcp": b"half"})
         store.discard(uri)
         assert store.complete() == [] and store.clean() == []
         save(store, 10)
@@ -243,15 +246,13 @@ class StoreCases:
         code = textwrap.dedent(f"""
             import sys
             from pathlib import Path
-            from ftrain.workers.integrity import digest_of
-            from ftrain.workers.manifest import FileEntry
             from ftrain.workers.storage.location import run_location
             from ftrain.workers.storage.open import open_run
+            from tests.support.rank_files import write_files
             store = open_run(run_location({backend.location().uri!r}), Path({str(backend.stage)!r}))
             uri = store.begin(10, 1)
             with store.rank_files(uri, 10, 0, staged=True) as target:
-                (target.path / "__0_0.distcp").write_bytes(b"half" * 1000)
-                store.deliver(uri, target, [FileEntry("__0_0.distcp", 4000, digest_of(b"half" * 1000))])
+                store.deliver(uri, target, write_files(store, uri, target, {{"__0_0.distcp": b"half" * 1000}}))
                 print("delivered", flush=True)
                 sys.stdin.read()
         """)

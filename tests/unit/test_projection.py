@@ -4,14 +4,17 @@ bound to another stream reset (projectors in threads and processes of their own 
 tests/integration/test_projection.py)."""
 
 import asyncio
+import sqlite3
+from contextlib import closing
 from pathlib import Path
 
 import msgspec
+import pytest
 
 from ftrain.events.chain import ChainHead
 from ftrain.events.schema import Failed
 from ftrain.projections.projector import Projector
-from ftrain.projections.readmodel import Batch, Position, ReadModel
+from ftrain.projections.readmodel import DEFERRED_INDEX, Batch, Position, ReadModel
 from ftrain.service import RunService
 from ftrain.workers.storage.location import uri_path
 from tests.support.builders import checkpointed, launched, written_checkpoint
@@ -72,6 +75,45 @@ async def test_rebuild_from_sequence_one_equals_the_incremental_model(
         assert await fresh.dump() == incremental
     assert await app.projector.rebuild() == len(incremental["audit"])
     assert await app.model.dump() == incremental
+
+
+POLLS = 100_000
+
+
+def indexes(path: Path) -> set[str]:
+    with closing(sqlite3.connect(path)) as db:
+        return {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+
+
+async def test_a_replay_stopped_midway_leaves_rows_matching_its_position_and_resumes(
+    app: RunService, tmp_path: Path
+) -> None:
+    total = await scenario(app, runs=4, checkpoints=250)
+    path = tmp_path / "stopped.sqlite"
+    async with await ReadModel.open(path) as model, await ReadModel.open(path) as reader:
+        replay = asyncio.ensure_future(
+            Projector(app.store, model, app.projector.stream_id, batch=10).catch_up()
+        )
+        for _ in range(POLLS):  # until its first batch is committed
+            if await reader.last_seq():
+                break
+            await asyncio.sleep(0)
+        replay.cancel()  # as a Ctrl-C would, between or during the commits of its batches
+        with pytest.raises(asyncio.CancelledError):
+            await replay
+        at = await reader.last_seq()
+        assert 0 < at < total
+        dump = await reader.dump()  # every row up to the position, none past it
+        assert [row[0] for row in dump["audit"]] == list(range(1, at + 1))
+        last_of_run: dict[str, int] = {}
+        for row in dump["audit"]:
+            last_of_run[row[1]] = row[0]
+        assert {s.run_id: s.head.stream_seq for s in await reader.runs()} == last_of_run
+        assert DEFERRED_INDEX not in indexes(path)  # built once caught up
+        assert await Projector(app.store, reader, app.projector.stream_id).catch_up() == total - at
+        await app.projector.catch_up()
+        assert await reader.dump() == await app.model.dump()
+        assert DEFERRED_INDEX in indexes(path)
 
 
 async def test_concurrent_projectors_apply_each_event_exactly_once(app: RunService, tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Collection, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import msgspec
 import structlog
@@ -28,6 +28,9 @@ from ftrain.workers.layout import SetAsideKind
 from ftrain.workers.manifest import FileEntry, Manifest
 from ftrain.workers.storage.location import Location
 from ftrain.workers.storage.storage_errors import OUTSIDE_RUN, StorageError, StorageUnavailable
+
+if TYPE_CHECKING:
+    from ftrain.workers.dcp_writer import HashingWriter  # torch: only where a rank saves
 
 log = structlog.get_logger(__name__)
 
@@ -45,11 +48,12 @@ Source = tuple[str, bytes | Path]
 
 
 class RankFiles(msgspec.Struct, frozen=True):
-    """Where one rank writes its files of a step being saved: `final` when that is the step's assembly
-    itself (each file made durable as it is written), else a private node-local directory they are moved
-    from (`StepWriter.deliver`)."""
+    """Where one rank writes its files of a step being saved: `final` when that is the step itself (each
+    file made durable as it is written: the step's assembly directory, or, `path` None, the step's objects,
+    each streamed from memory as it is written), else a private node-local directory they are moved from
+    (`StepWriter.deliver`)."""
 
-    path: Path
+    path: Path | None
     final: bool
 
 
@@ -70,8 +74,8 @@ class StepWriter(Protocol):
     """Writes one step of the run. Call order:
 
     1. (rank 0) `begin`: the step's URI, sent to every rank;
-    2. (every rank) `rank_files`, written into, then `deliver`ed to the URI; a writer of one process with its
-       files at hand (the CLI) `put`s each instead;
+    2. (every rank) `rank_files`, written into through `dcp_writer`, then `deliver`ed to the URI; a writer of
+       one process with its files at hand (the CLI) `put`s each instead;
     3. (rank 0, once every rank delivered) `seal`, or on any failure `discard`.
 
     `attempt` None is a writer outside the run's attempts (the CLI): a step already there refuses it
@@ -91,8 +95,14 @@ class StepWriter(Protocol):
         background); a private local directory is removed on exit."""
         ...
 
+    def dcp_writer(self, uri: str, target: RankFiles, algorithm: str) -> "HashingWriter":
+        """The DCP storage writer of this rank's files into `target` (of the step begun at `uri`), each file
+        hashed by `algorithm` as it is written: its `entries()` after `dcp.save`."""
+        ...
+
     def deliver(self, uri: str, written: RankFiles, entries: Sequence[FileEntry]) -> None:
-        """Move this rank's written files (their digests known from the write) into the step at `uri`."""
+        """Move this rank's written files (their digests known from the write) into the step at `uri`
+        (nothing to move when they were written there: `written.final`)."""
         ...
 
     def put(self, uri: str, name: str, source: bytes | Path, algorithm: str = ALGORITHM) -> FileEntry:

@@ -14,6 +14,7 @@ import time
 from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -40,6 +41,9 @@ from ftrain.workers.storage.location import Location, path_uri, uri_path
 from ftrain.workers.storage.port import RankFiles, Readable, StoredCheckpoint
 from ftrain.workers.storage.storage_errors import StorageUnavailable
 from ftrain.workers.storage.verdict import verify_files
+
+if TYPE_CHECKING:
+    from ftrain.workers.dcp_writer import HashingWriter
 
 log = structlog.get_logger(__name__)
 
@@ -162,8 +166,15 @@ class FileRun:
         with local_files(step_dir(rank_stage_dir(self._stage, rank), step)) as files:
             yield files
 
+    def dcp_writer(self, uri: str, target: RankFiles, algorithm: str) -> "HashingWriter":
+        from ftrain.workers.dcp_writer import HashingWriter  # torch: only where a rank saves
+
+        assert target.path is not None, "a file system's rank files are a directory"
+        return HashingWriter(target.path, sync_files=target.final, algorithm=algorithm)
+
     def deliver(self, uri: str, written: RankFiles, entries: Sequence[FileEntry]) -> None:
         if not written.final:
+            assert written.path is not None, "staged files are a local directory"
             fan_out(written.path, uri_path(uri), entries)
 
     def put(self, uri: str, name: str, source: bytes | Path, algorithm: str = ALGORITHM) -> FileEntry:

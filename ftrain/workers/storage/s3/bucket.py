@@ -141,6 +141,49 @@ class Bucket:
         """The multipart uploads in progress under `prefix`."""
         return list(self._pages("list_multipart_uploads", "Uploads", prefix))
 
+    def start_parts(self, key: str) -> str:
+        """Begin a multipart upload of `key` (with boto3's default checksum, as `upload_fileobj` sends it, where
+        the AWS chain keeps checksums on); its upload id."""
+        created = self.call(
+            key, self.client.create_multipart_upload, Bucket=self.name, Key=key, **self._part_checksum()
+        )
+        return str(created["UploadId"])
+
+    def put_part(self, key: str, upload_id: str, number: int, body: bytes | bytearray) -> dict[str, Any]:
+        """Send part `number` (from 1) of the multipart upload `upload_id`; what completing it names."""
+        extra = self._part_checksum()
+        sent = self.call(
+            key,
+            self.client.upload_part,
+            Bucket=self.name,
+            Key=key,
+            UploadId=upload_id,
+            PartNumber=number,
+            Body=body,
+            **extra,
+        )
+        part: dict[str, Any] = {"ETag": sent["ETag"], "PartNumber": number}
+        if extra and (crc := sent.get("ChecksumCRC32")):
+            part["ChecksumCRC32"] = crc
+        return part
+
+    def finish_parts(self, key: str, upload_id: str, parts: Sequence[dict[str, Any]]) -> None:
+        """Complete the multipart upload `upload_id` from its `parts`: the object appears whole, at once."""
+        self.call(
+            key,
+            self.client.complete_multipart_upload,
+            Bucket=self.name,
+            Key=key,
+            UploadId=upload_id,
+            MultipartUpload={"Parts": sorted(parts, key=lambda p: int(p["PartNumber"]))},
+        )
+
+    def _part_checksum(self) -> dict[str, str]:
+        """boto3's default part checksum (CRC32) unless the AWS chain turned request checksums off."""
+        if self.client.meta.config.request_checksum_calculation == "when_supported":
+            return {"ChecksumAlgorithm": "CRC32"}
+        return {}
+
     def abort(self, upload: dict[str, Any]) -> None:
         key = upload["Key"]
         self.call(

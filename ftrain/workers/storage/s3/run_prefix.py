@@ -2,10 +2,12 @@
 happens in the bucket is functions over a `Bucket` and the run's key: a step's objects (`step_objects`), the
 fence (`fence_object`), partial work (`partial`).
 
-Saving: rank 0 claims the step (`step_objects.begin`); each rank writes its shards to a private directory of
-this node's stage directory (hashing as DCP writes them) and uploads its own files with those digests; rank 0
-seals the step (manifest, then the conditional marker) once every upload is in and no newer attempt holds the
-fence. A writer outside the attempts (the CLI) uploads its files straight from where they are.
+Saving: rank 0 claims the step (`step_objects.begin`); each rank streams its shards into the step from memory
+as DCP writes them, hashing them on the way (`dcp_stream`), or, where that measured slower, writes them to a
+private directory of this node's stage directory (hashing as DCP writes them) and uploads its own files with
+those digests (`STREAM_SYNC`, `STREAM_ASYNC`); rank 0 seals the step (manifest, then the conditional marker)
+once every rank's files are in and no newer attempt holds the fence. A writer outside the attempts (the CLI)
+uploads its files straight from where they are.
 
 Resuming: a candidate is downloaded into one cache per node, shared by the node's ranks: each rank fetches only
 the files it owns, in parallel ranged reads hashed as they arrive, so every byte crosses the network and is
@@ -26,6 +28,7 @@ import structlog
 
 from ftrain.domain.lifecycle import OnDisk
 from ftrain.workers.dcp_reader import Rejected
+from ftrain.workers.dcp_writer import HashingWriter
 from ftrain.workers.integrity import ALGORITHM, Hashed
 from ftrain.workers.layout import SetAsideKind, parse_set_aside, rank_stage_dir, run_key, step_dir
 from ftrain.workers.manifest import FileEntry, Manifest
@@ -36,6 +39,7 @@ from ftrain.workers.storage.probe import probe_body, unreadable, unwritable
 from ftrain.workers.storage.s3 import fence_object, partial, step_objects
 from ftrain.workers.storage.s3.boto_client import error_code, reason, shared_client
 from ftrain.workers.storage.s3.bucket import Bucket, ObjectMissing
+from ftrain.workers.storage.s3.dcp_stream import streamed_writer
 from ftrain.workers.storage.storage_errors import CheckpointExists, StorageUnavailable
 
 log = structlog.get_logger(__name__)
@@ -46,6 +50,10 @@ WRONG_CODES: Final = frozenset(
 """What an S3 store answers a start-up probe for a bucket that is not this job's to write (read-only or wrong
 credentials): it will answer the same next time. A bucket that does not answer (NoSuchBucket included) stays
 out of reach, as for every read."""
+STREAM_SYNC: Final = True
+STREAM_ASYNC: Final = False
+"""Whether each kind of save streams its files to the store from memory (else: written to local files,
+then uploaded), as measured side by side by `scripts/bench_s3.py` (docs/benchmarks.md, the S3 section)."""
 
 
 class S3Run:
@@ -60,6 +68,10 @@ class S3Run:
         self.key = run_key(prefix, self.run)
         """The run's key prefix (ending in '/'): every object of the run is under it."""
         self.stage_dir = stage_dir
+        self.stream_sync = STREAM_SYNC
+        """Sync saves stream each rank's files from memory (else: local files, then uploaded)."""
+        self.stream_async = STREAM_ASYNC
+        """Async saves (of the staged copy, in the background) stream them from memory."""
 
     @property
     def location(self) -> Location:
@@ -199,10 +211,22 @@ class S3Run:
 
     @contextmanager
     def rank_files(self, uri: str, step: int, rank: int, *, staged: bool) -> Iterator[RankFiles]:
+        """Streamed into the step from memory, or written to a private local directory and uploaded after,
+        whichever measured faster for the kind of save (`stream_sync`, `stream_async`)."""
+        if self.stream_async if staged else self.stream_sync:
+            yield RankFiles(None, final=True)
+            return
         with local_files(step_dir(rank_stage_dir(self._stage, rank) / "upload", step)) as files:
             yield files
 
+    def dcp_writer(self, uri: str, target: RankFiles, algorithm: str) -> HashingWriter:
+        if target.path is None:
+            return streamed_writer(self.bucket, step_objects.step_key(self.bucket, uri), algorithm)
+        return HashingWriter(target.path, sync_files=False, algorithm=algorithm)
+
     def deliver(self, uri: str, written: RankFiles, entries: Sequence[FileEntry]) -> None:
+        if written.path is None:
+            return
         for entry in entries:
             known = Hashed(entry.size, entry.digest)
             step_objects.upload(self.bucket, uri, entry.name, written.path / entry.name, known)

@@ -6,8 +6,9 @@ There is no rename, so a step is sealed in place under `<prefix>/<run_id>/step-<
 
 1. claim: `step-<N>/.writer` with a conditional PutObject (`If-None-Match: *`) naming host, pid and a nonce: of
    two writers of one step exactly one gets it; the other is refused before it uploads a byte (412);
-2. the data files (multipart for large ones, through boto3's TransferConfig), each hashed by ftrain as its bytes
-   stream to the store, never read twice; then `manifest.json`;
+2. the data files (multipart for large ones, in TransferConfig's parts: uploaded from local files, or streamed
+   from memory as DCP writes them, `dcp_stream`), each hashed by ftrain as its bytes go to the store, never
+   read twice; then `manifest.json`;
 3. the completion marker `.complete` as ONE conditional PutObject (`If-None-Match: *`): a step is absent or
    complete, never overwritten (412 → refused; a 409 conflict with a write in flight is retried). The claim
    stays in the sealed step, so a late writer of the same step is refused at its claim, before it uploads.
