@@ -54,8 +54,8 @@ def verified_checkpoint(state: RunState, ref: CheckpointRef) -> Iterator[Verifie
             raise Refused(f"{where} is refused: {manifest}")
         with store.readable(uri, manifest, manifest.files, start="export", rank=0) as local:
             verdict = local.verdict
-            if verdict is None and local.chunked:  # an export reads in batches: check every file first
-                verdict = verify_files(local.path, [f for f in manifest.files if f.chunked])
+            if verdict is None:  # an export reads in batches: check every file first
+                verdict = verify_files(local.path, [f for f in manifest.files if f.name in local.left])
             if isinstance(verdict, StorageUnavailable):
                 raise verdict
             if verdict is not None:

@@ -15,7 +15,7 @@ ahead, and fails the load (Rejected) if any chunk of the files this rank answers
 
 import io
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, cast
@@ -104,18 +104,25 @@ def combined(verdict: Verdict, group: dist.ProcessGroup) -> str | None:
 
 @dataclass(frozen=True)
 class Unchecked:
-    """The data files left for the load to verify chunk by chunk: every chunked entry of the manifest (by
-    name), and the names of those this rank answers for (each of their chunks is checked, read or not)."""
+    """The data files left for the load to verify chunk by chunk: the chunked entries of the manifest (by
+    name) this rank did not check whole, and the names of those it answers for (each of their chunks is
+    checked, read or not)."""
 
     entries: dict[str, FileEntry]
     owned: frozenset[str]
 
 
-def unchecked(files: Sequence[FileEntry], owned: Sequence[FileEntry]) -> Unchecked:
-    """The chunked files of a manifest, `owned` those of this rank's; `.metadata` is none of them: every rank
-    checks it whole before the load (`parse_metadata`)."""
-    chunked = {f.name: f for f in files if f.chunked and f.name != METADATA}
-    return Unchecked(chunked, frozenset(f.name for f in owned if f.name in chunked))
+def unchecked(files: Sequence[FileEntry], owned: Sequence[FileEntry], left: Collection[str]) -> Unchecked:
+    """The chunked files of a manifest but those of this rank's (`owned`) it checked whole before the load
+    (not in `left`); `.metadata` is none of them: every rank checks it whole before the load
+    (`parse_metadata`)."""
+    mine = {f.name for f in owned}
+    chunked = {
+        f.name: f
+        for f in files
+        if f.chunked and f.name != METADATA and (f.name not in mine or f.name in left)
+    }
+    return Unchecked(chunked, frozenset(name for name in mine if name in chunked))
 
 
 class VerifiedReader(FileSystemReader):

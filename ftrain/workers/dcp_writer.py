@@ -9,23 +9,30 @@ there is no disk wait to hide behind, and a read-back would only add a copy. DCP
 sequentially; should a future version seek, the stream notices and the file is hashed from disk instead.
 """
 
+import dataclasses
 import io
 import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path, PurePath
-from typing import IO, TYPE_CHECKING, Any, Protocol, cast
+from typing import IO, TYPE_CHECKING, Any, Final, Protocol, cast
 
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer
 
 from torch.distributed.checkpoint.filesystem import FileSystem, FileSystemBase, FileSystemWriter
+from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
+from torch.distributed.checkpoint.storage import WriteResult
+from torch.futures import Future
 
 from ftrain.host.private_files import open_private, private_dir
 from ftrain.workers.durable_files import synced_digest
 from ftrain.workers.integrity import ALGORITHM, DIGEST_CHUNK, Hashed, Hasher, hash_file
 from ftrain.workers.manifest import FileEntry, entry_of
+
+SMALL: Final = 1 << 20
+"""Tensors smaller than this are written after the others (`small_last`)."""
 
 
 class _WriteStream(io.RawIOBase):
@@ -140,6 +147,9 @@ class HashingWriter(FileSystemWriter):
         self.path = self.fs.init_path(path)
         self.root = path
 
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+        return super().write_data(small_last(plan), planner)
+
     def entries(self) -> list[FileEntry]:
         """This rank's files (names relative to the checkpoint's root), with sizes and digests."""
         fs = cast(HashedFiles, self.fs)
@@ -147,3 +157,13 @@ class HashingWriter(FileSystemWriter):
             (entry_of(str(p.relative_to(self.root)), h) for p, h in fs.written.items()),
             key=lambda e: e.name,
         )
+
+
+def small_last(plan: SavePlan) -> SavePlan:
+    """The plan with its tensors under `SMALL` bytes after the others (each kind in the plan's order; DCP writes
+    byte items first either way): the small ones (optimizer step counters, replicated norms), which other ranks
+    often load, lie together at the end of the file, in a chunk or two, instead of one in nearly every chunk (a
+    resume hashes each chunk a rank reads from whole: measured, 2 ranks of the 85m model read 0.2 MB of each
+    other's files across 28 chunks and 1, hashing 0.23 GB more), and the rest stays in the order loads read."""
+    items = sorted(plan.items, key=lambda item: (item.tensor_storage_size() or SMALL) < SMALL)
+    return dataclasses.replace(plan, items=items)

@@ -5,9 +5,11 @@ position, from a descriptor opened when the load starts), hashed, compared with 
 are those same bytes handed on: a region is never read again after it was checked, so a disk that changes
 under the load cannot slip in unchecked bytes. Background threads check ahead, in the order the load will
 ask for the chunks, holding at most `AHEAD` bytes it was not asked for yet; a read that finds its chunk not
-yet taken checks it itself. After the reads, every chunk of the files this rank answers for is checked,
-asked for or not, so a defect is found wherever it lies: the candidate is then refused (Rejected) as a whole
-file check would refuse it, and storage out of reach raises StorageUnavailable.
+yet taken checks it itself. Chunks are read into buffers reused from chunk to chunk (fresh ones cost a page
+fault per 4 KiB): a buffer is reused only once no read wants its chunk and the stream that last handed its
+bytes out is closed, which the next read does. After the reads, every chunk of the files this rank answers
+for is checked, asked for or not, so a defect is found wherever it lies: the candidate is then refused
+(Rejected) as a whole file check would refuse it, and storage out of reach raises StorageUnavailable.
 """
 
 import bisect
@@ -25,12 +27,11 @@ if TYPE_CHECKING:
 
 from ftrain.workers.integrity import hex_of
 from ftrain.workers.manifest import FileEntry
-from ftrain.workers.storage.storage_errors import StorageUnavailable
 from ftrain.workers.storage.verdict import absent, unavailable
 
 AHEAD: Final = 32 << 20
-"""The most bytes the background check holds for reads still to come: a few chunks, so their buffers are
-reused (256 MiB ahead doubled the page faults and cost 0.15 CPU-s more per 0.5 GB, measured here)."""
+"""The most bytes the background check holds for reads still to come: a few chunks, so few buffers are
+needed (256 MiB ahead doubled the page faults and cost 0.15 CPU-s more per 0.5 GB, measured here)."""
 THREADS: Final = 2
 """Threads checking ahead: chunks hash independently, and hashlib and blake3 release the GIL, so one file's
 chunks are checked on as many cores (measured: docs/benchmarks.md)."""
@@ -52,7 +53,8 @@ class _Chunk:
     wanted: int = 0
     taken: bool = False
     checked: bool = False
-    data: bytes | None = None
+    data: memoryview | None = None
+    buffer: bytearray | None = None
     failure: Exception | None = None
     ready: threading.Event = field(default_factory=threading.Event)
 
@@ -73,6 +75,7 @@ class VerifiedChunks:
         self._entries = entries
         self._chunks = {name: _chunks_of(entry) for name, entry in entries.items()}
         self._order: list[_Chunk] = []
+        self._complete = frozenset(complete)
         self._files = list(dict.fromkeys([*(name for name, _, _ in reads), *sorted(complete)]))
         for name, offset, length in reads:
             for chunk in self._covering(name, offset, length):
@@ -81,6 +84,8 @@ class VerifiedChunks:
                     self._order.append(chunk)
         self._order += [c for name in sorted(complete) for c in self._chunks[name] if not c.wanted]
         self._fds: dict[str, int] = {}
+        self._pool: dict[int, list[bytearray]] = {}
+        self._lent: tuple[Segments, list[bytearray]] | None = None
         self._held = 0
         self._next = 0
         self._stop = False
@@ -103,6 +108,7 @@ class VerifiedChunks:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self._close_lent()
         with self._lock:
             self._stop = True
             self._lock.notify_all()
@@ -112,24 +118,33 @@ class VerifiedChunks:
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()
+        self._pool.clear()
 
     def read(self, name: str, offset: int, length: int) -> "Segments":
         """`length` bytes of file `name` from `offset`, as a stream over chunks verified for this read
-        (Rejected or StorageUnavailable when one fails): their bytes are not copied again."""
+        (Rejected or StorageUnavailable when one fails): their bytes are not copied again. It closes the
+        stream the previous read returned (DCP takes one item's bytes at a time): only then are the buffers
+        of the chunks no read wants any more reused, so a stream's bytes never change under it (a closed
+        one refuses to read)."""
+        self._close_lent()
         chunks = list(self._covering(name, offset, length))
         parts = []
         for chunk in chunks:
             data = self._verified(chunk)
             start = max(offset - chunk.offset, 0)
-            parts.append(memoryview(data)[start : min(offset + length - chunk.offset, chunk.length)])
+            parts.append(data[start : min(offset + length - chunk.offset, chunk.length)])
+        retired = []
         with self._lock:
             for chunk in chunks:
                 chunk.wanted -= 1
-                if chunk.wanted <= 0 and chunk.data is not None:
+                if chunk.wanted <= 0 and chunk.buffer is not None:
                     self._held -= chunk.length
-                    chunk.data = None
+                    retired.append(chunk.buffer)
+                    chunk.data = chunk.buffer = None
                     self._lock.notify_all()
-        return Segments(parts)
+        stream = Segments(parts)
+        self._lent = (stream, retired)
+        return stream
 
     def finish(self) -> None:
         """Wait until every chunk the background check took on is checked; raise what failed first."""
@@ -146,7 +161,16 @@ class VerifiedChunks:
         last = min((offset + max(length, 1) - 1) // size, len(chunks) - 1)
         yield from chunks[offset // size : last + 1]
 
-    def _verified(self, chunk: _Chunk) -> bytes:
+    def _close_lent(self) -> None:
+        """Close the stream the last read returned; the buffers it retired are free for other chunks."""
+        if self._lent is not None:
+            (stream, retired), self._lent = self._lent, None
+            stream.close()
+            with self._lock:
+                for buffer in retired:
+                    self._pool.setdefault(len(buffer), []).append(buffer)
+
+    def _verified(self, chunk: _Chunk) -> memoryview:
         """The chunk's bytes, checked here when nobody has taken it yet (or its checked bytes were let go:
         they are read and checked again), else once its checker is done."""
         with self._lock:
@@ -154,17 +178,18 @@ class VerifiedChunks:
             if mine:
                 chunk.taken, chunk.checked = True, False
                 chunk.ready.clear()
-        if not mine:
+        if mine:
+            self._check(chunk, keep=True)
+        else:
             chunk.ready.wait()
-        data = self._check(chunk, keep=True) if mine else chunk.data
         if chunk.failure is not None:
             raise chunk.failure
-        assert data is not None
-        return data
+        assert chunk.data is not None
+        return chunk.data
 
     def _check_ahead(self) -> None:
         while chunk := self._next_ahead():
-            if self._check(chunk, keep=chunk.wanted > 0) is None:
+            if not self._check(chunk, keep=chunk.wanted > 0):
                 return
 
     def _next_ahead(self) -> _Chunk | None:
@@ -183,37 +208,53 @@ class VerifiedChunks:
                     return chunk
             return None
 
-    def _check(self, chunk: _Chunk, keep: bool) -> bytes | None:
-        """Read the chunk once and hash it: its bytes when they match (kept for later reads if `keep` and a
-        read still wants them), else None, what failed recorded."""
-        try:
-            data = _read_chunk(self._root, self._fds[chunk.entry.name], chunk)
-        except (Rejected, StorageUnavailable) as exc:
-            with self._lock:
-                chunk.failure = exc
-                self._failure = self._failure or exc
-            chunk.ready.set()
-            return None
+    def _check(self, chunk: _Chunk, keep: bool) -> bool:
+        """Read the chunk once, into a free buffer, and hash it: whether it matches (its bytes kept for later
+        reads if `keep` and a read still wants them; else what failed recorded)."""
+        size = chunk.entry.chunk_size
         with self._lock:
-            chunk.checked = True
-            if keep and chunk.wanted > 0:
-                chunk.data = data
+            free = self._pool.get(size)
+            buffer = free.pop() if free else None
+        if buffer is None:  # reused ones cost no page faults (fresh ones cost 0.1 CPU-s per GB, measured)
+            buffer = bytearray(size)
+        data: memoryview | None = None
+        try:
+            data = _read_chunk(self._root, self._fds[chunk.entry.name], chunk, buffer)
+        except Exception as exc:  # Rejected, StorageUnavailable; anything else is raised where it is read
+            chunk.failure = exc
+        with self._lock:
+            if chunk.failure is not None:
+                self._failure = self._failure or chunk.failure
+            else:
+                chunk.checked = True
+            if data is not None and keep and chunk.wanted > 0:
+                chunk.data, chunk.buffer = data, buffer
                 self._held += chunk.length
+            else:
+                self._pool.setdefault(size, []).append(buffer)
         chunk.ready.set()
-        return data
+        return data is not None
 
     def _open(self, entry: FileEntry) -> int:
         """A descriptor of the entry's file, whose size must be the entry's; else Rejected (missing, another size)
-        or StorageUnavailable. The kernel is asked to read it ahead."""
+        or StorageUnavailable. The kernel is asked to read ahead the chunks this rank will check: a file it
+        answers for whole, of another only the chunks its reads want (asking for all of it cost as much system
+        time as the reads)."""
         name = entry.name
         path = self._root / name
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except OSError as exc:
             raise Rejected(absent(path, self._root, exc, f"file {name} missing")) from exc
+        spans = (
+            [(0, 0)]
+            if name in self._complete
+            else [(c.offset, c.length) for c in self._chunks[name] if c.wanted]
+        )
         try:
             size = os.fstat(fd).st_size
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+            for offset, length in spans:
+                os.posix_fadvise(fd, offset, length, os.POSIX_FADV_WILLNEED)
         except OSError as exc:
             os.close(fd)
             raise unavailable(path, exc) from exc
@@ -224,8 +265,9 @@ class VerifiedChunks:
 
 
 class Segments(io.RawIOBase):
-    """A seekable read-only stream over byte segments held in memory (bytes never changed after they were
-    verified): read into the caller's buffer straight from them."""
+    """A seekable read-only stream over byte segments held in memory (bytes never changed while it is open):
+    read into the caller's buffer straight from them. No view of them leaves it, so once it is closed (it
+    then refuses to read) nothing can see their buffers reused."""
 
     def __init__(self, parts: Sequence[memoryview]) -> None:
         super().__init__()
@@ -238,6 +280,11 @@ class Segments(io.RawIOBase):
 
     def seekable(self) -> bool:
         return True
+
+    def close(self) -> None:
+        for part in self._parts:
+            part.release()
+        super().close()
 
     def tell(self) -> int:
         return self._pos
@@ -254,6 +301,8 @@ class Segments(io.RawIOBase):
         return bytes(data)
 
     def readinto(self, buffer: "WriteableBuffer") -> int:
+        if self.closed:
+            raise ValueError("read of a closed stream of verified chunks")
         out = memoryview(buffer).cast("B")
         done = 0
         i = max(bisect.bisect_right(self._starts, self._pos) - 1, 0)
@@ -275,15 +324,18 @@ def _chunks_of(entry: FileEntry) -> list[_Chunk]:
     ]
 
 
-def _read_chunk(root: Path, fd: int, chunk: _Chunk) -> bytes:
-    """The chunk's bytes, read once, when they match its digest; else Rejected (StorageUnavailable: the read
-    failed)."""
+def _read_chunk(root: Path, fd: int, chunk: _Chunk, buffer: bytearray) -> memoryview:
+    """The chunk's bytes, read once into `buffer`, when they match its digest; else Rejected
+    (StorageUnavailable: the read failed)."""
     entry = chunk.entry
+    data = memoryview(buffer)[: chunk.length]
+    done = 0
     try:
-        data = os.pread(fd, chunk.length, chunk.offset)
+        while done < chunk.length and (n := os.preadv(fd, [data[done:]], chunk.offset + done)):
+            done += n
     except OSError as exc:
         raise unavailable(root / entry.name, exc) from exc
-    if len(data) != chunk.length:
+    if done != chunk.length:
         raise Rejected(f"file {entry.name} ended at chunk {chunk.index + 1} of {len(entry.chunks)}")
     if hex_of(data, entry.algorithm) != entry.chunks[chunk.index]:
         raise Rejected(f"file {entry.name} hash mismatch")  # as a whole-file check says it

@@ -20,6 +20,7 @@ from ftrain.workers.layout import MANIFEST, MARKER, complete_steps
 from ftrain.workers.manifest import FileEntry, Marker, decode_manifest, encode_manifest
 from ftrain.workers.stage_dir import same_device
 from ftrain.workers.storage.file.checkpoint_dir import marker_hash, read_manifest, verify_checkpoint
+from tests.support.page_cache import evict
 from tests.support.training import final_digest, metrics, resumed_step, torchrun
 
 pytestmark = pytest.mark.timeout(600)
@@ -166,10 +167,12 @@ def test_corrupt_checkpoints_are_skipped_together_and_none_valid_exits_1(
 
 
 def flip(path: Path, at: int | None = None) -> None:
-    """Flip one byte of a file: at `at`, else in its middle."""
+    """Flip one byte of a file: at `at`, else in its middle; the file is then put out of the page cache, so a
+    resume checks it chunk by chunk as it reads it."""
     data = bytearray(path.read_bytes())
     data[len(data) // 2 if at is None else at] ^= 0xFF
     path.write_bytes(bytes(data))
+    evict(path)
 
 
 def test_a_malicious_metadata_sealed_with_a_matching_manifest_is_refused_and_never_runs(

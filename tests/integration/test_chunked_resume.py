@@ -1,7 +1,8 @@
 """Manifest format 3 end to end in one process: a trainer's data files list a digest per chunk, a resume checks
-each chunk as DCP reads it, and a flip in the last chunk of the last data file, found only after DCP loaded
-the items before it, refuses the checkpoint as a whole-file check would: the load falls back to the step
-before and everything it had half-loaded is overwritten (the weights end as an uninterrupted run's)."""
+each chunk as DCP reads it (a file out of the page cache), and a flip in the last chunk of the last data file,
+found only after DCP loaded the items before it, refuses the checkpoint as a whole-file check would: the load
+falls back to the step before and everything it had half-loaded is overwritten (the weights end as an
+uninterrupted run's). A file in the page cache is checked whole before the load, refused before any parse."""
 
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from ftrain.workers.storage.file.checkpoint_dir import verify_checkpoint
 from ftrain.workers.verified_chunks import Segments, VerifiedChunks
 from tests.integration.test_digests import outside_ftrain_run as outside_ftrain_run
 from tests.integration.test_training_api import _train
+from tests.support.page_cache import evict
 
 CHUNK = 4096
 """Small chunks, so the trainer's few-KB shard has several."""
@@ -36,9 +38,9 @@ def spy_reads(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
 
 
 @pytest.mark.usefixtures("outside_ftrain_run")
-@pytest.mark.parametrize("algorithm", ["sha256", "blake3"])
+@pytest.mark.parametrize(("algorithm", "on_disk"), [("sha256", True), ("blake3", True), ("sha256", False)])
 def test_a_flip_in_the_last_chunk_of_the_last_file_falls_back_and_restores_everything(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, algorithm: str
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, algorithm: str, on_disk: bool
 ) -> None:
     monkeypatch.setenv("FTRAIN_DIGEST", algorithm)
     monkeypatch.setattr(ftrain.workers.dcp_writer, "DIGEST_CHUNK", CHUNK)
@@ -56,10 +58,16 @@ def test_a_flip_in_the_last_chunk_of_the_last_file_falls_back_and_restores_every
     data = bytearray((step10 / last.name).read_bytes())
     data[-1] ^= 0x01  # the last byte of the last chunk: every earlier chunk checks out
     (step10 / last.name).write_bytes(bytes(data))
+    if on_disk:
+        for entry in manifest.files:
+            evict(step10 / entry.name)
 
     handed = spy_reads(monkeypatch)
     step, weights, seen = _train(tmp_path / "cut", 12)  # refuses step 10, resumes from step 5
-    assert handed["step-10"] > 0, "DCP had parsed step 10's verified items before its last chunk failed"
+    if on_disk:
+        assert handed["step-10"] > 0, "DCP had parsed step 10's verified items before its last chunk failed"
+    else:
+        assert "step-10" not in handed, "in the page cache: checked whole, refused before any parse"
     assert (step, seen) == (12, 12)
     assert all(torch.equal(a, b) for a, b in zip(weights, whole[1], strict=True))
     assert len(list((tmp_path / "cut").glob("step-10.corrupt-*"))) == 1, "set aside, kept as evidence"

@@ -7,11 +7,16 @@ from pathlib import Path
 
 import msgspec
 import pytest
+import torch
+from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
+from ftrain.workers.dcp_writer import HashingWriter
 from ftrain.workers.integrity import Hasher, hash_fd, hash_file, hex_of
 from ftrain.workers.manifest import FORMAT, FileEntry, decode_manifest, entry_of
+from ftrain.workers.storage.file.page_cache import cached
 from ftrain.workers.storage.verdict import chunks_verdict
 from ftrain.workers.verified_chunks import Rejected, VerifiedChunks
+from tests.support.page_cache import evict
 
 SIZE = 64
 """The chunk size of these tests: files of a few chunks, the last one short."""
@@ -146,3 +151,32 @@ def test_a_read_is_a_seekable_stream_over_the_chunks_it_spans(data: Path) -> Non
         assert stream.readinto(buffer) == 40 and bytes(buffer) == raw[60:100]
         assert stream.tell() == 50 and stream.read() == raw[100:150] and stream.read(5) == b""
         chunks.finish()
+
+
+def test_a_read_closes_the_stream_before_it_so_a_reused_buffer_is_never_seen(data: Path) -> None:
+    raw, e = data.read_bytes(), entry(data)
+    reads = [(e.name, 0, 8), (e.name, SIZE, 8), (e.name, SIZE * 2, 8)]
+    with VerifiedChunks(data.parent, {e.name: e}, reads, complete=()) as chunks:
+        first = chunks.read(*reads[0])
+        second = chunks.read(*reads[1])  # chunk 1 is wanted no more: its buffer may hold chunk 3 next
+        with pytest.raises(ValueError, match="closed"):
+            first.read()
+        assert second.read() == raw[SIZE : SIZE + 8]
+        assert chunks.read(*reads[2]).read() == raw[SIZE * 2 : SIZE * 2 + 8]
+        chunks.finish()
+
+
+def test_a_file_is_cached_when_the_first_page_of_each_chunk_is_in_the_page_cache(data: Path) -> None:
+    e = entry(data)
+    data.read_bytes()
+    assert cached(data.parent, e)
+    evict(data)
+    assert not cached(data.parent, e), "one read would wait on the disk"
+    assert not cached(data.parent / "gone", e)
+
+
+def test_small_tensors_are_written_after_the_others_each_in_the_plans_order(tmp_path: Path) -> None:
+    state = {"a": torch.zeros(1 << 18), "a.step": torch.tensor(1.0), "b": torch.zeros(1 << 18), "c": [1]}
+    metadata = dcp_save(state, storage_writer=HashingWriter(tmp_path, sync_files=False), no_dist=True)
+    offsets = {index.fqn: info.offset for index, info in metadata.storage_data.items()}
+    assert offsets["c"] < offsets["a"] < offsets["b"] < offsets["a.step"], "bytes, large, then small"
