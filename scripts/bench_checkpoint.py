@@ -16,7 +16,8 @@ model + AdamW state ≈ 1 GB; ``--state-gb`` picks the layers and width nearest 
 2. the copy floor, each round right before the ftrain async save: ``copy_`` bandwidth into a preallocated
    tensor of each rank's state size (on CUDA: from the GPU into pinned host memory, as the stage copies),
    all ranks at once as in the real stage; floor = the rank's state bytes ÷ that bandwidth (the slower rank);
-3. resume: ``CheckpointManager.load()`` (marker, manifest, the digest of every shard, then ``dcp.load``) of
+3. resume: ``CheckpointManager.load()`` (marker, manifest, then ``dcp.load`` reading each shard's chunks as
+   they are verified: manifest format 3; a checkpoint of format 2 is hashed whole first) of
    the last ftrain sync checkpoint of each digest vs raw ``dcp.load`` of the last raw ``dcp.save`` one, all written
    earlier in the run: cold (their pages dropped with ``posix_fadvise(DONTNEED)``, possible because they were
    fsync'd) and cached (read again right after).

@@ -23,6 +23,7 @@ from ftrain.workers.manifest import Manifest
 from ftrain.workers.storage.location import under_root
 from ftrain.workers.storage.open import open_run
 from ftrain.workers.storage.storage_errors import OUTSIDE_RUN, StorageError, StorageUnavailable
+from ftrain.workers.storage.verdict import verify_files
 
 
 @dataclass(frozen=True)
@@ -52,10 +53,13 @@ def verified_checkpoint(state: RunState, ref: CheckpointRef) -> Iterator[Verifie
         if isinstance(manifest, str):
             raise Refused(f"{where} is refused: {manifest}")
         with store.readable(uri, manifest, manifest.files, start="export", rank=0) as local:
-            if isinstance(local.verdict, StorageUnavailable):
-                raise local.verdict
-            if local.verdict is not None:
-                raise Refused(f"{where} is refused: {local.verdict}")
+            verdict = local.verdict
+            if verdict is None:  # an export reads in batches: check every file first
+                verdict = verify_files(local.path, [f for f in manifest.files if f.name in local.left])
+            if isinstance(verdict, StorageUnavailable):
+                raise verdict
+            if verdict is not None:
+                raise Refused(f"{where} is refused: {verdict}")
             metadata = load_metadata(local.path, manifest.files)
             if isinstance(metadata, str):
                 raise Refused(f"{where} is refused: {metadata}")

@@ -5,7 +5,8 @@ Each rank judges the files it owns (its own shards; rank 0 also `.metadata` and 
 checked once in the job; the verdicts are combined so all ranks take the same way: storage out of reach stops
 the job (StorageUnavailable, raised alike on every rank; `resume` stops on it), a defect skips the candidate,
 and only when every verdict is clean does DCP load, never parsing an unverified byte, its pickles through the
-allowlist. Every backend's resume goes through here.
+allowlist (files with chunk digests verified chunk by chunk as DCP reads them, where the backend left them
+for the load). Every backend's resume goes through here.
 """
 
 import re
@@ -30,6 +31,7 @@ from ftrain.workers.dcp_reader import (
     VerifiedReader,
     combined,
     shared_metadata,
+    unchecked,
 )
 from ftrain.workers.manifest import FileEntry, Manifest
 from ftrain.workers.storage.port import Header, StepReader
@@ -137,7 +139,12 @@ def load_verified(
         try:
             dcp_load(
                 {"app": state},
-                storage_reader=VerifiedReader(local.path, metadata, local.fetch),
+                storage_reader=VerifiedReader(
+                    local.path,
+                    metadata,
+                    local.fetch,
+                    unchecked(manifest.files, mine, local.left) if local.chunked else None,
+                ),
                 planner=RestrictedLoadPlanner(),
                 process_group=group,
             )

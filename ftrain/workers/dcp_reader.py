@@ -7,18 +7,23 @@ against the manifest (the bytes parsed are the bytes verified, not a second read
 changed since) and unpickles them through `workers.unpickle`; DCP is handed the parsed metadata, and its
 non-tensor items load through the same allowlist. Tensors DCP already loads with `weights_only=True`.
 Every rank's verdict on what it read is `combined` the same way on each, so all ranks take the same way.
+
+Data files whose entries list chunk digests (format 3) may be left unchecked until the load itself: the reader
+then hands DCP each item's bytes from chunks verified for it (`workers.verified_chunks`) while a thread checks
+ahead, and fails the load (Rejected) if any chunk of the files this rank answers for is wrong, read or not.
 """
 
 import io
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, cast
 
 import torch.distributed as dist
 from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-from torch.distributed.checkpoint.filesystem import FileSystemReader
+from torch.distributed.checkpoint.filesystem import FileSystemReader, _StorageInfo
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem
 from torch.futures import Future
@@ -26,8 +31,10 @@ from torch.futures import Future
 from ftrain.workers.integrity import Hashed, digest_of
 from ftrain.workers.manifest import FileEntry
 from ftrain.workers.storage.storage_errors import StorageUnavailable
-from ftrain.workers.storage.verdict import entry_verdict, file_verdict
+from ftrain.workers.storage.verdict import absent, entry_verdict, file_verdict
 from ftrain.workers.unpickle import RefusedPickle, restricted_loads, torch_load
+from ftrain.workers.verified_chunks import Rejected as Rejected
+from ftrain.workers.verified_chunks import VerifiedChunks
 
 METADATA = ".metadata"
 Verdict = str | StorageUnavailable | None
@@ -67,18 +74,22 @@ def parse_metadata(raw: bytes, files: Sequence[FileEntry]) -> Metadata | str:
 def shared_metadata(
     path: Path, files: Sequence[FileEntry], group: dist.ProcessGroup
 ) -> Metadata | str | StorageUnavailable:
-    """`.metadata` as rank 0 holds it under `path` (verified with its own files), sent to every rank, each of
-    which parses the bytes only once they match the manifest entry: on object storage the other nodes never
-    downloaded it."""
-    raw: bytes | StorageUnavailable = b""
+    """`.metadata` as rank 0 holds it under `path`, sent to every rank, each of which parses the bytes only
+    once they match the manifest entry: on object storage the other nodes never downloaded it. Its absence
+    from a directory that lists is a defect (the reason, on every rank), any other error the storage out of
+    reach."""
+    raw: bytes | str | StorageUnavailable = b""
     if dist.get_rank() == 0 and any(f.name == METADATA for f in files):
         try:
             raw = (path / METADATA).read_bytes()
         except OSError as exc:
-            raw = StorageUnavailable(f"{path}: {exc}")
-    box: list[bytes | StorageUnavailable] = [raw]
+            try:
+                raw = absent(path / METADATA, path, exc, f"file {METADATA} missing")
+            except StorageUnavailable as unreachable:
+                raw = unreachable
+    box: list[bytes | str | StorageUnavailable] = [raw]
     dist.broadcast_object_list(box, src=0, group=group)
-    return box[0] if isinstance(box[0], StorageUnavailable) else parse_metadata(box[0], files)
+    return box[0] if isinstance(box[0], str | StorageUnavailable) else parse_metadata(box[0], files)
 
 
 def combined(verdict: Verdict, group: dist.ProcessGroup) -> str | None:
@@ -91,29 +102,79 @@ def combined(verdict: Verdict, group: dist.ProcessGroup) -> str | None:
     return next((r for r in verdicts if isinstance(r, str)), None)
 
 
-class Rejected(Exception):
-    """A file a load needs failed verification when it was fetched for the load: the checkpoint is corrupt
-    (DCP hands it to every rank, so all skip the checkpoint together)."""
+@dataclass(frozen=True)
+class Unchecked:
+    """The data files left for the load to verify chunk by chunk: the chunked entries of the manifest (by
+    name) this rank did not check whole, and the names of those it answers for (each of their chunks is
+    checked, read or not)."""
+
+    entries: dict[str, FileEntry]
+    owned: frozenset[str]
+
+
+def unchecked(files: Sequence[FileEntry], owned: Sequence[FileEntry], left: Collection[str]) -> Unchecked:
+    """The chunked files of a manifest but those of this rank's (`owned`) it checked whole before the load
+    (not in `left`); `.metadata` is none of them: every rank checks it whole before the load
+    (`parse_metadata`)."""
+    mine = {f.name for f in owned}
+    chunked = {
+        f.name: f
+        for f in files
+        if f.chunked and f.name != METADATA and (f.name not in mine or f.name in left)
+    }
+    return Unchecked(chunked, frozenset(name for name in mine if name in chunked))
 
 
 class VerifiedReader(FileSystemReader):
     """A FileSystemReader handed metadata already verified and parsed (`load_metadata`): it never reads
     `.metadata` itself. With `fetch`, each file the rank's plan reads is first handed to it by name: a file
     that is not in the verified directory yet is fetched and verified there (it raises Rejected or
-    StorageUnavailable otherwise) before any of its bytes is parsed."""
+    StorageUnavailable otherwise) before any of its bytes is parsed. With `unchecked`, the items of those
+    files come from chunks verified as the load reads them (DCP's `_slice_file`, the one place it takes an
+    item's bytes from a file), and the load fails (Rejected) unless every chunk this rank answers for checks."""
 
     def __init__(
-        self, path: str | os.PathLike[str], metadata: Metadata, fetch: Callable[[str], None] | None = None
+        self,
+        path: str | os.PathLike[str],
+        metadata: Metadata,
+        fetch: Callable[[str], None] | None = None,
+        unchecked: Unchecked | None = None,
     ) -> None:
         super().__init__(path)
         self.metadata = metadata
         self.fetch = fetch
+        self.unchecked = unchecked
+        self._chunks: VerifiedChunks | None = None
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
         if self.fetch is not None:
             for name in sorted({self.storage_data[item.storage_index].relative_path for item in plan.items}):
                 self.fetch(name)
-        return super().read_data(plan, planner)
+        if self.unchecked is None:
+            return super().read_data(plan, planner)
+        infos: list[_StorageInfo] = [self.storage_data[item.storage_index] for item in plan.items]
+        by_file: dict[str, list[_StorageInfo]] = {}
+        for info in infos:  # DCP reads file by file, each file's items in the plan's order
+            by_file.setdefault(info.relative_path, []).append(info)
+        reads = [
+            (i.relative_path, i.offset, i.length)
+            for file in by_file.values()
+            for i in file
+            if i.relative_path in self.unchecked.entries
+        ]
+        with VerifiedChunks(Path(self.path), self.unchecked.entries, reads, self.unchecked.owned) as chunks:
+            self._chunks = chunks
+            try:
+                done = super().read_data(plan, planner)
+            finally:
+                self._chunks = None
+            chunks.finish()
+        return done
+
+    def _slice_file(self, file: Any, sinfo: _StorageInfo) -> IO[bytes]:
+        if self._chunks is not None and self.unchecked and sinfo.relative_path in self.unchecked.entries:
+            return cast(IO[bytes], self._chunks.read(sinfo.relative_path, sinfo.offset, sinfo.length))
+        return super()._slice_file(file, sinfo)
 
     def read_metadata(self, *args: Any) -> Metadata:
         if self.metadata.storage_meta is None:

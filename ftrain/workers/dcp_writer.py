@@ -9,23 +9,30 @@ there is no disk wait to hide behind, and a read-back would only add a copy. DCP
 sequentially; should a future version seek, the stream notices and the file is hashed from disk instead.
 """
 
+import dataclasses
 import io
 import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path, PurePath
-from typing import IO, TYPE_CHECKING, Any, Protocol, cast
+from typing import IO, TYPE_CHECKING, Any, Final, Protocol, cast
 
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer
 
 from torch.distributed.checkpoint.filesystem import FileSystem, FileSystemBase, FileSystemWriter
+from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
+from torch.distributed.checkpoint.storage import WriteResult
+from torch.futures import Future
 
 from ftrain.host.private_files import open_private, private_dir
 from ftrain.workers.durable_files import synced_digest
-from ftrain.workers.integrity import ALGORITHM, Hashed, Hasher, hash_file
-from ftrain.workers.manifest import FileEntry
+from ftrain.workers.integrity import ALGORITHM, DIGEST_CHUNK, Hashed, Hasher, hash_file
+from ftrain.workers.manifest import FileEntry, entry_of
+
+SMALL: Final = 1 << 20
+"""Tensors smaller than this are written after the others (`small_last`)."""
 
 
 class _WriteStream(io.RawIOBase):
@@ -70,8 +77,9 @@ class _WriteStream(io.RawIOBase):
 
 
 class HashingFileSystem(FileSystem):
-    """DCP's local file system, recording each written file's size and digest by `algorithm` (renames follow
-    the file); `durable`: each file is fsync'd before its stream closes, and hashed meanwhile."""
+    """DCP's local file system, recording each written file's size and digest by `algorithm`, and its
+    chunks' (format 3), in the same pass (renames follow the file); `durable`: each file is fsync'd before
+    its stream closes, and hashed meanwhile."""
 
     def __init__(self, durable: bool, algorithm: str = ALGORITHM) -> None:
         super().__init__()
@@ -89,13 +97,16 @@ class HashingFileSystem(FileSystem):
         path = Path(path)
         access = os.O_RDWR if self.durable else os.O_WRONLY  # a durable file is read back through its fd
         with os.fdopen(open_private(path, access | os.O_TRUNC), mode) as raw:
-            stream = _WriteStream(cast(IO[bytes], raw), None if self.durable else Hasher(self.algorithm))
+            hasher = None if self.durable else Hasher(self.algorithm, DIGEST_CHUNK)
+            stream = _WriteStream(cast(IO[bytes], raw), hasher)
             yield stream
             raw.flush()
             if stream.hasher is None:
-                hashed = synced_digest(raw.fileno(), self.algorithm)
+                hashed = synced_digest(raw.fileno(), self.algorithm, DIGEST_CHUNK)
+            elif stream.sequential:
+                hashed = stream.hasher.result()
             else:
-                hashed = stream.hasher.result() if stream.sequential else hash_file(path, self.algorithm)
+                hashed = hash_file(path, self.algorithm, DIGEST_CHUNK)
         with self._lock:
             self.written[path] = hashed
 
@@ -136,10 +147,23 @@ class HashingWriter(FileSystemWriter):
         self.path = self.fs.init_path(path)
         self.root = path
 
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+        return super().write_data(small_last(plan), planner)
+
     def entries(self) -> list[FileEntry]:
         """This rank's files (names relative to the checkpoint's root), with sizes and digests."""
         fs = cast(HashedFiles, self.fs)
         return sorted(
-            (FileEntry(str(p.relative_to(self.root)), h.size, h.digest) for p, h in fs.written.items()),
+            (entry_of(str(p.relative_to(self.root)), h) for p, h in fs.written.items()),
             key=lambda e: e.name,
         )
+
+
+def small_last(plan: SavePlan) -> SavePlan:
+    """The plan with its tensors under `SMALL` bytes after the others (each kind in the plan's order; DCP writes
+    byte items first either way): the small ones (optimizer step counters, replicated norms), which other ranks
+    often load, lie together at the end of the file, in a chunk or two, instead of one in nearly every chunk (a
+    resume hashes each chunk a rank reads from whole: measured, 2 ranks of the 85m model read 0.2 MB of each
+    other's files across 28 chunks and 1, hashing 0.23 GB more), and the rest stays in the order loads read."""
+    items = sorted(plan.items, key=lambda item: (item.tensor_storage_size() or SMALL) < SMALL)
+    return dataclasses.replace(plan, items=items)

@@ -32,11 +32,12 @@ def copy_hashing(src: Path, dst: Path, algorithm: str = ALGORITHM) -> Hashed:
         return synced_digest(fout.fileno(), algorithm)
 
 
-def synced_digest(fd: int, algorithm: str = ALGORITHM) -> Hashed:
+def synced_digest(fd: int, algorithm: str = ALGORITHM, chunk_size: int = 0) -> Hashed:
     """fsync the open file `fd` (readable) while a second thread hashes it back from the page cache: the
-    hash costs no wall time where the disk wait leaves a core idle. Its size and digest."""
+    hash costs no wall time where the disk wait leaves a core idle. Its size and digest (and its chunks',
+    with a `chunk_size`)."""
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ftrain-hash") as hasher:
-        hashing = hasher.submit(hash_fd, fd, algorithm)
+        hashing = hasher.submit(hash_fd, fd, algorithm, chunk_size)
         os.fsync(fd)
         return hashing.result()
 

@@ -9,13 +9,15 @@ in for them. What identifies a checkpoint towards the log (the manifest's digest
 
 Hashing is streamed, in one pass: bytes are hashed as they are copied or written, or, for a file being
 fsync'd, read back from the page cache while the disk syncs (`hash_fd`); files hashed from disk are hashed in
-threads (hashlib and blake3 release the GIL).
+threads (hashlib and blake3 release the GIL). Given a chunk size, the same pass also digests each fixed-size
+chunk of the bytes (manifest format 3), so a reader can check a file a chunk at a time.
 """
 
 import hashlib
 import os
-from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Annotated, Final, NewType, Protocol
 
@@ -30,6 +32,11 @@ BLAKE3: Final = "blake3"
 ALGORITHMS: Final = (ALGORITHM, BLAKE3)
 """The algorithms a data file may be hashed with, each cryptographic."""
 CHUNK: Final = 8 << 20
+"""How much is read at a time when hashing a stream or a file."""
+DIGEST_CHUNK: Final = 8 << 20
+"""The span each chunk digest of a data file covers (manifest format 3): small enough that a resume parses
+the first items while the rest is still being checked, large enough that the digests stay a few KB per GB
+and each hash call runs at full speed (docs/benchmarks.md has the measurement)."""
 
 Digest = NewType("Digest", str)
 """`<algorithm>:<64 lowercase hex>`; equal digests are equal strings."""
@@ -46,7 +53,8 @@ Sha256Field = Annotated[Digest, msgspec.Meta(pattern=rf"\A{ALGORITHM}:[0-9a-f]{{
 """A manifest's digest in a stored struct (the marker's): SHA-256, the checkpoint's identity in the log."""
 
 HexField = Annotated[str, msgspec.Meta(pattern=r"\A[0-9a-f]{64}\Z")]
-"""A bare hex SHA-256 in a stored struct (manifest format 1, the log's `checkpoint_hash`)."""
+"""A bare 64-hex digest in a stored struct: SHA-256 in manifest format 1 and the log's `checkpoint_hash`; a
+chunk's, by its file entry's algorithm, in manifest format 3."""
 
 
 class UnknownAlgorithm(ValueError):
@@ -80,36 +88,81 @@ def _running(algorithm: str) -> _Running:
 
 
 class Hashed(msgspec.Struct, frozen=True):
-    """What a file's bytes came to: their count and digest."""
+    """What a file's bytes came to: their count and digest; with a `chunk_size`, the hex digest of each
+    chunk of that size in turn (the last may be shorter), by the same algorithm."""
 
     size: int
     digest: Digest
+    chunk_size: int = 0
+    chunks: tuple[str, ...] = ()
 
 
 class Hasher:
-    """A running digest over bytes as they pass by (written, copied), so none is read twice."""
+    """A running digest over bytes as they pass by (written, copied), so none is read twice; given a
+    `chunk_size`, each chunk's digest too."""
 
-    def __init__(self, algorithm: str = ALGORITHM) -> None:
+    def __init__(self, algorithm: str = ALGORITHM, chunk_size: int = 0) -> None:
         self._hash = _running(algorithm)
         self._algorithm = algorithm
+        self._chunk_size = chunk_size
+        self._chunk = _running(algorithm)
+        self._filled = 0
+        self._chunks: list[str] = []
+        self._beside: ThreadPoolExecutor | None = None
+        self._pending: list[Future[None]] = []
         self.size = 0
 
     def update(self, data: bytes | memoryview) -> None:
         """Take the next bytes into the digest."""
+        if self._chunk_size and self._beside is not None and isinstance(data, bytes):
+            self._pending.append(self._beside.submit(self._update_chunks, memoryview(data)))
+        elif self._chunk_size:
+            self._update_chunks(memoryview(data).cast("B"))
         self._hash.update(data)
         self.size += len(data)
         progress.advance(len(data))
 
+    @contextmanager
+    def chunks_beside(self) -> Iterator["Hasher"]:
+        """Within: the chunks of immutable bytes are hashed on a second thread, beside the whole file's
+        digest (a file read back while it syncs: the two hashes take two cores instead of adding up)."""
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ftrain-hash-chunks") as self._beside:
+            try:
+                yield self
+            finally:
+                for pending in self._pending:
+                    pending.result()
+                self._beside, self._pending = None, []
+
+    def _update_chunks(self, view: memoryview) -> None:
+        while view:
+            part = view[: self._chunk_size - self._filled]
+            self._chunk.update(part)
+            self._filled += len(part)
+            view = view[len(part) :]
+            if self._filled == self._chunk_size:
+                self._chunks.append(self._chunk.hexdigest())
+                self._chunk, self._filled = _running(self._algorithm), 0
+
     def result(self) -> Hashed:
-        """Size and digest of everything so far."""
-        return Hashed(self.size, Digest(f"{self._algorithm}:{self._hash.hexdigest()}"))
+        """Size and digest of everything so far (and its chunks' digests, a shorter last one included)."""
+        for pending in self._pending:
+            pending.result()
+        chunks = [*self._chunks, self._chunk.hexdigest()] if self._filled else self._chunks
+        digest = Digest(f"{self._algorithm}:{self._hash.hexdigest()}")
+        return Hashed(self.size, digest, self._chunk_size, tuple(chunks))
+
+
+def hex_of(data: bytes | memoryview, algorithm: str = ALGORITHM) -> str:
+    """The bare hex digest of bytes held in memory (a chunk's, as format 3 stores it)."""
+    running = _running(algorithm)
+    running.update(data)
+    return running.hexdigest()
 
 
 def digest_of(data: bytes, algorithm: str = ALGORITHM) -> Digest:
     """The digest of bytes held in memory (SHA-256 unless another algorithm is named)."""
-    running = _running(algorithm)
-    running.update(data)
-    return Digest(f"{algorithm}:{running.hexdigest()}")
+    return Digest(f"{algorithm}:{hex_of(data, algorithm)}")
 
 
 def from_hex(hex_sha256: str) -> Digest:
@@ -123,29 +176,29 @@ def to_hex(digest: Digest) -> str:
     return digest.removeprefix(f"{ALGORITHM}:")
 
 
-def hash_stream(stream: IO[bytes], algorithm: str = ALGORITHM) -> Hashed:
-    """Digest a stream to its end in one pass."""
-    hasher = Hasher(algorithm)
+def hash_stream(stream: IO[bytes], algorithm: str = ALGORITHM, chunk_size: int = 0) -> Hashed:
+    """Digest a stream to its end in one pass (and each chunk of `chunk_size`, when given)."""
+    hasher = Hasher(algorithm, chunk_size)
     while chunk := stream.read(CHUNK):
         hasher.update(chunk)
     return hasher.result()
 
 
-def hash_fd(fd: int, algorithm: str = ALGORITHM) -> Hashed:
-    """Size and digest of an open file's bytes, read from its start by position (the file's offset is left
-    alone, so a writer may still hold it)."""
-    hasher = Hasher(algorithm)
-    while chunk := os.pread(fd, CHUNK, hasher.size):
-        hasher.update(chunk)
-    return hasher.result()
+def hash_fd(fd: int, algorithm: str = ALGORITHM, chunk_size: int = 0) -> Hashed:
+    """Size and digest (and chunks' digests, with a `chunk_size`) of an open file's bytes, read from its start
+    by position (the file's offset is left alone, so a writer may still hold it)."""
+    with Hasher(algorithm, chunk_size).chunks_beside() as hasher:
+        while chunk := os.pread(fd, CHUNK, hasher.size):
+            hasher.update(chunk)
+        return hasher.result()
 
 
-def hash_file(path: Path, algorithm: str = ALGORITHM) -> Hashed:
-    """Size and digest of a file on disk. The kernel is asked to read the whole file ahead, so the disk
-    reads while the hash runs instead of between its chunks."""
+def hash_file(path: Path, algorithm: str = ALGORITHM, chunk_size: int = 0) -> Hashed:
+    """Size and digest (and chunks' digests, with a `chunk_size`) of a file on disk. The kernel is asked to
+    read the whole file ahead, so the disk reads while the hash runs instead of between its chunks."""
     with open(path, "rb") as f:
         os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_WILLNEED)
-        return hash_stream(f, algorithm)
+        return hash_stream(f, algorithm, chunk_size)
 
 
 def hash_files(files: Iterable[tuple[Path, str]], threads: int = 4) -> list[Hashed | OSError]:

@@ -9,6 +9,12 @@ digest is SHA-256 or BLAKE3, as its writer was configured (`workers.integrity`),
 name its digest carries, so format 2 holds either without a new field or a format of its own (a manifest of
 before BLAKE3 reads as it always did: every digest names sha256). The manifest's own digest, in the marker
 and the log, is always SHA-256.
+
+Format 3 adds, per data file, the digest of each fixed-size chunk (`chunk_size`, `chunks`, by the entry's
+algorithm) beside the whole file's digest, which stays what it was: the root every whole-file check (the CLI's
+verify, a download, a format 2 reader) compares. A resume checks a file chunk by chunk instead, so DCP parses
+a chunk's items as soon as that chunk is verified. Entries without chunks (formats 1 and 2, files put whole)
+read as before.
 """
 
 from datetime import datetime
@@ -16,22 +22,36 @@ from typing import Any
 
 import msgspec
 
-from ftrain.workers.integrity import DigestField, HexField, Sha256Field, algorithm_of, from_hex
+from ftrain.workers.integrity import DigestField, Hashed, HexField, Sha256Field, algorithm_of, from_hex
 
-FORMAT = 2
+FORMAT = 3
 
 
-class FileEntry(msgspec.Struct, frozen=True):
-    """One data file of a checkpoint."""
+class FileEntry(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One data file of a checkpoint: its size and digest, and (format 3) its chunks' digests."""
 
     name: str
     size: int
     digest: DigestField
+    chunk_size: int = 0
+    """The span of each chunk digest (the last chunk may be shorter); 0: the file has none."""
+    chunks: tuple[HexField, ...] = ()
+    """The hex digest of each chunk in turn, by the algorithm `digest` names."""
 
     @property
     def algorithm(self) -> str:
         """The algorithm its digest names: the one its bytes are checked with."""
         return algorithm_of(self.digest)
+
+    @property
+    def chunked(self) -> bool:
+        """Whether its chunks' digests are listed: a reader may check it a chunk at a time."""
+        return self.chunk_size > 0
+
+
+def entry_of(name: str, hashed: Hashed) -> FileEntry:
+    """The manifest entry of a data file named `name` whose bytes came to `hashed`."""
+    return FileEntry(name, hashed.size, hashed.digest, hashed.chunk_size, hashed.chunks)
 
 
 class Manifest(msgspec.Struct, frozen=True, kw_only=True):

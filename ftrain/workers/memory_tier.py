@@ -38,8 +38,9 @@ from ftrain.workers.integrity import digest_of, to_hex
 from ftrain.workers.layout import MANIFEST, MARKER
 from ftrain.workers.manifest import FileEntry, Manifest, Marker, decode_manifest, encode_manifest
 from ftrain.workers.stage_dir import claim_dir
-from ftrain.workers.storage.file.checkpoint_dir import read_manifest, verify_files
+from ftrain.workers.storage.file.checkpoint_dir import read_manifest
 from ftrain.workers.storage.storage_errors import StorageUnavailable
+from ftrain.workers.storage.verdict import verify_files
 
 __all__ = [
     "FREE_SHARE",

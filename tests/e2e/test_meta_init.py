@@ -29,7 +29,8 @@ import torch
 from ftrain.examples.model import MODELS, TinyGPT, parameter_count
 from ftrain.workers.layout import complete_steps
 from ftrain.workers.manifest import Manifest
-from ftrain.workers.storage.file.checkpoint_dir import read_manifest, verify_files
+from ftrain.workers.storage.file.checkpoint_dir import read_manifest
+from ftrain.workers.storage.verdict import verify_files
 from tests.support.training import final_digest, metrics, resumed_step, torchrun_command, torchrun_env
 
 pytestmark = [

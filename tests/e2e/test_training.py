@@ -20,6 +20,7 @@ from ftrain.workers.layout import MANIFEST, MARKER, complete_steps
 from ftrain.workers.manifest import FileEntry, Marker, decode_manifest, encode_manifest
 from ftrain.workers.stage_dir import same_device
 from ftrain.workers.storage.file.checkpoint_dir import marker_hash, read_manifest, verify_checkpoint
+from tests.support.page_cache import evict
 from tests.support.training import final_digest, metrics, resumed_step, torchrun
 
 pytestmark = pytest.mark.timeout(600)
@@ -131,7 +132,9 @@ def test_corrupt_checkpoints_are_skipped_together_and_none_valid_exits_1(
     final_digest(torchrun(ckpt, *flags))
     assert complete_steps(ckpt) == [30, 25, 20, 15]
 
-    flip(ckpt / "step-30" / "__1_0.distcp")  # only rank 1 reads it: the verdict must still be everyone's
+    # the last byte of the last file, so in its last chunk: rank 1 alone reads it, and it is found after DCP
+    # parsed the items of the chunks before it; the verdict must still be everyone's
+    flip(ckpt / "step-30" / "__1_0.distcp", at=-1)
     with (ckpt / "step-25" / "__0_0.distcp").open("r+b") as f:
         f.truncate(100)
     (ckpt / "step-20" / ".metadata").unlink()
@@ -163,11 +166,13 @@ def test_corrupt_checkpoints_are_skipped_together_and_none_valid_exits_1(
     assert "every checkpoint was found corrupt by an earlier start" in fourth.stderr
 
 
-def flip(path: Path) -> None:
-    """Flip one byte in the middle of a file."""
+def flip(path: Path, at: int | None = None) -> None:
+    """Flip one byte of a file: at `at`, else in its middle; the file is then put out of the page cache, so a
+    resume checks it chunk by chunk as it reads it."""
     data = bytearray(path.read_bytes())
-    data[len(data) // 2] ^= 0xFF
+    data[len(data) // 2 if at is None else at] ^= 0xFF
     path.write_bytes(bytes(data))
+    evict(path)
 
 
 def test_a_malicious_metadata_sealed_with_a_matching_manifest_is_refused_and_never_runs(

@@ -25,6 +25,7 @@ from ftrain.workers.storage.open import open_run
 from ftrain.workers.storage.port import RunStorage, StoredCheckpoint
 from ftrain.workers.storage.s3.run_prefix import S3Run
 from ftrain.workers.storage.storage_errors import CheckpointExists, Fenced, StorageError, StorageUnavailable
+from ftrain.workers.storage.verdict import verify_files
 from tests.support.rank_files import write_rank
 from tests.support.s3 import Endpoint
 
@@ -106,7 +107,10 @@ def save(store: RunStorage, step: int, attempt: int = 0, *, staged: bool = False
     entries = []
     for rank, names in enumerate(([".metadata", "__0_0.distcp"], ["__1_0.distcp"])):
         mine = write_rank(store, uri, step, rank, {name: FILES[name] for name in names}, staged=staged)
-        assert mine == [FileEntry(n, len(FILES[n]), digest_of(FILES[n])) for n in sorted(names)]
+        # chunk digests (format 3) are listed where a local file is written, not by an S3 stream
+        assert [(e.name, e.size, e.digest) for e in mine] == [
+            (n, len(FILES[n]), digest_of(FILES[n])) for n in sorted(names)
+        ]
         entries += mine
     return store.seal(uri, manifest(step, entries), attempt)
 
@@ -155,7 +159,12 @@ class StoreCases:
         with store.readable(
             written.uri, written.manifest, written.manifest.files, start="s2", rank=0
         ) as local:
-            assert local.verdict == "file __0_0.distcp hash mismatch"
+            verdict = local.verdict
+            if verdict is None:  # a file left for the load to check chunk by chunk, checked as export does
+                verdict = verify_files(
+                    local.path, [f for f in written.manifest.files if f.name in local.left]
+                )
+            assert verdict == "file __0_0.distcp hash mismatch"
         backend.overwrite(written.uri, MANIFEST, b"{}")
         assert (
             store.read_manifest(written.uri, written.checkpoint_hash, run_id=RUN, step=10)

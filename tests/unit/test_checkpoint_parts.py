@@ -35,7 +35,7 @@ from ftrain.experiments.inputs import set_aside_steps
 from ftrain.train.checkpointing import CheckpointManager
 from ftrain.train.resume_load import owned
 from ftrain.workers.dcp_writer import HashingFileSystem, HashingWriter
-from ftrain.workers.integrity import Digest, Hashed, hash_file
+from ftrain.workers.integrity import DIGEST_CHUNK, Digest, Hashed, hash_file, hex_of
 from ftrain.workers.layout import (
     MANIFEST,
     MARKER,
@@ -80,9 +80,9 @@ def spy_hash_file(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
     """Record the files the DCP writer hashes from disk (rather than in its write path)."""
     calls: list[Path] = []
 
-    def spy(path: Path, algorithm: str) -> Hashed:
+    def spy(path: Path, algorithm: str, chunk_size: int = 0) -> Hashed:
         calls.append(Path(path))
-        return hash_file(path, algorithm)
+        return hash_file(path, algorithm, chunk_size)
 
     monkeypatch.setattr(ftrain.workers.dcp_writer, "hash_file", spy)
     return calls
@@ -119,9 +119,9 @@ def test_hashing_writer_lists_every_file_dcp_wrote_with_its_digest(
         synced.append(os.fstat(fd).st_ino)
         real_fsync(fd)
 
-    def hash_fd(fd: int, algorithm: str) -> Hashed:
+    def hash_fd(fd: int, algorithm: str, chunk_size: int = 0) -> Hashed:
         read_back.append(os.fstat(fd).st_ino)
-        return real_hash_fd(fd, algorithm)
+        return real_hash_fd(fd, algorithm, chunk_size)
 
     monkeypatch.setattr(os, "fsync", fsync)
     monkeypatch.setattr(ftrain.workers.durable_files, "hash_fd", hash_fd)
@@ -156,10 +156,10 @@ def test_a_stream_that_was_seeked_is_hashed_from_disk_and_renames_follow_the_fil
         stream.seek(10)
         stream.write(b"Y")
 
-    assert fs.written[seq] == Hashed(11, sha256(b"hello world"))
+    assert fs.written[seq] == Hashed(11, sha256(b"hello world"), DIGEST_CHUNK, (hex_of(b"hello world"),))
     expected = b"x" * 10 + b"Y" + b"x" * 989
     assert seeked.read_bytes() == expected
-    assert fs.written[seeked] == Hashed(1000, sha256(expected))
+    assert fs.written[seeked] == Hashed(1000, sha256(expected), DIGEST_CHUNK, (hex_of(expected),))
     assert from_disk == [seeked]
 
     fs.rename(seeked, tmp_path / "final.bin")
@@ -223,14 +223,15 @@ def sealed(root: Path, step: int) -> WrittenCheckpoint:
     return write_checkpoint(root, run_id=RUN, step=step, epoch=0, shards=1, sources=[("state.json", state)])
 
 
-def test_a_checkpoint_is_written_in_format_2_and_the_log_still_gets_the_bare_hex_hash(tmp_path: Path) -> None:
-    """Stored digests name their algorithm; the `checkpointed` event keeps the 64-hex form its consumers read."""
+def test_a_checkpoint_is_written_in_format_3_and_the_log_still_gets_the_bare_hex_hash(tmp_path: Path) -> None:
+    """Stored digests name their algorithm; a file put whole lists no chunks (its entry reads as format 2's);
+    the `checkpointed` event keeps the 64-hex form its consumers read."""
     written = sealed(tmp_path, 10)
     raw = (written.path / MANIFEST).read_bytes()
     stored = msgspec.json.decode(raw)
     marker = msgspec.json.decode((written.path / MARKER).read_bytes())
 
-    assert stored["format"] == 2
+    assert stored["format"] == 3
     assert stored["files"] == [{"name": "state.json", "size": 11, "digest": sha256(b'{"step":10}')}]
     assert marker == {"manifest_digest": sha256(raw), "step": 10}
     assert written.checkpoint_hash == hashlib.sha256(raw).hexdigest() == marker_hash(written.path)

@@ -306,12 +306,13 @@ def test_each_checkpoint_file_has_its_vector_digest() -> None:
     )
 
 
-def test_the_manifest_is_written_in_format_2_byte_for_byte() -> None:
+def test_the_format_2_vector_manifest_reads_and_writes_byte_for_byte_and_new_ones_are_format_3() -> None:
     raw = (CHECKPOINT / "manifest.json").read_bytes()
-    assert FORMAT == 2
-    assert encode_manifest(vector_manifest()) == raw
-    assert decode_manifest(raw) == vector_manifest()
+    format_2 = msgspec.structs.replace(vector_manifest(), format=2)
+    assert encode_manifest(format_2) == raw
+    assert decode_manifest(raw) == format_2
     assert msgspec.json.decode(raw)["format"] == 2
+    assert FORMAT == 3 and msgspec.json.decode(encode_manifest(vector_manifest()))["format"] == 3
 
 
 def test_the_manifest_lists_its_files_in_name_order_whatever_order_they_came_in() -> None:
@@ -351,12 +352,12 @@ def test_a_manifest_written_before_blake3_reads_each_file_as_sha256_in_either_fo
     assert [f.algorithm for f in decode_manifest(msgspec.json.encode(old)).files] == ["sha256"]
 
 
-def test_a_blake3_file_entry_is_format_2_and_round_trips_while_the_marker_stays_sha256() -> None:
+def test_a_blake3_file_entry_round_trips_while_the_marker_stays_sha256() -> None:
     data = (CHECKPOINT / "state.json").read_bytes()
     entry = FileEntry("state.json", len(data), digest_of(data, "blake3"))
     manifest = msgspec.structs.replace(vector_manifest(), files=(entry,))
     raw = encode_manifest(manifest)
-    assert decode_manifest(raw) == manifest and msgspec.json.decode(raw)["format"] == FORMAT == 2
+    assert decode_manifest(raw) == manifest and msgspec.json.decode(raw)["format"] == FORMAT
     assert msgspec.json.decode(raw)["files"][0]["digest"] == "blake3:" + blake3.blake3(data).hexdigest()
     with pytest.raises(msgspec.ValidationError):  # read as neither format: its marker is unreadable
         decode_marker(msgspec.json.encode({"manifest_digest": digest_of(raw, "blake3"), "step": 100}))

@@ -60,11 +60,16 @@ class RankFiles(msgspec.Struct, frozen=True):
 @dataclass(frozen=True)
 class Readable:
     """A rank's owned files of a candidate, local and judged: the directory DCP reads from, this rank's
-    verdict on its files (None: clean), and the hook that fetches a file the load needs that `path` lacks."""
+    verdict on its files (None: clean), and the hook that fetches a file the load needs that `path` lacks.
+    `chunked`: the load checks chunk by chunk the files with chunk digests it reads and this rank did not
+    check (`workers.dcp_reader.unchecked`); `left`: those of its files it left for the load so (the verdict is
+    on the others)."""
 
     path: Path
     verdict: str | StorageUnavailable | None
     fetch: Callable[[str], None] | None = None
+    chunked: bool = False
+    left: frozenset[str] = frozenset()
 
 
 class StepWriter(Protocol):

@@ -4,11 +4,12 @@ from a local directory (a file system's step, a node's download cache), whether 
 storage out of reach."""
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import msgspec
 
-from ftrain.workers.integrity import ALGORITHMS, Hashed, digest_of, from_hex
+from ftrain.workers.integrity import ALGORITHMS, Hashed, digest_of, from_hex, hash_files
 from ftrain.workers.manifest import FileEntry, Manifest, Marker, decode_manifest
 from ftrain.workers.storage.storage_errors import StorageUnavailable
 
@@ -36,7 +37,19 @@ def judge_manifest(
                 f"file {entry.name} names digest algorithm {entry.algorithm!r}, unknown to this ftrain "
                 f"(it checks {', '.join(ALGORITHMS)})"
             )
+        if reason := chunks_verdict(entry):
+            return reason
     return manifest
+
+
+def chunks_verdict(entry: FileEntry) -> str | None:
+    """Why an entry's chunk digests cannot cover its file (a chunk size without them, or too many or too
+    few for its size); None when they can, or it lists none."""
+    if entry.chunk_size < 0 or (entry.chunks and not entry.chunk_size):
+        return f"file {entry.name} lists chunk digests of {entry.chunk_size} bytes"
+    if entry.chunked and len(entry.chunks) != -(-entry.size // entry.chunk_size):
+        return f"file {entry.name} lists {len(entry.chunks)} chunk digests for {entry.size} bytes"
+    return None
 
 
 def entry_verdict(entry: FileEntry, found: Hashed) -> str | None:
@@ -76,3 +89,12 @@ def file_verdict(path: Path, entry: FileEntry, found: Hashed | OSError) -> str |
     if isinstance(found, OSError):
         return absent(path / entry.name, path, found, f"file {entry.name} missing")
     return entry_verdict(entry, found)
+
+
+def verify_files(path: Path, entries: Sequence[FileEntry]) -> str | None:
+    """None when every listed file under `path` has its size and digest (hashed in threads, each with the
+    algorithm its entry names), else why not.
+    Raises StorageUnavailable when a file cannot be read for a reason other than its absence from `path`."""
+    results = hash_files([(path / f.name, f.algorithm) for f in entries])
+    verdicts = (file_verdict(path, entry, result) for entry, result in zip(entries, results, strict=True))
+    return next((v for v in verdicts if v), None)

@@ -10,7 +10,6 @@ manifest bytes; this module converts it to and from the stored digests.
 import os
 import socket
 import uuid
-from collections.abc import Sequence
 from pathlib import Path
 
 import msgspec
@@ -22,7 +21,7 @@ from ftrain.host.nofollow import remove_dir, rename_entry
 from ftrain.host.private_files import DIR_MODE, private_dir
 from ftrain.host.processes import pid_alive
 from ftrain.workers.durable_files import copy_hashing, write_file
-from ftrain.workers.integrity import ALGORITHM, digest_of, hash_files, to_hex
+from ftrain.workers.integrity import ALGORITHM, digest_of, to_hex
 from ftrain.workers.layout import (
     MANIFEST,
     MARKER,
@@ -43,11 +42,12 @@ from ftrain.workers.manifest import (
     decode_manifest,
     decode_marker,
     encode_manifest,
+    entry_of,
 )
 from ftrain.workers.storage.location import path_uri, uri_path
 from ftrain.workers.storage.port import StoredCheckpoint
 from ftrain.workers.storage.storage_errors import CheckpointExists, StorageError, StorageUnavailable
-from ftrain.workers.storage.verdict import absent, file_verdict, judge_manifest, unavailable
+from ftrain.workers.storage.verdict import absent, judge_manifest, unavailable, verify_files
 
 log = structlog.get_logger(__name__)
 
@@ -89,7 +89,7 @@ def write_source(assembly: Path, name: str, src: bytes | Path, algorithm: str = 
     dst = assembly / name
     private_dir(dst.parent, tighten=False)
     hashed = write_file(dst, src, algorithm) if isinstance(src, bytes) else copy_hashing(src, dst, algorithm)
-    return FileEntry(name, hashed.size, hashed.digest)
+    return entry_of(name, hashed)
 
 
 def remove_dead_assemblies(run: Path) -> list[Path]:
@@ -192,15 +192,6 @@ def _read_marker(path: Path) -> Marker | str:
         return absent(path / MARKER, path, exc, "completion marker missing")
     except (msgspec.DecodeError, msgspec.ValidationError):
         return "completion marker unreadable"
-
-
-def verify_files(path: Path, entries: Sequence[FileEntry]) -> str | None:
-    """None when every listed file under `path` has its size and digest (hashed in threads, each with the
-    algorithm its entry names), else why not.
-    Raises StorageUnavailable when a file cannot be read for a reason other than its absence from `path`."""
-    results = hash_files([(path / f.name, f.algorithm) for f in entries])
-    verdicts = (file_verdict(path, entry, result) for entry, result in zip(entries, results, strict=True))
-    return next((v for v in verdicts if v), None)
 
 
 def set_aside(path: Path, kind: SetAsideKind, tag: str) -> Path | None:

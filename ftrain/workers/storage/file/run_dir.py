@@ -36,10 +36,12 @@ from ftrain.workers.stage_dir import local_files, remove_leftovers, safe_stage_d
 from ftrain.workers.storage.file import checkpoint_dir as fs
 from ftrain.workers.storage.file import fence_file, retention
 from ftrain.workers.storage.file.fanout import fan_out
+from ftrain.workers.storage.file.page_cache import cached
 from ftrain.workers.storage.file.probe_dir import probe_dir
 from ftrain.workers.storage.location import Location, path_uri, uri_path
 from ftrain.workers.storage.port import RankFiles, Readable, StoredCheckpoint
 from ftrain.workers.storage.storage_errors import StorageUnavailable
+from ftrain.workers.storage.verdict import verify_files
 
 if TYPE_CHECKING:
     from ftrain.workers.dcp_writer import HashingWriter
@@ -128,13 +130,15 @@ class FileRun:
     def readable(
         self, uri: str, manifest: Manifest, files: Sequence[FileEntry], *, start: str, rank: int
     ) -> Iterator[Readable]:
-        """The files verified in place: the step directory is what DCP reads."""
+        """The files verified in place, those with chunk digests as the load reads them unless every chunk
+        is in the page cache already (`cached`): the step directory is what DCP reads."""
         path = uri_path(uri)
+        left = [f for f in files if f.chunked and not cached(path, f)]
         try:
-            verdict: str | StorageUnavailable | None = fs.verify_files(path, files)
+            verdict: str | StorageUnavailable | None = verify_files(path, [f for f in files if f not in left])
         except StorageUnavailable as exc:
             verdict = exc
-        yield Readable(path, verdict)
+        yield Readable(path, verdict, chunked=True, left=frozenset(f.name for f in left))
 
     def verify(
         self, uri: str, expected_hash: str, *, run_id: str | None = None, step: int | None = None
