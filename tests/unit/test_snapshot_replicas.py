@@ -24,7 +24,7 @@ from ftrain.events.schema import (
 )
 from ftrain.workers.integrity import digest_of
 from ftrain.workers.manifest import FileEntry, Manifest
-from ftrain.workers.snapshot_parts import part_replicas, snapshot_parts
+from ftrain.workers.snapshot_parts import Outcome, part_replicas, snapshot_parts
 from tests.support.builders import fold
 from tests.unit.test_judge_rules import RUN, launched
 from tests.unit.test_memory_tier_rules import FAILED, from_memory
@@ -78,7 +78,7 @@ def test_a_job_on_more_nodes_than_the_log_names_records_no_parts() -> None:
 
 def test_each_outcome_counts_for_the_node_whose_replica_it_is() -> None:
     # rank r holds the replica of rank (r - 2) % 4: rank 1 holds rank 3's (node 1), rank 2 rank 0's (node 0)
-    held = ["landed", "dropped", "failed", "landed"]
+    held: list[Outcome] = ["landed", "dropped", "failed", "landed"]
     assert part_replicas(held, 2) == (
         PartReplicas(node=0, landed=1, failed=1),
         PartReplicas(node=1, landed=1, dropped=1),
