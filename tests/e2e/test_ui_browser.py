@@ -14,7 +14,7 @@ import pytest
 from ftrain.events.jetstream.nats_server import ServerProcess
 from ftrain.service import RunService
 from tests.integration.test_failures import checkpoint, launch
-from tests.integration.test_snapshot_replicas import record_snapshot
+from tests.integration.test_snapshot_replicas import NODE_ROWS, record_snapshot
 from tests.integration.test_terminal_text import hostile_log
 from tests.support.big_run import long_run, publish
 from tests.support.browser import CHROMIUM, Browser
@@ -151,16 +151,7 @@ def _browse(browser: Browser, url: str, base: str, shots: Path) -> None:
     nodes = browser.evaluate(
         "[...document.querySelectorAll('table.memory tbody tr')].map(r => [...r.cells].map(c => c.innerText))"
     )
-    assert nodes == [
-        ["0", "gpu-a", "ranks 0-1", "30", "replica on node 1 (gpu-b): landed"],
-        [
-            "1",
-            "gpu-b",
-            "ranks 2-3",
-            "50",
-            "replica on node 0 (gpu-a): dropped (1 landed, 1 dropped, 0 failed)",
-        ],
-    ]
+    assert nodes == NODE_ROWS
     browser.screenshot(shots / "memory.png", full_page=True)
     browser.open(f"{base}/runs/nope")
     assert "unknown run 'nope'" in text_of(browser)

@@ -19,6 +19,11 @@ from tests.unit.test_snapshot_replicas import TWO_NODES
 
 FLUSH_S = 30.0
 ENDED = (PartReplicas(node=0, landed=2), PartReplicas(node=1, landed=1, dropped=1))
+NODE_ROWS = [
+    ["0", "gpu-a", "ranks 0-1", "30", "replica on node 1 (gpu-b): landed"],
+    ["1", "gpu-b", "ranks 2-3", "50", "replica on node 0 (gpu-a): dropped (1 landed, 1 dropped, 0 failed)"],
+]
+"""The web view's Memory snapshot rows of `record_snapshot`'s run: node, host, ranks, bytes, replica."""
 
 
 def snapshot(run_id: str = RUN, step: int = 40) -> Snapshotted:

@@ -21,7 +21,7 @@ import pytest
 from ftrain.events.jetstream.nats_server import ServerProcess
 from ftrain.service import RunService
 from tests.integration.test_failures import checkpoint, launch
-from tests.integration.test_snapshot_replicas import record_snapshot
+from tests.integration.test_snapshot_replicas import NODE_ROWS, record_snapshot
 from tests.integration.test_terminal_text import hostile_log
 from tests.support.processes import ftrain_process, modules_imported_by
 from tests.support.servers import stream_last_seq
@@ -142,16 +142,7 @@ async def test_a_run_page_shows_each_nodes_snapshot_part_and_its_replica(
         [re.sub("<[^>]+>", "", c) for c in re.findall(r"<td[^>]*>(.*?)</td>", row)]
         for row in re.findall(r"<tr class=.*?</tr>", memory.group())
     ]
-    assert rows == [
-        ["0", "gpu-a", "ranks 0-1", "30", "replica on node 1 (gpu-b): landed"],
-        [
-            "1",
-            "gpu-b",
-            "ranks 2-3",
-            "50",
-            "replica on node 0 (gpu-a): dropped (1 landed, 1 dropped, 0 failed)",
-        ],
-    ]
+    assert rows == NODE_ROWS
 
 
 @pytest.mark.usefixtures("log")
