@@ -103,7 +103,9 @@ def run(args: argparse.Namespace, base: Path) -> dict[str, Any]:
     tier_config = msgspec.structs.replace(config, run_id=RUN, memory_every=1, memory_root=root)
     recorded: list[Snapshotted] = []
     tier = MemoryTier(
-        tier_config, lambda step, epoch, files: manifest_of(step, epoch, files), recorded.append
+        tier_config,
+        lambda step, epoch, files: manifest_of(step, epoch, files),
+        lambda event: recorded.append(event) if isinstance(event, Snapshotted) else None,
     )
     tier.ready()
     source, floor_buffer = (

@@ -11,7 +11,7 @@ import msgspec
 import nats.errors
 
 from ftrain.cli import goodput_view, render
-from ftrain.domain.lifecycle import CheckpointRef, RunState, SnapshotRef
+from ftrain.domain.lifecycle import CheckpointRef, NodeCopy, RunState, SnapshotRef
 from ftrain.errors import NotFound
 from ftrain.events.jetstream.lease import LeaseView
 from ftrain.events.lease_record import held_for
@@ -33,11 +33,25 @@ def checkpoint_document(ref: CheckpointRef) -> dict[str, Any]:
 
 def snapshot_document(ref: SnapshotRef) -> dict[str, Any]:
     """The newest memory snapshot in `status --json`: its event's fields, the node that recorded it, its
-    status and reason."""
+    status and reason, and `nodes`: each node's part and its replica (`node_document`; empty when the event
+    names no parts)."""
     r = ref.recorded
     return {"seq": r.seq, "step": r.step, "epoch": r.epoch, "shards": r.shards, "uri": r.uri,
             "host": r.actor.host if r.actor else None, "checkpoint_hash": r.checkpoint_hash,
-            "size_bytes": r.size_bytes, "time": r.time, "status": ref.status, "reason": ref.reason}  # fmt: skip
+            "size_bytes": r.size_bytes, "time": r.time, "status": ref.status, "reason": ref.reason,
+            "nodes": [node_document(c) for c in ref.nodes()]}  # fmt: skip
+
+
+def node_document(copy: NodeCopy) -> dict[str, Any]:
+    """One node's part of the snapshot: `node` (its rank among the nodes), `host`, `first_rank`, `ranks`,
+    `size_bytes`, `replica_node` and `replica_host` (null: no replica), `replica` (`landed`, `dropped`,
+    `pending` or `none`) and, once the exchange ended, `landed`, `dropped`, `failed` (its ranks' replicas;
+    null before)."""
+    part, counts = copy.part, copy.replicas
+    return {"node": part.node, "host": part.host, "first_rank": part.first_rank, "ranks": part.ranks,
+            "size_bytes": part.size_bytes, "replica_node": part.replica_node, "replica_host": copy.replica_host,
+            "replica": copy.replica, "landed": counts and counts.landed, "dropped": counts and counts.dropped,
+            "failed": counts and counts.failed}  # fmt: skip
 
 
 def view_document(view: RunView, *, whole: bool = True) -> dict[str, Any]:

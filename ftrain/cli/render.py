@@ -12,7 +12,7 @@ from ftrain.console.output import emit as emit
 from ftrain.console.output import emit_json as emit_json
 from ftrain.console.visible_text import visible
 from ftrain.domain.chain_walk import Finding
-from ftrain.domain.lifecycle import RunState, SnapshotRef, rank_count, skipped_line
+from ftrain.domain.lifecycle import NodeCopy, RunState, SnapshotRef, rank_count, skipped_line
 from ftrain.domain.vouching import Vouched
 from ftrain.events.schema import (
     AnyEvent,
@@ -23,6 +23,7 @@ from ftrain.events.schema import (
     Failed,
     Launched,
     Resumed,
+    SnapshotReplicated,
     Snapshotted,
 )
 from ftrain.supervise.launch_spec import format_command
@@ -111,7 +112,7 @@ def status(state: RunState, moment: datetime) -> list[str]:
         f"state       {state.status}",
         f"step        {state.step} (epoch {state.epoch})",
         f"checkpoint  {last}",
-        *([f"memory      {memory_snapshot(state.snapshot)}"] if state.snapshot is not None else []),
+        *(memory_lines(state.snapshot) if state.snapshot is not None else []),
         *(
             [f"data        {data_position(data, valid.recorded.shards)}"]
             if valid and isinstance(data, DataPosition)
@@ -149,6 +150,40 @@ def memory_snapshot(snapshot: SnapshotRef) -> str:
     return f"step {r.step} epoch {r.epoch} on {on}, {r.size_bytes} bytes (hash {short_hash(r.checkpoint_hash)}){refused}"
 
 
+def memory_lines(snapshot: SnapshotRef) -> list[str]:
+    """The `memory` lines of `status`: the newest snapshot, then each node's part and its replica."""
+    return [
+        f"memory      {memory_snapshot(snapshot)}",
+        *(f"{'  node ' + str(c.part.node):<12}{node_copy(c)}" for c in snapshot.nodes()),
+    ]
+
+
+def ranks(first: int, count: int) -> str:
+    """`rank 3`, `ranks 0-3`."""
+    return f"rank {first}" if count == 1 else f"ranks {first}-{first + count - 1}"
+
+
+def replica(copy: NodeCopy) -> str:
+    """Where a node's part of the snapshot is replicated and whether it landed there: `replica on node 1
+    (gpu-b): landed`, `…: dropped (1 landed, 1 dropped, 0 failed)`, `…: pending`, or `no replica (one node)`."""
+    if copy.replica == "none":
+        return "no replica (one node)"
+    on = f"node {copy.part.replica_node}" + (f" ({copy.replica_host})" if copy.replica_host else "")
+    counts = copy.replicas
+    detail = (
+        f" ({counts.landed} landed, {counts.dropped} dropped, {counts.failed} failed)"
+        if copy.replica == "dropped" and counts is not None
+        else ""
+    )
+    return f"replica on {on}: {copy.replica}{detail}"
+
+
+def node_copy(copy: NodeCopy) -> str:
+    """One node's part of the snapshot: `gpu-a ranks 0-1, 2048 bytes; replica on node 1 (gpu-b): landed`."""
+    part = copy.part
+    return f"{part.host} {ranks(part.first_rank, part.ranks)}, {part.size_bytes} bytes; {replica(copy)}"
+
+
 def table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> list[str]:
     """Left-aligned columns, measured as they will be shown (escapes included)."""
     cells = [[visible(str(c)) for c in r] for r in [header, *rows]]
@@ -181,6 +216,10 @@ def summary(event: AnyEvent) -> str:
         return f"{allocation(event)} {event.strategy} rdzv {event.rdzv_endpoint}"
     if isinstance(event, Checkpointed | Snapshotted):
         return f"step {event.step} epoch {event.epoch} hash {short_hash(event.checkpoint_hash)} {event.uri}"
+    if isinstance(event, SnapshotReplicated):
+        landed = sum(r.landed for r in event.replicas)
+        of = sum(r.landed + r.dropped + r.failed for r in event.replicas)
+        return f"step {event.step} (snapshot seq {event.snapshot_seq}): {landed} of {of} replicas landed"
     if isinstance(event, Failed):
         return event.reason + (f" exit {event.exit_code}" if event.exit_code is not None else "")
     if isinstance(event, Resumed):

@@ -13,7 +13,8 @@ import msgspec
 from msgspec import UNSET, UnsetType
 
 EVENT_TYPES = (
-    "launched", "checkpointed", "snapshotted", "failed", "resumed", "corrupt_skipped", "completed",
+    "launched", "checkpointed", "snapshotted", "snapshot_replicated", "failed", "resumed", "corrupt_skipped",
+    "completed",
 )  # fmt: skip
 Tier = Literal["memory", "peer"]
 """Where a copy of the state lives, when not in durable storage: `memory`, node-local memory (a private
@@ -38,6 +39,10 @@ MAX_CPUS_PER_NODE = 65_536
 MAX_SHARDS = MAX_NODES * MAX_GPUS_PER_NODE
 MAX_AMOUNT = 1e12  # GPU-hours, seconds: far beyond any real run, finite
 MAX_EVENT_BYTES = 512 * 1024  # half the server's 1 MiB payload limit: the seal and headers must fit too
+MAX_SNAPSHOT_PARTS = 2_048
+"""The most nodes whose parts a `snapshotted` (and its `snapshot_replicated`) names one by one: a job on more
+records its snapshot without them. At most about 170 bytes a part, well within MAX_EVENT_BYTES."""
+HOST_MAX = 64  # Linux's HOST_NAME_MAX
 
 Count = Annotated[int, msgspec.Meta(ge=0, le=INT64_MAX)]
 RETIRED_MAX: typing.Final = 64
@@ -170,6 +175,19 @@ class Checkpointed(StateCopy, frozen=True, kw_only=True, tag="checkpointed"):
     a trainer from before retention named them. At most RETIRED_MAX: the oldest first, the rest next time."""
 
 
+class SnapshotPart(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """One node's part of a memory snapshot: the node (its rank among the job's nodes, and its host name),
+    the ranks whose state it holds (`ranks` of them from `first_rank`), their bytes, and the node its replica
+    goes to (None: a job of one node keeps no replica)."""
+
+    node: Count
+    host: Annotated[str, msgspec.Meta(max_length=HOST_MAX)]
+    first_rank: Count
+    ranks: Shards
+    size_bytes: Count
+    replica_node: Count | None = None
+
+
 class Snapshotted(StateCopy, frozen=True, kw_only=True, tag="snapshotted"):
     """A verified snapshot of the whole job's state exists in node-local memory (the memory tier, under the
     durable one): each rank's files on its own node, `checkpoint_hash` the SHA-256 of the canonical manifest
@@ -179,6 +197,39 @@ class Snapshotted(StateCopy, frozen=True, kw_only=True, tag="snapshotted"):
     (it neither advances the run's step, nor takes part in retention, `ftrain verify`, export or the
     relaunch's choice), and it lives and dies with its node. Only the newest one counts. Its `uri` is rank
     0's snapshot directory on its node (what an operator looks at; each rank's resume finds its own)."""
+
+    parts: Annotated[tuple[SnapshotPart, ...], msgspec.Meta(max_length=MAX_SNAPSHOT_PARTS)] | UnsetType = (
+        UNSET
+    )
+    """Where each node's part lives, in node order; unset: written before parts were named, or a job on more
+    than MAX_SNAPSHOT_PARTS nodes."""
+
+
+class PartReplicas(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """What became of the replicas of one node's part (`node`, as its `SnapshotPart` names it) on its replica
+    node: how many of its ranks' replicas landed there verified and sealed, how many arrived but did not match
+    the manifest (`dropped`), how many never arrived whole (`failed`: a peer gone, a full tmpfs)."""
+
+    node: Count
+    landed: Count
+    dropped: Count = 0
+    failed: Count = 0
+
+
+class SnapshotReplicated(Event, frozen=True, kw_only=True, tag="snapshot_replicated"):
+    """The replica exchange of the memory snapshot of the `snapshotted` event `snapshot_seq` (its `step` and
+    `checkpoint_hash`) has ended: per node, which of its parts' replicas landed on the next node.
+
+    Its own event, after `snapshotted`: the snapshot is recorded as soon as every part is sealed (a kill
+    during the exchange still finds it in the log), and the exchange may take long on a slow link. It changes
+    nothing a resume decides: a peer resume verifies every replica against the manifest whatever this says;
+    it is what `status`, the web view and an auditor see of where the copies are."""
+
+    snapshot_seq: Count
+    step: Count
+    checkpoint_hash: str
+    replicas: Annotated[tuple[PartReplicas, ...], msgspec.Meta(max_length=MAX_SNAPSHOT_PARTS)]
+    attempt: Count = 0
 
 
 class Failed(Event, frozen=True, kw_only=True, tag="failed"):
@@ -247,7 +298,9 @@ class Completed(Event, frozen=True, kw_only=True, tag="completed"):
     attempt: Count = 0
 
 
-AnyEvent = Launched | Checkpointed | Snapshotted | Failed | Resumed | CorruptSkipped | Completed
+AnyEvent = (
+    Launched | Checkpointed | Snapshotted | SnapshotReplicated | Failed | Resumed | CorruptSkipped | Completed
+)
 
 _TYPES: dict[type, str] = {cls: str(cls.__struct_config__.tag) for cls in typing.get_args(AnyEvent)}
 _decoder = msgspec.json.Decoder(AnyEvent)

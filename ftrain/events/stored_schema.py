@@ -12,7 +12,7 @@ from typing import Any
 import msgspec
 
 from ftrain.events.run_id import RUN_ID_MAX, RUN_ID_PATTERN
-from ftrain.events.schema import AnyEvent, Checkpointed, Resumed
+from ftrain.events.schema import AnyEvent, Checkpointed, Resumed, SnapshotReplicated, Snapshotted
 
 ENVELOPE = ("type", "run_id", "seq", "id", "time", "actor", "prev_hash", "hash")
 HEX64 = "^[0-9a-f]{64}$"
@@ -64,7 +64,8 @@ def stored_schema() -> dict[str, Any]:
         properties.update(_TRAILER)
         variant["required"] = [*ENVELOPE, *(r for r in variant["required"] if r not in ENVELOPE)]
         variant["dependentRequired"] = {"signer": ["sig"], "sig": ["signer"]}
-    defs[Checkpointed.__name__]["properties"]["checkpoint_hash"]["pattern"] = HEX64
+    for digested in (Checkpointed, Snapshotted, SnapshotReplicated):
+        defs[digested.__name__]["properties"]["checkpoint_hash"]["pattern"] = HEX64
     _restart_form(defs[Resumed.__name__])
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",

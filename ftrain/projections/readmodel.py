@@ -53,10 +53,11 @@ CREATE TABLE IF NOT EXISTS signers (
     PRIMARY KEY (run_id, idx));
 CREATE INDEX IF NOT EXISTS signers_unchecked ON signers (run_id, idx) WHERE valid IS NULL;
 """
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """`PRAGMA user_version` of a model this code wrote. 0: before versioning (no `signers`); 1: `signers`; 2:
 checkpoints a `checkpointed` retired are `pruned` (a model folded before shows them `valid`: replayed); 3:
-a checkpoint's global data position (`data`, JSON or NULL)."""
+a checkpoint's global data position (`data`, JSON or NULL); 4: `snapshot_replicated` folds into the run's
+snapshot (a model before could not decode it and held such a run broken: replayed)."""
 TABLES = ("runs", "checkpoints", "audit", "broken_runs", "signers")
 DEFERRED_INDEX = "audit_by_run"
 """The index of the audit by run: dropped with the rows by a reset and built once the replay that follows is

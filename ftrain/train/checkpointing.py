@@ -44,7 +44,7 @@ from torch._C._distributed_c10d import HashStore
 
 from ftrain import settings
 from ftrain.cadence import parse_checkpoint_every
-from ftrain.domain.lifecycle import CheckpointIntent, SnapshotIntent
+from ftrain.domain.lifecycle import CheckpointIntent, ReplicaIntent, SnapshotIntent
 from ftrain.errors import (
     FtrainError,
     MissingCredentials,
@@ -58,7 +58,7 @@ from ftrain.errors import (
     UnresumableState,
 )
 from ftrain.events.run_id import InvalidRunId, validate_run_id
-from ftrain.events.schema import Checkpointed, DataPosition, Snapshotted
+from ftrain.events.schema import Checkpointed, DataPosition, SnapshotReplicated, Snapshotted
 from ftrain.host.lifeline import die_with_launcher
 from ftrain.train.attempt_clock import AttemptClock
 from ftrain.train.beacon import ProgressBeacon
@@ -620,10 +620,15 @@ class CheckpointManager:
             extra={"format": "torch.distributed.checkpoint", "torch": str(torch.__version__)},
         )
 
-    def _snapshotted(self, event: Snapshotted) -> None:
-        """Rank 0: a memory snapshot complete on every rank, through the durable outbox."""
+    def _snapshotted(self, event: Snapshotted | SnapshotReplicated) -> None:
+        """Rank 0: a memory snapshot complete on every rank (then the end of its replica exchange), through
+        the durable outbox."""
         if self.recorder is not None:
-            self.recorder.record(SnapshotIntent(snapshotted=event))
+            self.recorder.record(
+                SnapshotIntent(snapshotted=event)
+                if isinstance(event, Snapshotted)
+                else ReplicaIntent(snapshot_replicated=event)
+            )
 
     def _record(
         self,

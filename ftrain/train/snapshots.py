@@ -14,7 +14,9 @@ skips the snapshot, logged, and training goes on.
 
 On a job of several nodes, once a snapshot is recorded, each rank on that same thread sends its part to its
 buddy (`memory_tier.buddy`: the same local rank on the next node) while receiving its source's, which it
-verifies against the manifest and seals as `replica-<source>` (a mismatch: dropped, logged).
+verifies against the manifest and seals as `replica-<source>` (a mismatch: dropped, logged); once the
+exchange ends rank 0 records `snapshot_replicated` (per node: its ranks' replicas landed, dropped, failed)
+through the outbox, as it does `snapshotted`, which names each node's part (`snapshot_parts`).
 
 Training never waits on that thread: a snapshot starts only once every rank's previous one is done, and
 when one is still going at the next snapshot step (a slow peer, a slow write) every rank skips that step,
@@ -25,6 +27,7 @@ and the replica late, never the loop slower.
 """
 
 import os
+import socket
 import time
 import warnings
 from collections.abc import Callable
@@ -33,9 +36,10 @@ from typing import Any, Final, TypeVar
 
 import structlog
 import torch.distributed as dist
+from msgspec import UNSET, UnsetType
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
-from ftrain.events.schema import Snapshotted
+from ftrain.events.schema import SnapshotReplicated, Snapshotted
 from ftrain.train.agreement import any_rank, rank_zeros
 from ftrain.train.config import CheckpointConfig
 from ftrain.train.faults import fault_point
@@ -61,6 +65,7 @@ from ftrain.workers.memory_tier import (
     seal_rank,
     snapshot_dir,
 )
+from ftrain.workers.snapshot_parts import Outcome, part_replicas, snapshot_parts
 from ftrain.workers.staging import StagingBuffers, local_bytes
 
 log = structlog.get_logger(__name__)
@@ -70,8 +75,8 @@ NO_DIST: Final = "torch.distributed is disabled, unavailable or uninitialized"
 purpose, so it is not repeated at every snapshot."""
 warnings.filterwarnings("ignore", message=NO_DIST, category=UserWarning)
 ManifestOf = Callable[[int, int, list[FileEntry]], Manifest]
-Record = Callable[[Snapshotted], None]
-"""Rank 0: hand `snapshotted` to the outbox."""
+Record = Callable[[Snapshotted | SnapshotReplicated], None]
+"""Rank 0: hand `snapshotted` (then `snapshot_replicated`) to the outbox."""
 
 
 class MemoryTier:
@@ -103,16 +108,21 @@ class MemoryTier:
         """The step of this job's newest recorded snapshot (None: none yet)."""
         self.skipped = 0
         """The snapshot steps skipped so far because a rank's previous snapshot was still in flight."""
+        self.hosts: list[str] = []
+        """Every rank's host name, in rank order (learned by `ready`): the nodes the log names."""
 
     def ready(self) -> None:
         """Every rank, at start-up: its node's snapshot directory readied (private, 0700); a directory refused
-        on any rank raises UnsafeDirectory on every rank (the lowest refusing rank's words)."""
+        on any rank raises UnsafeDirectory on every rank (the lowest refusing rank's words); every rank's
+        host name learned."""
         try:
             ready_root(self.root)
             refusal = None
         except UnsafeDirectory as exc:
             refusal = str(exc)
-        refused = next((r for r in self._all(refusal) if r is not None), None)
+        every = self._all((refusal, socket.gethostname()))
+        self.hosts = [host for _, host in every]
+        refused = next((r for r, _ in every if r is not None), None)
         if refused is not None:
             raise UnsafeDirectory(refused)
 
@@ -189,26 +199,14 @@ class MemoryTier:
             prune(self.root, self.rank, self.newest, self.source)  # drops this one; the newest recorded stays
             return
         assert isinstance(manifest, Manifest)
-        if self._record is not None:
-            raw = encode_manifest(manifest)
-            self._record(
-                Snapshotted(
-                    run_id=manifest.run_id,
-                    step=step,
-                    epoch=epoch,
-                    shards=self.world,
-                    uri=snapshot_dir(self.root, step).as_uri(),
-                    checkpoint_hash=to_hex(digest_of(raw)),
-                    size_bytes=manifest.size_bytes,
-                    attempt=attempt,
-                )
-            )
+        recorded = self._recorded(manifest, attempt)
         self.newest = step
         prune(self.root, self.rank, step, self.source)
         if self.buddy is not None:
-            replicas = self._all(self._replicate(manifest, attempt))
+            held = self._all(self._replicate(manifest, attempt))
             if self.rank == 0:
-                log.info("memory_replicated", step=step, replicas=sum(replicas), of=self.world)
+                log.info("memory_replicated", step=step, replicas=held.count("landed"), of=self.world)
+                self._replicated(recorded, held)
         if self.rank == 0:  # once recorded: a kill here finds the snapshot in the log
             fault_point("snapshot", step)
 
@@ -241,9 +239,44 @@ class MemoryTier:
             step, epoch, [e for files in every if not isinstance(files, str) for e in files]
         )
 
-    def _replicate(self, manifest: Manifest, attempt: int) -> bool:
+    def _recorded(self, manifest: Manifest, attempt: int) -> Snapshotted | None:
+        """Rank 0: `snapshotted` of `manifest`'s snapshot to the outbox, naming each node's part; the event
+        (None: nothing to record, or not rank 0)."""
+        if self._record is None:
+            return None
+        event = Snapshotted(
+            run_id=manifest.run_id,
+            step=manifest.step,
+            epoch=manifest.epoch,
+            shards=self.world,
+            uri=snapshot_dir(self.root, manifest.step).as_uri(),
+            checkpoint_hash=to_hex(digest_of(encode_manifest(manifest))),
+            size_bytes=manifest.size_bytes,
+            attempt=attempt,
+            parts=snapshot_parts(manifest, self.hosts, self.local_world) if self.hosts else UNSET,
+        )
+        self._record(event)
+        return event
+
+    def _replicated(self, recorded: Snapshotted | None, held: list[Outcome]) -> None:
+        """Rank 0, the exchange over: `snapshot_replicated` of the snapshot it `recorded` to the outbox, when
+        that named its parts (`held`: what each rank made of the replica it holds)."""
+        if self._record is None or recorded is None or isinstance(recorded.parts, UnsetType):
+            return
+        self._record(
+            SnapshotReplicated(
+                run_id=recorded.run_id,
+                snapshot_seq=0,  # decided against the log: the `snapshotted` event of this digest
+                step=recorded.step,
+                checkpoint_hash=recorded.checkpoint_hash,
+                replicas=part_replicas(held, self.local_world),
+                attempt=recorded.attempt,
+            )
+        )
+
+    def _replicate(self, manifest: Manifest, attempt: int) -> Outcome:
         """Send this rank's part of `manifest`'s snapshot to its buddy while receiving its source's, which is
-        kept, verified against the manifest and sealed, or dropped (logged); whether it was kept. A failure
+        kept, verified against the manifest and sealed, or dropped (logged); what became of it. A failure
         is logged, never raised: the snapshot stands without its replica."""
         assert self.buddy is not None and self.source is not None
         step, theirs = manifest.step, local_entries(manifest, self.source)
@@ -256,10 +289,11 @@ class MemoryTier:
             log.warning(
                 "memory_replica_failed", step=step, source=self.source, error=f"{type(exc).__name__}: {exc}"
             )
-            return False
+            return "failed"
         if dropped is not None:
             log.warning("memory_replica_dropped", step=step, source=self.source, reason=dropped)
-        return dropped is None
+            return "dropped"
+        return "landed"
 
     def _seal(self, manifest: Manifest, attempt: int) -> str | None:
         """This rank's part sealed (the manifest's copy, then the marker), or why not."""

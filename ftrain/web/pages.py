@@ -130,6 +130,26 @@ def _summary(view: RunView, moment: datetime) -> str:
     return "<dl>" + "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in items) + "</dl>"
 
 
+def _memory(view: RunView) -> str:
+    """The newest memory snapshot (as `status`'s `memory` line) and each node's part with its replica."""
+    snapshot = view.state.snapshot if view.state is not None else None
+    if snapshot is None:
+        return ""
+    rows = "".join(
+        f'<tr class="replica-{c.replica}"><td>{c.part.node}</td><td>{text(c.part.host)}</td>'
+        f"<td>{text(render.ranks(c.part.first_rank, c.part.ranks))}</td><td>{c.part.size_bytes}</td>"
+        f"<td>{text(render.replica(c))}</td></tr>"
+        for c in snapshot.nodes()
+    )
+    head = "".join(f"<th>{h}</th>" for h in ("node", "host", "ranks", "bytes", "replica"))
+    table = (
+        f'<table class="memory"><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>' if rows else ""
+    )
+    return (
+        f"<section><h2>Memory snapshot</h2><p>{text(render.memory_snapshot(snapshot))}</p>{table}</section>"
+    )
+
+
 def _audit(report: AuditReport, view: RunView) -> str:
     """`audit verify RUN`'s verdict, and the view's (an unvouched run is broken to every view)."""
     if report.ok and view.broken is None:
@@ -238,7 +258,7 @@ def _events(detail: RunDetail, run_id: str) -> str:
 
 
 def run_page(detail: RunDetail, seq: int, moment: datetime) -> str:
-    """One run: its summary, the audit's verdict, the timeline of its attempts, its goodput, the stall per
+    """One run: its summary, its newest memory snapshot per node, the audit's verdict, the timeline of its attempts, its goodput, the stall per
     save, its failures with the steps each lost, its attempts and its events (newest first)."""
     view, run_id = detail.view, detail.view.run_id
     state = view.state
@@ -253,7 +273,8 @@ def run_page(detail: RunDetail, seq: int, moment: datetime) -> str:
                      ("corrupt_skipped", "corrupt-skip"), ("completed", "completed"), ("rejected", "rejected record"))
     )  # fmt: skip
     body = (
-        f"<h1>{text(run_id)} {_state_badge(status, view.broken)}</h1>{summary}{_audit(detail.report, view)}"
+        f"<h1>{text(run_id)} {_state_badge(status, view.broken)}</h1>{summary}{_memory(view)}"
+        f"{_audit(detail.report, view)}"
         f"<section><h2>Timeline</h2>{charts.timeline(detail.records, detail.spans, run_id, end)}"
         f'<p class="muted">{legend}</p></section>'
         f"{_goodput(view)}{_stalls(detail.spans)}{_failures(detail, run_id)}{_attempts(detail.spans)}"

@@ -3,7 +3,8 @@ torchrun agents, `--nnodes 2`, one CPU process each, gloo, the debug model), eac
 directory, and a real nats-server. A node lost whole (every process of it SIGKILLed once a snapshot newer
 than the last durable checkpoint is recorded, its memory removed) comes back from the replica its peer
 node holds: the resume names the `peer` tier, loses at most `memory_every` steps, and the job ends
-bit-identical to an uninterrupted one. A slow link to the peer (every exchange of replicas delayed on one
+bit-identical to an uninterrupted one; every snapshot's log names both nodes' parts and the end of its
+replica exchange. A slow link to the peer (every exchange of replicas delayed on one
 node) never holds the training loop: the snapshots due meanwhile are skipped on every rank, taken again once
 the exchange ends, and a job killed after them resumes from the newest, bit-identical too."""
 
@@ -12,14 +13,25 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
 
-from ftrain.events.schema import CorruptSkipped, Resumed, Snapshotted
+from ftrain.events.schema import (
+    HOST_MAX,
+    AnyEvent,
+    CorruptSkipped,
+    PartReplicas,
+    Resumed,
+    SnapshotPart,
+    SnapshotReplicated,
+    Snapshotted,
+)
 from tests.e2e.test_memory_tier import EVERY, FLAGS, KILLED, events_of, job_env, slowed
 from tests.support.processes import free_port
 from tests.support.training import final_digest, metrics, resumed_step, torchrun_env
@@ -98,6 +110,8 @@ async def test_a_node_lost_whole_resumes_from_its_peers_replica_bit_identical(
     assert [sealed(m, "*") for m in memory] == [[], []], (
         "a completed run's snapshots and replicas are removed"
     )
+    recorded, _ = await events_of(env, "replica-reference")
+    assert_replicas_recorded(recorded)
 
     # node 0 (rank 0) SIGKILLed once snapshot 35 is recorded and replicated: newer than the durable step 20
     ckpt, job = job_env("replica-kill", env, memory[0])
@@ -118,6 +132,26 @@ async def test_a_node_lost_whole_resumes_from_its_peers_replica_bit_identical(
     last = [e for e in events if isinstance(e, Resumed)][-1]
     assert (last.tier, last.step) == ("peer", 35)
     assert not any(isinstance(e, CorruptSkipped) for e in events)
+
+
+def assert_replicas_recorded(events: list[AnyEvent | None]) -> None:
+    """Each snapshot names both nodes' parts (rank `n` on node `n`, its replica on the other), and rank 0
+    recorded the end of its exchange once, every replica landed."""
+    host = socket.gethostname()[:HOST_MAX]
+    parts = tuple(
+        SnapshotPart(node=n, host=host, first_rank=n, ranks=1, size_bytes=0, replica_node=1 - n)
+        for n in (0, 1)
+    )
+    snapshots = [e for e in events if isinstance(e, Snapshotted)]
+    assert snapshots
+    for snapshot in snapshots:
+        assert isinstance(snapshot.parts, tuple)
+        assert [msgspec.structs.replace(p, size_bytes=0) for p in snapshot.parts] == list(parts)
+        assert sum(p.size_bytes for p in snapshot.parts) == snapshot.size_bytes
+    ended = {e.snapshot_seq: e for e in events if isinstance(e, SnapshotReplicated)}
+    assert sorted(ended) == [s.seq for s in snapshots]
+    landed = (PartReplicas(node=0, landed=1), PartReplicas(node=1, landed=1))
+    assert all(e.replicas == landed and e.actor is not None and e.actor.rank == 0 for e in ended.values())
 
 
 def skipped_snapshots(result: subprocess.CompletedProcess[str]) -> list[int]:

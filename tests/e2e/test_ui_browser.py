@@ -1,7 +1,7 @@
 """The web view in a real browser: headless Chromium (tests/support/browser.py) loads `ftrain ui` against a
 real log holding the demo's run (a corrupt checkpoint skipped, a preemption resumed), a preempted and
-requeued run, a run whose failure message is hostile, a forged event, a broken chain, a stranger's run and
-a run of 10,000 events; the test asserts what the pages show, that no script of the log's text ran, that the
+requeued run, a run whose failure message is hostile, a forged event, a broken chain, a stranger's run, a
+run of 10,000 events and one whose memory snapshot spans two nodes; the test asserts what the pages show, that no script of the log's text ran, that the
 page updates as an event lands, and saves screenshots (FTRAIN_UI_SCREENSHOTS=DIR keeps them there)."""
 
 import asyncio
@@ -14,6 +14,7 @@ import pytest
 from ftrain.events.jetstream.nats_server import ServerProcess
 from ftrain.service import RunService
 from tests.integration.test_failures import checkpoint, launch
+from tests.integration.test_snapshot_replicas import NODE_ROWS, record_snapshot
 from tests.integration.test_terminal_text import hostile_log
 from tests.support.big_run import long_run, publish
 from tests.support.browser import CHROMIUM, Browser
@@ -29,6 +30,7 @@ pytestmark = [
 ]
 DEMO = "dist-JPCP-2x4-fsdp"
 LONG = "long-10k"
+MEMORY = "memory-2-nodes"
 HOSTILE = '<script>window.pwned=1</script>"quoted" \'single\' <img src=x onerror="window.pwned=2">\u202eevil\x1b[2J\x00'
 
 
@@ -55,6 +57,7 @@ async def build_log(app: RunService, server: ServerProcess, env: dict[str, str])
     await app.fail("hostile", reason="oom", exit_code=137, message=HOSTILE)
     await hostile_log(app, server)  # victim (a forged failure), ghost (a stranger's launch), linkbreak
     await publish(server.url, server.nkey_file, long_run(Path(env["FTRAIN_HOME"]), LONG, 10_000))
+    await record_snapshot(app, env, MEMORY)  # a 2-node snapshot, one node's replicas partly dropped
 
 
 async def test_the_view_shows_every_kind_of_run_in_a_real_browser(
@@ -85,6 +88,7 @@ async def test_the_view_shows_every_kind_of_run_in_a_real_browser(
         "hostile.png",
         "long.png",
         "live.png",
+        "memory.png",
     }
 
 
@@ -143,5 +147,11 @@ def _browse(browser: Browser, url: str, base: str, shots: Path) -> None:
     failures = browser.evaluate("[...document.querySelectorAll('span.reason')].map(s => s.innerText)")
     assert failures[:3] == ["preempted", "hang", "lost"] and len(failures) == 19
     browser.screenshot(shots / "long.png", full_page=False)
+    browser.open(f"{base}/runs/{MEMORY}")
+    nodes = browser.evaluate(
+        "[...document.querySelectorAll('table.memory tbody tr')].map(r => [...r.cells].map(c => c.innerText))"
+    )
+    assert nodes == NODE_ROWS
+    browser.screenshot(shots / "memory.png", full_page=True)
     browser.open(f"{base}/runs/nope")
     assert "unknown run 'nope'" in text_of(browser)

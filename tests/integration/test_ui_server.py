@@ -1,6 +1,7 @@
 """`ftrain ui` over HTTP against a real nats-server: nothing without the token (401, one log line), the token
 accepted once in the URL and then as an HttpOnly, SameSite=Strict cookie or a bearer header, an unknown run a
-404 page, hostile event text escaped, no write path, and the page's policy allowing no inline script."""
+404 page, hostile event text escaped, no write path, the page's policy allowing no inline script, and each
+node's memory snapshot part with its replica as `status` shows it."""
 
 import http.client
 import json
@@ -20,6 +21,7 @@ import pytest
 from ftrain.events.jetstream.nats_server import ServerProcess
 from ftrain.service import RunService
 from tests.integration.test_failures import checkpoint, launch
+from tests.integration.test_snapshot_replicas import NODE_ROWS, record_snapshot
 from tests.integration.test_terminal_text import hostile_log
 from tests.support.processes import ftrain_process, modules_imported_by
 from tests.support.servers import stream_last_seq
@@ -125,6 +127,22 @@ async def test_pages_escape_event_text_carry_a_strict_policy_and_an_unknown_run_
         for wildcard in ("*", "%3E", "plain.*"):  # a run name is never a subject filter over other runs
             assert get(ui, f"/runs/{wildcard}/events/1")[0] == 404, wildcard
         assert get(ui, "/nowhere")[0] == 404
+
+
+async def test_a_run_page_shows_each_nodes_snapshot_part_and_its_replica(
+    app: RunService, env: dict[str, str]
+) -> None:
+    await record_snapshot(app, env, "mem")
+    with serving(env) as ui:
+        status, _, body = get(ui, "/runs/mem")
+    assert status == 200
+    memory = re.search(r"<h2>Memory snapshot</h2>.*?</section>", body)
+    assert memory is not None
+    rows = [
+        [re.sub("<[^>]+>", "", c) for c in re.findall(r"<td[^>]*>(.*?)</td>", row)]
+        for row in re.findall(r"<tr class=.*?</tr>", memory.group())
+    ]
+    assert rows == NODE_ROWS
 
 
 @pytest.mark.usefixtures("log")

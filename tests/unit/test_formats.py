@@ -448,8 +448,10 @@ def test_the_published_json_schema_names_every_event_type() -> None:
     schema = stored_schema()
     defs, variants = schema["$defs"], schema["anyOf"]
     assert isinstance(defs, dict) and isinstance(variants, list)
-    types = ["Launched", "Checkpointed", "Snapshotted", "Failed", "Resumed", "CorruptSkipped", "Completed"]
-    assert sorted(defs) == sorted([*types, "Actor", "CheckpointPolicy", "DataPosition", "SchedulerJob"])
+    types = ["Launched", "Checkpointed", "Snapshotted", "SnapshotReplicated", "Failed", "Resumed",
+             "CorruptSkipped", "Completed"]  # fmt: skip
+    parts = ["Actor", "CheckpointPolicy", "DataPosition", "SchedulerJob", "SnapshotPart", "PartReplicas"]
+    assert sorted(defs) == sorted([*types, *parts])
     assert [variant["$ref"] for variant in variants] == [f"#/$defs/{name}" for name in types]
 
 

@@ -12,7 +12,15 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from ftrain.events.chain import GENESIS, seal
-from ftrain.events.schema import Failed, encode_event, now
+from ftrain.events.schema import (
+    Failed,
+    PartReplicas,
+    SnapshotPart,
+    SnapshotReplicated,
+    Snapshotted,
+    encode_event,
+    now,
+)
 from ftrain.events.signing import Signer
 from ftrain.events.stored_schema import ENVELOPE, stored_schema
 from tests.support.paths import VECTORS
@@ -151,3 +159,19 @@ def test_a_resumed_names_a_checkpoint_or_is_the_restart_form() -> None:
     }
     assert resumed["else"]["properties"]["checkpoint_hash"]["pattern"] == "^[0-9a-f]{64}$"
     assert "restart form" in resumed["description"]
+
+
+def test_the_schema_accepts_a_snapshot_naming_its_parts_and_the_end_of_its_replica_exchange() -> None:
+    parts = (SnapshotPart(node=0, host="gpu-a", first_rank=0, ranks=2, size_bytes=30, replica_node=1),
+             SnapshotPart(node=1, host="gpu-b", first_rank=2, ranks=2, size_bytes=50, replica_node=0))  # fmt: skip
+    stamp = {"run_id": "r-1", "id": "0" * 32, "time": now(), "prev_hash": GENESIS}
+    for event in (
+        Snapshotted(**stamp, seq=2, step=40, epoch=0, shards=4, uri="file:///dev/shm/s",
+                    checkpoint_hash="ab" * 32, size_bytes=80, attempt=1, parts=parts),
+        SnapshotReplicated(**stamp, seq=3, snapshot_seq=2, step=40, checkpoint_hash="ab" * 32, attempt=1,
+                           replicas=(PartReplicas(node=0, landed=2), PartReplicas(node=1, landed=1, failed=1))),
+    ):  # fmt: skip
+        payload, _ = seal(encode_event(event), GENESIS, None)
+        assert list(validator().iter_errors(json.loads(payload))) == []
+        forged = {**json.loads(payload), "checkpoint_hash": "AB" * 32}
+        assert problems(stored_schema(), forged) == ["checkpoint_hash does not match ^[0-9a-f]{64}$"]

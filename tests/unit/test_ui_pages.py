@@ -1,6 +1,7 @@
 """The web view's pages and charts, pure: every piece of event text escaped (HTML, quotes, control and
 bidirectional characters shown as escapes), broken and unvouched runs shown so, the failures with the steps
-each lost, and a 10,000-checkpoint timeline drawn as one path."""
+each lost, each node's memory snapshot part and its replica, and a 10,000-checkpoint timeline drawn as one
+path."""
 
 import re
 from datetime import timedelta
@@ -12,7 +13,18 @@ from ftrain.domain.chain_walk import Finding
 from ftrain.domain.lifecycle import RunState
 from ftrain.domain.vouching import Vouched
 from ftrain.events.record import StoredRecord
-from ftrain.events.schema import AnyEvent, Checkpointed, Failed, Resumed, event_type
+from ftrain.events.schema import (
+    HOST_MAX,
+    AnyEvent,
+    Checkpointed,
+    Failed,
+    PartReplicas,
+    Resumed,
+    SnapshotPart,
+    SnapshotReplicated,
+    Snapshotted,
+    event_type,
+)
 from ftrain.projections.event_verdict import EventVerdict, Judged, SignatureVerdict
 from ftrain.projections.goodput import attempt_spans, measure
 from ftrain.service.run_queries import RunView
@@ -143,3 +155,34 @@ def test_the_goodput_bar_splits_the_wall_time_by_term() -> None:
     assert charts.stall_chart([]).startswith("<p")
     assert isinstance(events[-1], Checkpointed)
     assert 'class="stall"' in charts.stall_chart([events[-1]])
+
+
+def test_a_run_page_shows_each_nodes_snapshot_part_and_its_replica_escaped() -> None:
+    parts = (
+        SnapshotPart(node=0, host=HOSTILE[:HOST_MAX], first_rank=0, ranks=2, size_bytes=30, replica_node=1),
+        SnapshotPart(node=1, host="gpu-b", first_rank=2, ranks=2, size_bytes=50, replica_node=0),
+    )
+    snap = Snapshotted(run_id="r", step=25, epoch=2, shards=4, uri="file:///dev/shm/s", attempt=2,
+                       checkpoint_hash="ab" * 32, size_bytes=80, parts=parts)  # fmt: skip
+    ended = SnapshotReplicated(run_id="r", snapshot_seq=7, step=25, checkpoint_hash="ab" * 32, attempt=2,
+                               replicas=(PartReplicas(node=0, landed=2),
+                                         PartReplicas(node=1, landed=1, failed=1)))  # fmt: skip
+    _, events = a_run()
+    events = stamped(*events, snap, ended)
+    view = RunView("r", fold(*events), vouched=Vouched("alice@lab"))
+    html = pages.run_page(detail(view, judged(events), AuditReport(8, 1, [], {"r": "alice@lab"})), 8, T0)
+    memory = re.search(r"<h2>Memory snapshot</h2>.*?</section>", html)
+    assert memory is not None
+    rows = [
+        [re.sub("<[^>]+>", "", c) for c in re.findall(r"<td[^>]*>(.*?)</td>", row)]
+        for row in re.findall(r"<tr class=.*?</tr>", memory.group())
+    ]
+    assert (
+        rows[0][0] == "0" and rows[0][1] == text(HOSTILE[:HOST_MAX]) and rows[0][2:4] == ["ranks 0-1", "30"]
+    )
+    assert rows[0][4] == "replica on node 1 (gpu-b): landed"
+    assert rows[1][4].startswith("replica on node 0 (&lt;script&gt;") and rows[1][4].endswith(
+        ": dropped (1 landed, 0 dropped, 1 failed)"
+    )
+    assert 'class="replica-landed"' in memory.group() and 'class="replica-dropped"' in memory.group()
+    assert "<script>alert" not in html and "\x1b" not in html

@@ -26,6 +26,7 @@ from ftrain.domain.lifecycle.intents import (
     CompleteIntent,
     FailIntent,
     Intent,
+    ReplicaIntent,
     ResumeIntent,
     SkipIntent,
     SnapshotIntent,
@@ -48,7 +49,7 @@ from ftrain.domain.lifecycle.resume_plan import (
     resumed_line,
     skipped_line,
 )
-from ftrain.domain.lifecycle.run_state import CheckpointRef, RunState, RunStatus, SnapshotRef
+from ftrain.domain.lifecycle.run_state import CheckpointRef, NodeCopy, RunState, RunStatus, SnapshotRef
 
 __all__ = [
     "Candidate",
@@ -58,7 +59,9 @@ __all__ = [
     "FailIntent",
     "IllegalTransition",
     "Intent",
+    "NodeCopy",
     "OnDisk",
+    "ReplicaIntent",
     "ResumeIntent",
     "ResumePlan",
     "RunState",

@@ -14,6 +14,7 @@ from ftrain.domain.lifecycle.intents import (
     CheckpointIntent,
     FailIntent,
     Intent,
+    ReplicaIntent,
     ResumeIntent,
     SkipIntent,
     SnapshotIntent,
@@ -29,6 +30,7 @@ from ftrain.events.schema import (
     CorruptSkipped,
     Failed,
     Resumed,
+    SnapshotReplicated,
 )
 
 
@@ -225,6 +227,8 @@ def _intent_event(state: RunState, intent: Intent, at: datetime) -> AnyEvent | N
         if known is not None and known.recorded.checkpoint_hash == intent.snapshotted.checkpoint_hash:
             return None
         return msgspec.structs.replace(intent.snapshotted, run_id=state.run_id)
+    if isinstance(intent, ReplicaIntent):
+        return _replicated(state, intent)
     if isinstance(intent, SkipIntent) and intent.tier in SNAPSHOT_TIERS:
         return _memory_skip(state, intent)
     if isinstance(intent, ResumeIntent) and intent.tier in SNAPSHOT_TIERS:
@@ -259,6 +263,17 @@ def _intent_event(state: RunState, intent: Intent, at: datetime) -> AnyEvent | N
     if state.status == "completed":
         return None
     return completed_event(state, intent.cost_gpu_hours, at, intent.attempt)
+
+
+def _replicated(state: RunState, intent: ReplicaIntent) -> SnapshotReplicated | None:
+    """`snapshot_replicated` of the run's memory snapshot with the intent's digest (None: recorded already);
+    one the log does not hold as its newest snapshot names seq 0, for the judge to refuse."""
+    wanted, snap = intent.snapshot_replicated, state.snapshot
+    known = snap is not None and snap.recorded.checkpoint_hash == wanted.checkpoint_hash
+    if snap is not None and known and snap.replicas is not None:
+        return None
+    seq = snap.recorded.seq if snap is not None and known else 0
+    return msgspec.structs.replace(wanted, run_id=state.run_id, snapshot_seq=seq)
 
 
 def _memory_skip(state: RunState, intent: SkipIntent) -> CorruptSkipped | None:

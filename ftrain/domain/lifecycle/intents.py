@@ -8,7 +8,7 @@ position: the position is decided when the log is reachable, against the run's s
 
 import msgspec
 
-from ftrain.events.schema import Checkpointed, DataPosition, Snapshotted, Tier
+from ftrain.events.schema import Checkpointed, DataPosition, SnapshotReplicated, Snapshotted, Tier
 
 
 class CheckpointIntent(msgspec.Struct, frozen=True, kw_only=True, tag="checkpoint"):
@@ -21,6 +21,13 @@ class SnapshotIntent(msgspec.Struct, frozen=True, kw_only=True, tag="snapshot"):
     """A memory snapshot is complete on every rank: record this `snapshotted` event."""
 
     snapshotted: Snapshotted
+
+
+class ReplicaIntent(msgspec.Struct, frozen=True, kw_only=True, tag="replica"):
+    """A memory snapshot's replica exchange has ended: record this `snapshot_replicated` event (its
+    `snapshot_seq` decided against the log: the `snapshotted` event with its digest)."""
+
+    snapshot_replicated: SnapshotReplicated
 
 
 class SkipIntent(msgspec.Struct, frozen=True, kw_only=True, tag="skip"):
@@ -64,4 +71,12 @@ class CompleteIntent(msgspec.Struct, frozen=True, kw_only=True, tag="complete"):
     attempt: int = 0
 
 
-Intent = CheckpointIntent | SnapshotIntent | SkipIntent | ResumeIntent | FailIntent | CompleteIntent
+Intent = (
+    CheckpointIntent
+    | SnapshotIntent
+    | ReplicaIntent
+    | SkipIntent
+    | ResumeIntent
+    | FailIntent
+    | CompleteIntent
+)

@@ -18,6 +18,7 @@ from ftrain.events.schema import (
     Failed,
     Launched,
     Resumed,
+    SnapshotReplicated,
     Snapshotted,
     event_type,
 )
@@ -67,6 +68,8 @@ def check(state: RunState | None, event: AnyEvent) -> None:
             )
     elif isinstance(event, Snapshotted):
         _check_snapshot(state, event)
+    elif isinstance(event, SnapshotReplicated):
+        _check_replicated(state, event)
     elif isinstance(event, CorruptSkipped) and event.tier in SNAPSHOT_TIERS:
         snap = state.snapshot
         if (
@@ -99,6 +102,36 @@ def _check_snapshot(state: RunState, event: Snapshotted) -> None:
         raise IllegalTransition(
             f"run {state.run_id} has a memory snapshot of step {last.recorded.step}; step {event.step} does not "
             "advance it"
+        )
+
+
+def _check_replicated(state: RunState, event: SnapshotReplicated) -> None:
+    """The end of the newest snapshot's replica exchange, recorded once by the attempt that took it (while it
+    runs, or once it failed: where the copies are matters most then): each node whose part has a replica
+    node named once, its counts adding up to the part's ranks."""
+    check_attempt(state, event.attempt)
+    snap = state.snapshot
+    if snap is None or (snap.recorded.seq, snap.recorded.step, snap.recorded.checkpoint_hash) != (
+        event.snapshot_seq,
+        event.step,
+        event.checkpoint_hash,
+    ):
+        raise IllegalTransition(
+            f"run {state.run_id} has no memory snapshot of step {event.step} at seq {event.snapshot_seq} as its newest"
+        )
+    if snap.replicas is not None:
+        raise IllegalTransition(
+            f"the replicas of memory snapshot seq {event.snapshot_seq} are recorded already"
+        )
+    parts = snap.recorded.parts if isinstance(snap.recorded.parts, tuple) else ()
+    ranks = {p.node: p.ranks for p in parts if p.replica_node is not None}
+    named = [r.node for r in event.replicas]
+    if sorted(named) != sorted(ranks) or any(
+        r.landed + r.dropped + r.failed != ranks[r.node] for r in event.replicas
+    ):
+        raise IllegalTransition(
+            f"snapshot_replicated must name each replicated part of memory snapshot seq {event.snapshot_seq} "
+            "once, its counts adding up to the part's ranks"
         )
 
 
@@ -209,6 +242,9 @@ def apply(state: RunState | None, event: AnyEvent, head: ChainHead) -> RunState:
         changes.update(step=event.step, epoch=event.epoch, checkpoints=(*retire(state, event), ref))
     elif isinstance(event, Snapshotted):
         changes["snapshot"] = SnapshotRef(recorded=event, resumes=state.resume_count)
+    elif isinstance(event, SnapshotReplicated):
+        assert state.snapshot is not None  # checked
+        changes["snapshot"] = msgspec.structs.replace(state.snapshot, replicas=event.replicas)
     elif isinstance(event, CorruptSkipped) and event.tier in SNAPSHOT_TIERS:
         assert state.snapshot is not None  # checked
         changes["snapshot"] = msgspec.structs.replace(state.snapshot, status="corrupt", reason=event.reason)

@@ -7,9 +7,10 @@ import msgspec
 from msgspec import UnsetType
 
 from ftrain.events.chain import ChainHead
-from ftrain.events.schema import Checkpointed, Launched, Snapshotted
+from ftrain.events.schema import Checkpointed, Launched, PartReplicas, SnapshotPart, Snapshotted
 
 RunStatus = Literal["running", "failed", "completed"]
+ReplicaState = Literal["landed", "dropped", "pending", "none"]
 CostUnit = Literal["GPU-hours", "CPU-hours", "node-hours"]
 
 
@@ -58,6 +59,49 @@ class SnapshotRef(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     resumes: int = 0
     """The run's resume count when it was recorded: a later snapshot must advance past it until the run
     resumes again (from wherever: it may then snapshot earlier steps)."""
+    replicas: tuple[PartReplicas, ...] | None = None
+    """What its `snapshot_replicated` said of each node's replicas (None: the exchange has not ended, or the
+    snapshot has no replicas: one node, or a writer from before replicas were recorded)."""
+
+    def nodes(self) -> list["NodeCopy"]:
+        """Each node's part of the snapshot and where its replica stands, in node order (empty: the event
+        names no parts)."""
+        parts = self.recorded.parts
+        if not isinstance(parts, tuple):
+            return []
+        hosts = {p.node: p.host for p in parts}
+        outcomes = {r.node: r for r in self.replicas or ()}
+        return [
+            NodeCopy(
+                part=p,
+                replica_host=None if p.replica_node is None else hosts.get(p.replica_node),
+                replica=_replica_state(p.ranks, p.replica_node, outcomes.get(p.node), self.replicas),
+                replicas=outcomes.get(p.node),
+            )
+            for p in parts
+        ]
+
+
+class NodeCopy(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """One node's part of the newest memory snapshot, as `status` and the web view show it: the part as its
+    `snapshotted` names it, the host of its replica node, and where its replica stands: `landed` (every
+    rank's verified there), `dropped` (some rank's dropped or failed: `replicas` counts them), `pending`
+    (the exchange has not ended) or `none` (a job of one node keeps no replica)."""
+
+    part: SnapshotPart
+    replica_host: str | None
+    replica: ReplicaState
+    replicas: PartReplicas | None = None
+
+
+def _replica_state(
+    ranks: int, replica_node: int | None, outcome: PartReplicas | None, ended: tuple[PartReplicas, ...] | None
+) -> ReplicaState:
+    if replica_node is None:
+        return "none"
+    if ended is None:
+        return "pending"
+    return "landed" if outcome is not None and outcome.landed == ranks else "dropped"
 
 
 class RunState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
