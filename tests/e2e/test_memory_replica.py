@@ -2,7 +2,8 @@
 torchrun agents, `--nnodes 2`, one CPU process each, gloo, the debug model), each node with its own memory
 directory, and a real nats-server. A node lost whole (every process of it SIGKILLed once a snapshot newer
 than the last durable checkpoint is recorded, its memory removed) comes back from the replica its peer
-node holds: the resume names the `peer` tier, loses at most `memory_every` steps, and the job ends
+node holds (the node replaced: the scheduler gives another host its node rank, with memory of its own):
+the resume names the `peer` tier, loses at most `memory_every` steps, and the job ends
 bit-identical to an uninterrupted one. A slow link to the peer (every exchange of replicas delayed on one
 node) never holds the training loop: the snapshots due meanwhile are skipped on every rank, taken again once
 the exchange ends, and a job killed after them resumes from the newest, bit-identical too."""
@@ -105,7 +106,8 @@ async def test_a_node_lost_whole_resumes_from_its_peers_replica_bit_identical(
     assert killed[0].returncode == KILLED, killed[0].stderr[-3000:]
     assert sealed(memory[1], "rank-1") == sealed(memory[1], "replica-0") == ["step-35"], "the newest kept"
     assert sealed(memory[0], "replica-1") == ["step-35"]
-    shutil.rmtree(memory[0])  # the node lost whole: its memory with it
+    shutil.rmtree(memory[0])  # the node lost whole: its memory with it; a replacement takes its node rank,
+    memory[0] = tmp_path / "shm-replacement"  # on another host: its own memory, another path, empty
     memory[0].mkdir(mode=0o700)
 
     started = time.monotonic()
