@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -31,13 +32,17 @@ SLOW_LINK = 4.0
 """Seconds node 1's ranks wait before each exchange of replicas: several snapshot intervals of slowed steps."""
 
 
-def node_command(ckpt: Path, node: int, port: int) -> list[str]:
-    """argv of node `node`'s agent of a 2-node job of the reference trainer, one process to the node."""
+def node_command(program: Sequence[str], node: int, port: int) -> list[str]:
+    """argv of node `node`'s agent of a 2-node job of `program` (a module and its arguments), one process to
+    the node."""
     return [
         sys.executable, "-m", "torch.distributed.run", "--nnodes", str(NODES), "--node-rank", str(node),
-        "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", str(port),
-        "-m", "ftrain.examples.train", "--ckpt-dir", str(ckpt), *FLAGS,
+        "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", str(port), "-m", *program,
     ]  # fmt: skip
+
+
+def reference_trainer(ckpt: Path) -> list[str]:
+    return ["ftrain.examples.train", "--ckpt-dir", str(ckpt), *FLAGS]
 
 
 def two_nodes(
@@ -46,15 +51,17 @@ def two_nodes(
     memory: list[Path],
     kill_at: str | None = None,
     node1: dict[str, str] | None = None,
+    program: Sequence[str] | None = None,
 ) -> list[subprocess.CompletedProcess[str]]:
-    """One job of 2 nodes, node `n` with the memory directory `memory[n]` (static rendezvous: node `n`
-    holds rank `n`), node 1 given `node1` besides (a slow link), waiting for both to end; once node 0 ends,
-    node 1 is given 60 s, then SIGKILLed (its peer gone, it may wait on the rendezvous' store)."""
+    """One job of 2 nodes of `program` (a module and its arguments; the reference trainer by default), node
+    `n` with the memory directory `memory[n]` (static rendezvous: node `n` holds rank `n`), node 1 given
+    `node1` besides (a slow link), waiting for both to end; once node 0 ends, node 1 is given 60 s, then
+    SIGKILLed (its peer gone, it may wait on the rendezvous' store)."""
     port = free_port()
     given: list[dict[str, str]] = [{}, node1 or {}]
     nodes = [
         subprocess.Popen(
-            node_command(ckpt, n, port),
+            node_command(program or reference_trainer(ckpt), n, port),
             env={**torchrun_env(env, kill_at), "FTRAIN_MEMORY_DIR": str(memory[n]), **given[n]},
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
