@@ -1,19 +1,19 @@
 """Resume from the memory tier: the nearest verified copy, tried before the durable checkpoints.
 
 Rank 0 names the candidate from the log (`RunState.memory_candidate`: the run's newest snapshot the log
-accepted, not refused, newer than every valid durable checkpoint) and every rank judges its own part on its
-node against that event's digest (`workers.memory_tier.judge`: the manifest's digest, then each of its files,
-hashed). The verdicts are combined so every rank takes the same way: a rank whose part is not there (never
-completed on its node, the node lost it, another world) makes every rank use the durable tier, recording
-nothing against the snapshot; a part whose bytes do not match makes every rank skip it, rank 0 recording
-`corrupt_skipped` with `tier: memory`. Only when every part is clean does each rank load its own part with
-DCP, alone, `.metadata` parsed only once its bytes matched, every pickle through the allowlist (the durable
-resume's reader and planner); rank 0 then records `resumed` with `tier: memory`.
-
-On a job of several nodes, where some ranks' parts are not on their nodes (a node lost whole) but every one
-of them has a verified replica on its buddy's node, those parts are sent back first (`peer_resume`), judged
-again on arrival as any part, and the outcome is recorded with `tier: peer`.
+accepted, not refused, newer than every valid durable checkpoint). Every rank judges, on its node, the copies
+of the parts it needs (its own rank's on the snapshot's world size; every rank's on another: DCP reshards)
+against that event's digest (`workers.memory_tier.judge`: the manifest's digest, then each of its files,
+hashed), its own directory first, else a replica its node holds (the job back on fewer nodes). What every
+rank found decides the route alike on each (`memory_route`): served from memory, parts sent back from their
+buddies' replicas first (`peer_resume`, then decided again: `tier: peer`), a defect recorded as
+`corrupt_skipped` against its tier, or the snapshot unavailable to this world (nothing recorded; the durable
+tier serves). Served, each rank loads its parts with DCP, alone, as one checkpoint (`merged_metadata`), each
+`.metadata` parsed only once its bytes matched, every pickle through the allowlist (the durable resume's
+reader and planner); rank 0 then records `resumed` with the tier.
 """
+
+from typing import TypeVar
 
 import structlog
 import torch.distributed as dist
@@ -22,18 +22,22 @@ from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
 from ftrain.domain.lifecycle import ResumeIntent, SkipIntent, SnapshotRef, resumed_line, skipped_line
-from ftrain.events.schema import Tier
+from ftrain.events.schema import Snapshotted, Tier
+from ftrain.train.memory_route import KINDS, Copy, Fetch, Serve, Skip, Unavailable, needed, route
 from ftrain.train.peer_resume import fetch_replicas
+from ftrain.train.resume_load import world_change_refusal
 from ftrain.train.snapshots import MemoryTier
 from ftrain.train.state import TrainState
 from ftrain.workers.dcp_reader import RestrictedLoadPlanner, VerifiedReader, load_metadata
 from ftrain.workers.manifest import Manifest
-from ftrain.workers.memory_tier import SnapshotUnavailable, judge, local_entries, rank_dir
+from ftrain.workers.memory_tier import SnapshotUnavailable, judge, local_entries, snapshot_dir
+from ftrain.workers.merged_metadata import merged
 from ftrain.workers.recorder import Recording
 from ftrain.workers.storage.storage_errors import StorageUnavailable
 from ftrain.workers.unpickle import RefusedPickle
 
 log = structlog.get_logger(__name__)
+T = TypeVar("T")
 Verdict = SnapshotUnavailable | str | None
 """One rank's judgement of its part: unavailable, why it is corrupt, or None (clean)."""
 
@@ -49,7 +53,7 @@ def resume_from_memory(
     """Every rank: load the snapshot of `candidate` (the same on every rank) into `state` when every rank's
     part is there and verified; whether it was loaded. Rank 0 records the outcome (see the module)."""
     snap = candidate.recorded
-    verdict, via = _loaded(tier, snap.step, snap.checkpoint_hash, run_name, state, attempt)
+    verdict, via = _loaded(tier, snap, run_name, state, attempt)
     if verdict is None:
         if tier.rank == 0:
             resumed = ResumeIntent(
@@ -80,57 +84,84 @@ def resume_from_memory(
 
 
 def _loaded(
-    tier: MemoryTier, step: int, expected: str, run_name: str, state: TrainState, attempt: int
+    tier: MemoryTier, snap: Snapshotted, run_name: str, state: TrainState, attempt: int
 ) -> tuple[Verdict, Tier]:
-    """Every rank's verdict on its part, combined, and the tier it came from (`peer`: some part was sent
-    back from its replica); when all are clean, each rank's part loaded (a failure of the load combined the
-    same way). The same on every rank."""
-    manifest, mine = _judged(tier, step, expected, run_name)
-    every = _every(mine, tier)
-    missing = [r for r, v in enumerate(every) if isinstance(v, SnapshotUnavailable)]
-    via: Tier = "memory"
-    if (
-        missing
-        and tier.buddy is not None
-        and not any(isinstance(v, str) for v in every)
-        and fetch_replicas(tier, step, expected, run_name, missing, attempt)
-    ):
-        via = "peer"
-        manifest, mine = _judged(tier, step, expected, run_name)
-        every = _every(mine, tier)
-    if (verdict := _worst(every)) is not None or manifest is None:
-        return verdict, via
-    return _load(tier, step, manifest, state), via
+    """The route every rank takes (`memory_route`, from every rank's copies on its node), and the tier it
+    came from; when served, each rank's parts loaded (a failure of the load combined alike). The same on
+    every rank."""
+    step, expected, saved = snap.step, snap.checkpoint_hash, snap.shards
+    if refusal := world_change_refusal(state.data, saved, tier.world, step):
+        return SnapshotUnavailable(refusal), "memory"  # the same on every rank; the durable tier says it
+    manifest, mine = _found(tier, step, expected, run_name, saved)
+    found = _every(mine, tier)
+    decision = route(saved, tier.world, found)
+    if isinstance(decision, Fetch):
+        if tier.buddy is None or not fetch_replicas(
+            tier, step, expected, run_name, list(decision.missing), attempt
+        ):
+            decision = route(saved, tier.world, found, fetched=True)
+        else:
+            manifest, mine = _found(tier, step, expected, run_name, saved)
+            decision = route(saved, tier.world, _every(mine, tier), fetched=True)
+    if isinstance(decision, Skip):
+        return decision.reason, decision.tier
+    if isinstance(decision, Unavailable):
+        return SnapshotUnavailable(decision.reason), "memory"
+    assert (
+        isinstance(decision, Serve) and manifest is not None
+    )  # every rank found every part it needs verified
+    return _load(tier, step, manifest, mine, state, decision.reshard), decision.tier
 
 
-def _judged(tier: MemoryTier, step: int, expected: str, run_name: str) -> tuple[Manifest | None, Verdict]:
-    """This rank's part on its node: its manifest when clean, else its verdict."""
-    judged = judge(tier.root, step, tier.rank, expected, run_name)
-    if not isinstance(judged, Manifest):
-        return None, judged
-    if judged.world_size != tier.world:
-        return None, SnapshotUnavailable(f"saved by {judged.world_size} ranks, resumed by {tier.world}")
-    return judged, None
+def _found(
+    tier: MemoryTier, step: int, expected: str, run_name: str, saved: int
+) -> tuple[Manifest | None, list[Copy]]:
+    """The copies on this rank's node of the parts it needs (`memory_route.needed`), its own directory's
+    first, each judged against the log's digest; the manifest, when one verified. A copy never completed
+    or unreadable here is not listed (unavailable, not corrupt)."""
+    manifest: Manifest | None = None
+    copies: list[Copy] = []
+    for source in needed(tier.rank, saved, tier.world):
+        for kind in KINDS:
+            judged = judge(tier.root, step, source, expected, run_name, replica=kind == "replica")
+            if isinstance(judged, SnapshotUnavailable):
+                continue
+            if isinstance(judged, Manifest):
+                manifest = judged
+            copies.append(Copy(source, kind, judged if isinstance(judged, str) else None))
+            break
+    return manifest, copies
 
 
-def _load(tier: MemoryTier, step: int, manifest: Manifest, state: TrainState) -> Verdict:
-    """Each rank's clean part loaded into `state`; the verdicts on the load, combined."""
-    path = rank_dir(tier.root, step, tier.rank)
+def _load(
+    tier: MemoryTier, step: int, manifest: Manifest, copies: list[Copy], state: TrainState, reshard: bool
+) -> Verdict:
+    """This rank's verified parts loaded into `state`, as one checkpoint (`merged_metadata`: on another
+    world, DCP reshards); the verdicts on the load, combined."""
+    path = snapshot_dir(tier.root, step)
+    parts: list[tuple[str, Metadata]] = []
     failure: Verdict = None
-    try:
-        metadata = load_metadata(path, local_entries(manifest, tier.rank))
-    except StorageUnavailable as exc:
-        metadata = None
-        failure = SnapshotUnavailable(str(exc))
-    if isinstance(metadata, str):
-        failure = metadata
+    for copy in copies:
+        try:
+            metadata = load_metadata(path / copy.directory, local_entries(manifest, copy.source))
+        except StorageUnavailable as exc:
+            failure = SnapshotUnavailable(str(exc))
+            break
+        if isinstance(metadata, str):
+            failure = f"{copy.directory}: {metadata}"
+            break
+        parts.append((copy.directory, metadata))
+    whole = merged(parts) if failure is None else None
+    if isinstance(whole, str):
+        failure = whole
     if (verdict := _combined(failure, tier)) is not None:
         return verdict
-    assert isinstance(metadata, Metadata)
+    assert isinstance(whole, Metadata)
+    state.restore_rng = not reshard  # per-rank RNG streams exist for the ranks that saved
     try:
         dcp_load(
             {"app": state},
-            storage_reader=VerifiedReader(path, metadata),
+            storage_reader=VerifiedReader(path, whole),
             planner=RestrictedLoadPlanner(),
             no_dist=True,
         )
@@ -138,6 +169,8 @@ def _load(tier: MemoryTier, step: int, manifest: Manifest, state: TrainState) ->
         failure = str(exc)
     except OSError as exc:
         failure = SnapshotUnavailable(f"{type(exc).__name__}: {exc}")
+    finally:
+        state.restore_rng = True
     return _combined(failure, tier)
 
 
@@ -147,10 +180,10 @@ def _combined(verdict: Verdict, tier: MemoryTier) -> Verdict:
     return _worst(_every(verdict, tier))
 
 
-def _every(verdict: Verdict, tier: MemoryTier) -> list[Verdict]:
-    """Every rank's verdict, in rank order, on every rank."""
-    every: list[Verdict] = [None] * tier.world
-    dist.all_gather_object(every, verdict, group=tier.group)
+def _every(value: T, tier: MemoryTier) -> list[T]:
+    """Every rank's `value`, in rank order, on every rank."""
+    every: list[T] = [value] * tier.world
+    dist.all_gather_object(every, value, group=tier.group)
     return every
 
 

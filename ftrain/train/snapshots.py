@@ -57,6 +57,7 @@ from ftrain.workers.memory_tier import (
     keep_replica,
     local_entries,
     named,
+    node_parts,
     prune,
     rank_dir,
     ready_root,
@@ -96,6 +97,10 @@ class MemoryTier:
         """The rank on the next node that holds this rank's replica (None: one node, no replication)."""
         self.source = None if self.buddy is None else (self.rank - self.local_world) % self.world
         """The rank whose replica this one holds."""
+        self.strays = (
+            node_parts(self.rank, self.local_world, self.world) if self.rank % self.local_world == 0 else None
+        )
+        """On the node's first rank, the parts its ranks hold: any other an earlier world left, it drops."""
         self.group = dist.new_group(backend="gloo")
         """The tier's thread's group: every collective of a snapshot."""
         self.loop_group = dist.new_group(backend="gloo")
@@ -167,7 +172,7 @@ class MemoryTier:
         the durable tier): remove this rank's snapshots from its node."""
         self.wait()
         self._worker.shutdown(wait=True)
-        if completed and remove_rank(self.root, self.rank, self.source):
+        if completed and remove_rank(self.root, self.rank, self.source, self.strays):
             log.info("memory_snapshots_removed", path=str(self.root))
 
     def _snapshot(self, step: int, epoch: int, staged: dict[str, Any], attempt: int) -> None:
@@ -196,12 +201,14 @@ class MemoryTier:
         if (first := next((f for f in failures if f is not None), None)) is not None:
             if self.rank == 0:
                 log.warning("memory_snapshot_failed", step=step, reason=first)
-            prune(self.root, self.rank, self.newest, self.source)  # drops this one; the newest recorded stays
+            prune(
+                self.root, self.rank, self.newest, self.source, self.strays
+            )  # drops this one; the newest recorded stays
             return
         assert isinstance(manifest, Manifest)
         recorded = self._recorded(manifest, attempt)
         self.newest = step
-        prune(self.root, self.rank, step, self.source)
+        prune(self.root, self.rank, step, self.source, self.strays)
         if self.buddy is not None:
             held = self._all(self._replicate(manifest, attempt))
             if self.rank == 0:

@@ -24,7 +24,7 @@ snapshot whose bytes do not match its manifest, or whose manifest does not match
 
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Final
 
@@ -56,6 +56,7 @@ __all__ = [
     "local_entries",
     "memory_root",
     "named",
+    "node_parts",
     "prune",
     "rank_dir",
     "ready_root",
@@ -73,6 +74,7 @@ CHOOSE: Final = "choose another with FTRAIN_MEMORY_DIR"
 FREE_SHARE: Final = 0.5
 """The most of the tmpfs's free space one snapshot may take: it is the node's memory, the training's too."""
 _STEP = re.compile(r"step-(\d+)\Z")
+_PART = re.compile(r"(rank|replica)-\d+\Z")
 
 
 class SnapshotUnavailable(msgspec.Struct, frozen=True):
@@ -104,6 +106,15 @@ def buddy(rank: int, local_world: int, world: int) -> int | None:
     """The rank that holds `rank`'s replica: the same local rank on the next node (ranks are numbered node by
     node, `local_world` to a node); None on a job of one node, which has no other node to hold it."""
     return None if world <= local_world else (rank + local_world) % world
+
+
+def node_parts(rank: int, local_world: int, world: int) -> frozenset[str]:
+    """The parts of a snapshot the ranks of `rank`'s node hold in a world of `world` ranks, `local_world` to a
+    node: their own, and the replicas of their sources (`buddy`'s inverse)."""
+    first = rank - rank % local_world
+    ranks = range(first, min(first + local_world, world))
+    sources = [] if buddy(rank, local_world, world) is None else [(r - local_world) % world for r in ranks]
+    return frozenset([*(f"rank-{r}" for r in ranks), *(f"replica-{s}" for s in sources)])
 
 
 def _parts(rank: int, source: int | None) -> list[str]:
@@ -267,16 +278,23 @@ def judge(
         return SnapshotUnavailable(f"rank {rank}'s snapshot of step {step} unreadable: {exc}")
 
 
-def prune(root: Path, rank: int, keep: int | None, source: int | None = None) -> None:
+def prune(
+    root: Path, rank: int, keep: int | None, source: int | None = None, strays: Collection[str] | None = None
+) -> None:
     """Drop this rank's snapshots other than the one of step `keep` (None: all), with the replicas of
-    `source`'s it holds, and step directories left empty. Never follows a link; what cannot be removed is
-    left for the next prune."""
+    `source`'s it holds, and step directories left empty. With `strays` (on the node's first rank: the parts
+    its node's ranks hold in this world, `node_parts`), also every other part of those steps: what an
+    earlier world left on this node (the job resumed on fewer nodes, or more ranks to a node), which no rank
+    of this one holds as its own. Never follows a link; what cannot be removed is left for the next prune."""
     for step in _steps(root):
         if step == keep:
             continue
         step_dir = snapshot_dir(root, step)
         try:
-            for part in _parts(rank, source):
+            parts = _parts(rank, source)
+            if strays is not None:
+                parts += [n for n in os.listdir(step_dir) if _PART.match(n) and n not in strays]
+            for part in parts:
                 remove_dir(step_dir, part, first=MARKER)
             os.rmdir(step_dir)  # the node's last rank of the step removes it
         except FileNotFoundError:
@@ -285,11 +303,13 @@ def prune(root: Path, rank: int, keep: int | None, source: int | None = None) ->
             continue
 
 
-def remove_rank(root: Path, rank: int, source: int | None = None) -> bool:
-    """Remove every snapshot part of this rank and replica of `source`'s (the run completed), and `root` once
-    the node's last rank left it empty; whether `root` is gone. Each rank removes its own: two ranks of a
-    node never race over the same files."""
-    prune(root, rank, None, source)
+def remove_rank(
+    root: Path, rank: int, source: int | None = None, strays: Collection[str] | None = None
+) -> bool:
+    """Remove every snapshot part of this rank and replica of `source`'s (the run completed), with `strays`
+    as `prune`, and `root` once the node's last rank left it empty; whether `root` is gone. Each rank
+    removes its own (the node's first rank the strays): two ranks of a node never race over the same files."""
+    prune(root, rank, None, source, strays)
     try:
         os.rmdir(root)
     except FileNotFoundError:

@@ -2,7 +2,8 @@
 torchrun agents, `--nnodes 2`, one CPU process each, gloo, the debug model), each node with its own memory
 directory, and a real nats-server. A node lost whole (every process of it SIGKILLed once a snapshot newer
 than the last durable checkpoint is recorded, its memory removed) comes back from the replica its peer
-node holds: the resume names the `peer` tier, loses at most `memory_every` steps, and the job ends
+node holds (the node replaced: the scheduler gives another host its node rank, with memory of its own):
+the resume names the `peer` tier, loses at most `memory_every` steps, and the job ends
 bit-identical to an uninterrupted one; every snapshot's log names both nodes' parts and the end of its
 replica exchange. A slow link to the peer (every exchange of replicas delayed on one
 node) never holds the training loop: the snapshots due meanwhile are skipped on every rank, taken again once
@@ -17,6 +18,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import msgspec
@@ -42,13 +44,17 @@ SLOW_LINK = 4.0
 """Seconds node 1's ranks wait before each exchange of replicas: several snapshot intervals of slowed steps."""
 
 
-def node_command(ckpt: Path, node: int, port: int) -> list[str]:
-    """argv of node `node`'s agent of a 2-node job of the reference trainer, one process to the node."""
+def node_command(program: Sequence[str], node: int, port: int) -> list[str]:
+    """argv of node `node`'s agent of a 2-node job of `program` (a module and its arguments), one process to
+    the node."""
     return [
         sys.executable, "-m", "torch.distributed.run", "--nnodes", str(NODES), "--node-rank", str(node),
-        "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", str(port),
-        "-m", "ftrain.examples.train", "--ckpt-dir", str(ckpt), *FLAGS,
+        "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", str(port), "-m", *program,
     ]  # fmt: skip
+
+
+def reference_trainer(ckpt: Path) -> list[str]:
+    return ["ftrain.examples.train", "--ckpt-dir", str(ckpt), *FLAGS]
 
 
 def two_nodes(
@@ -57,15 +63,17 @@ def two_nodes(
     memory: list[Path],
     kill_at: str | None = None,
     node1: dict[str, str] | None = None,
+    program: Sequence[str] | None = None,
 ) -> list[subprocess.CompletedProcess[str]]:
-    """One job of 2 nodes, node `n` with the memory directory `memory[n]` (static rendezvous: node `n`
-    holds rank `n`), node 1 given `node1` besides (a slow link), waiting for both to end; once node 0 ends,
-    node 1 is given 60 s, then SIGKILLed (its peer gone, it may wait on the rendezvous' store)."""
+    """One job of 2 nodes of `program` (a module and its arguments; the reference trainer by default), node
+    `n` with the memory directory `memory[n]` (static rendezvous: node `n` holds rank `n`), node 1 given
+    `node1` besides (a slow link), waiting for both to end; once node 0 ends, node 1 is given 60 s, then
+    SIGKILLed (its peer gone, it may wait on the rendezvous' store)."""
     port = free_port()
     given: list[dict[str, str]] = [{}, node1 or {}]
     nodes = [
         subprocess.Popen(
-            node_command(ckpt, n, port),
+            node_command(program or reference_trainer(ckpt), n, port),
             env={**torchrun_env(env, kill_at), "FTRAIN_MEMORY_DIR": str(memory[n]), **given[n]},
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -119,7 +127,8 @@ async def test_a_node_lost_whole_resumes_from_its_peers_replica_bit_identical(
     assert killed[0].returncode == KILLED, killed[0].stderr[-3000:]
     assert sealed(memory[1], "rank-1") == sealed(memory[1], "replica-0") == ["step-35"], "the newest kept"
     assert sealed(memory[0], "replica-1") == ["step-35"]
-    shutil.rmtree(memory[0])  # the node lost whole: its memory with it
+    shutil.rmtree(memory[0])  # the node lost whole: its memory with it; a replacement takes its node rank,
+    memory[0] = tmp_path / "shm-replacement"  # on another host: its own memory, another path, empty
     memory[0].mkdir(mode=0o700)
 
     started = time.monotonic()

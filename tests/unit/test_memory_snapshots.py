@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from ftrain import settings
+from ftrain.host.nofollow import remove_dir
 from ftrain.workers.integrity import digest_of, to_hex
 from ftrain.workers.layout import MANIFEST
 from ftrain.workers.manifest import FileEntry, Manifest, encode_manifest
@@ -27,6 +28,7 @@ from ftrain.workers.memory_tier import (
     local_entries,
     memory_root,
     named,
+    node_parts,
     prune,
     rank_dir,
     ready_root,
@@ -34,6 +36,7 @@ from ftrain.workers.memory_tier import (
     replica_dir,
     restore_part,
     seal_rank,
+    snapshot_dir,
 )
 
 RUN = "run-a"
@@ -223,6 +226,24 @@ def test_replicas_count_against_the_cap_and_are_dropped_with_older_snapshots(tmp
     assert sorted(p.name for p in root.iterdir()) == ["step-20"]
     assert not remove_rank(root, 0, source=3) and not replica_dir(root, 20, 3).exists()
     assert remove_rank(root, 1) and not root.exists()
+
+
+def test_what_an_earlier_world_left_on_a_node_is_dropped_by_its_first_rank(tmp_path: Path) -> None:
+    assert node_parts(0, 1, 2) == {"rank-0", "replica-1"}, "2 nodes of 1: a part and its source's replica"
+    assert node_parts(3, 2, 4) == {"rank-2", "rank-3", "replica-0", "replica-1"}
+    assert node_parts(1, 2, 2) == {"rank-0", "rank-1"}, "one node: no replicas"
+    # 2 nodes of 1 rank left rank 0's part and rank 1's replica of step 10 here, then the job came back as 1
+    # node of 2 ranks: neither of them holds replica-1 as its own
+    root = ready_root(memory_root(tmp_path, "job"))
+    _snapshot(root, 10)
+    remove_dir(snapshot_dir(root, 10), "rank-1")
+    begin_rank(root, 10, 1, replica=True)
+    _snapshot(root, 20)
+    prune(root, 1, keep=20)
+    prune(root, 0, keep=20, strays=node_parts(0, 2, 2))
+    assert sorted(p.name for p in root.iterdir()) == ["step-20"], "the stray replica went with its step"
+    begin_rank(root, 5, 7, replica=True)
+    assert not remove_rank(root, 1) and remove_rank(root, 0, strays=node_parts(0, 2, 2))
 
 
 def test_a_part_sent_back_is_restored_only_with_the_manifest_the_log_vouches_for(tmp_path: Path) -> None:
