@@ -222,6 +222,8 @@ class Rank:
 
     def round(self, r: int) -> dict[str, Any]:
         """Durable save, training to the kill drawn for round `r`, then the restart's loads (see the module)."""
+        import torch.distributed as dist
+
         from ftrain.domain.lifecycle import SnapshotRef
         from ftrain.train.memory_resume import resume_from_memory
         from ftrain.train.replication import swap
@@ -253,7 +255,11 @@ class Rank:
                    load_memory=together(resume))  # fmt: skip
         buddy, source = self.tier.buddy, self.tier.source
         assert buddy is not None and source is not None
-        one["replication"] = together(partial(swap, self.tier.group, buddy, bytes(size), source, size))
+        sizes: list[int] = [0] * self.world
+        dist.all_gather_object(sizes, size)  # a rank's part differs from its source's by a few bytes
+        one["replication"] = together(
+            partial(swap, self.tier.group, buddy, bytes(size), source, sizes[source])
+        )
         one["part bytes"] = size
         if self.rank >= self.tier.local_world:  # node 2's parts gone, as with the node
             shutil.rmtree(part)
