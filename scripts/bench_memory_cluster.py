@@ -112,7 +112,11 @@ def host(args: argparse.Namespace) -> dict[str, Any]:
                 nodes.popen(node, agent(nodes, n, passed), env, **pipes)
                 for n, node in enumerate(("node1", "node2"))
             ]
-            outputs = [agent.communicate(timeout=3600) for agent in agents]
+            while not any(a.returncode not in (None, 0) for a in agents) and None in (
+                a.poll() for a in agents
+            ):
+                time.sleep(1)  # a node that failed leaves the other waiting on it: `down` ends it
+            outputs = [agent.communicate() if agent.returncode is not None else ("", "") for agent in agents]
             if failed := [a.returncode for a in agents if a.returncode != 0]:
                 raise SystemExit(f"bench_memory_cluster: a node failed (rc {failed}), its output above")
             result: dict[str, Any] = json.loads(out.read_text())
