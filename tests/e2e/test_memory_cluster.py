@@ -12,7 +12,6 @@ bit-identical to an uninterrupted one."""
 import os
 import shutil
 import signal
-import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,7 +19,17 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.test_multinode import end_run, events, on, rank_of, reached, restarts, summary, supervisor
+from tests.e2e.test_multinode import (
+    end_run,
+    ended_with,
+    events,
+    on,
+    rank_of,
+    reached,
+    restarts,
+    summary,
+    supervisor,
+)
 from tests.support.netns import FTRAIN
 from tests.support.s3 import Endpoint
 from tests.support.training import final_digest, torchrun, wait_for
@@ -132,8 +141,7 @@ def test_a_failure_resumes_from_the_tier_expected_bit_identical(
         wall = time.monotonic() - started
     finally:
         end_run(nodes, run, job)
-    out = (tmp_path / "supervisor.out").read_text()
-    assert final_digest(subprocess.CompletedProcess([], 0, out, "")) == reference
+    out = ended_with(tmp_path / "supervisor", reference)
     assert "Attempt 2 of 2 succeeded" in out, out
 
     seen = events(nodes, "node3", run, env)
