@@ -13,9 +13,14 @@ the process table are shared, as on NFS-mounted nodes seen by one root. Each nod
 second address of the node, on a subnet of its own (10.78.<net>.10+N), so its traffic leaves from that address.
 A partition is a link set down (`cut`), healed with `heal`; `cut_nats` parts a node from every other node's NATS
 server with blackhole routes and rules in its namespace while its link, and training over it, stay up (`heal_nats`); no
-firewall or tc netem is needed. Everything made is named by the tag and recorded in `<work>/cluster.json`, so
-`down` (or `sweep`) removes it even after a failed test: processes first (every pid in each namespace), then
-namespaces (their routes with them), veths and the bridge.
+firewall or tc netem is needed (this kernel has no sch_netem). `throttle` shapes a node's link to a rate with tc's
+htb both ways (the whole link, or one server's port on it), as a shared file system or object store behind a
+network is slower than node memory, and `crossed` counts the bytes that went through the shaped class. Each node
+has its own memory directory, a private tmpfs directory (`/dev/shm/<tag>/<node>`, FTRAIN_MEMORY_DIR on it), that
+outlives its processes as node memory does, and `start_s3` serves S3 (a moto server) from a node. Everything made
+is named by the tag and recorded in `<work>/cluster.json`, so `down` (or `sweep`) removes it even after a failed
+test: processes first (every pid in each namespace), then namespaces (their routes with them), veths, the bridge
+and the memory directories.
 """
 
 from __future__ import annotations
@@ -42,6 +47,11 @@ from typing import Any
 STATE = "cluster.json"
 NATS_CLIENT_PORT = 4222
 NATS_ROUTE_PORT = 6222
+S3_PORT = 9000
+MEMORY = Path("/dev/shm")
+"""Where each cluster's node memory lives: `<MEMORY>/<tag>/<node>` (a tmpfs, as a node's memory tier would be)."""
+SHAPED = "1:10"
+"""The htb class `throttle` sends the shaped traffic through (the rest goes through 1:20, unshaped)."""
 CUT_RULE_PREF = 100
 LOCAL_RULE_PREF = 200
 
@@ -121,6 +131,10 @@ class Cluster:
         """`node`'s FTRAIN_HOME (what `node_exec` sets there)."""
         return self.work / node / "home"
 
+    def memory(self, node: str) -> Path:
+        """`node`'s memory directory (FTRAIN_MEMORY_DIR there): private, on a tmpfs, gone with the cluster."""
+        return MEMORY / self.tag / node
+
     # -- lifecycle -----------------------------------------------------------------------------------------
 
     def up(self) -> Cluster:
@@ -147,6 +161,8 @@ class Cluster:
             _ip("link", "set", veth, "master", self.bridge)
             _ip("link", "set", veth, "up")
             self.home(node).mkdir(parents=True, exist_ok=True)
+            self.memory(node).mkdir(mode=0o700, parents=True, exist_ok=True)
+            self.memory(node).parent.chmod(0o700)
             hosts = Path("/etc/netns") / ns / "hosts"  # `ip netns exec` mounts it over /etc/hosts
             hosts.parent.mkdir(parents=True, exist_ok=True)
             hosts.write_text(
@@ -163,6 +179,7 @@ class Cluster:
             _ip("link", "del", self._veth(node), check=False)
             shutil.rmtree(Path("/etc/netns") / ns, ignore_errors=True)
         _ip("link", "del", self.bridge, check=False)
+        shutil.rmtree(MEMORY / self.tag, ignore_errors=True)
         (self.work / STATE).unlink(missing_ok=True)
 
     def save(self) -> None:
@@ -177,12 +194,13 @@ class Cluster:
 
     def node_exec(self) -> str:
         """The `ftrain run --node-exec` template that starts a command on a node of this cluster (node names
-        resolve there: each namespace has its own /etc/hosts), with that node's own FTRAIN_HOME, as a login on
-        the node would have it (`ip netns exec` would pass on the caller's)."""
+        resolve there: each namespace has its own /etc/hosts), with that node's own FTRAIN_HOME and memory
+        directory, as a login on the node would have them (`ip netns exec` would pass on the caller's)."""
         home = shlex.quote(f"FTRAIN_HOME={self.work}/{{host}}/home")
+        memory = shlex.quote(f"FTRAIN_MEMORY_DIR={MEMORY / self.tag}/{{host}}")
         return (
             f"ip netns exec {self.tag}-{{host}} unshare --uts sh -c 'hostname {{host}} && exec \"$@\"' sh "
-            f"env {home}"
+            f"env {home} {memory}"
         )
 
     def command(self, node: str, argv: Sequence[str]) -> list[str]:
@@ -190,8 +208,9 @@ class Cluster:
         return [*(shlex.split(self.node_exec().replace("{host}", node))), *argv]
 
     def env(self, node: str, extra: Mapping[str, str] | None = None) -> dict[str, str]:
-        """The environment of a process on `node`: its own FTRAIN_HOME."""
-        return {**os.environ, "FTRAIN_HOME": str(self.home(node)), **(extra or {})}
+        """The environment of a process on `node`: its own FTRAIN_HOME and memory directory."""
+        own = {"FTRAIN_HOME": str(self.home(node)), "FTRAIN_MEMORY_DIR": str(self.memory(node))}
+        return {**os.environ, **own, **(extra or {})}
 
     def popen(self, node: str, argv: Sequence[str], extra: Mapping[str, str] | None = None, **kw: Any) -> Any:
         return subprocess.Popen(self.command(node, argv), env=self.env(node, extra), **kw)
@@ -236,6 +255,37 @@ class Cluster:
                 _ip("-n", ns, "rule", "del", "pref", str(CUT_RULE_PREF), "from", self.nats_address(other),
                     "blackhole", check=False)  # fmt: skip
 
+    def _links(self, node: str) -> list[tuple[list[str], str]]:
+        """The two ends of `node`'s link, each as the `tc` options that reach its namespace and its device:
+        its eth0 (what leaves the node), and the bridge's veth to it (what the node receives)."""
+        return [(["-n", self.namespace(node)], "eth0"), ([], self._veth(node))]
+
+    def throttle(self, node: str, rate: str, port: int | None = None) -> None:
+        """Shape `node`'s link to `rate` (tc's units: `5mbps` is 5 MB/s, `800mbit` 100 MB/s) each way, with an
+        htb class on both ends; with `port`, only the TCP traffic of a server on the node at that port is
+        shaped (its replies as they leave, its requests as they arrive), the rest of the link stays as fast."""
+        for (ns, dev), matched in zip(self._links(node), ("sport", "dport"), strict=True):
+            default = "10" if port is None else "20"
+            _tc(*ns, "qdisc", "replace", "dev", dev, "root", "handle", "1:", "htb", "default", default)
+            for classid, limit in ((SHAPED, rate), ("1:20", "100gbit")):
+                _tc(*ns, "class", "add", "dev", dev, "parent", "1:", "classid", classid, "htb", "rate", limit)
+            if port is not None:
+                _tc(*ns, "filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "u32",
+                    "match", "ip", matched, str(port), "0xffff", "flowid", SHAPED)  # fmt: skip
+
+    def unthrottle(self, node: str) -> None:
+        """Undo `throttle` (whatever of it is there); its counts go with it."""
+        for ns, dev in self._links(node):
+            _tc(*ns, "qdisc", "del", "dev", dev, "root", check=False)
+
+    def crossed(self, node: str) -> int:
+        """Bytes sent through `node`'s shaped class, both ways together, since `throttle`."""
+        total = 0
+        for ns, dev in self._links(node):
+            shown = _tc(*ns, "-s", "class", "show", "dev", dev, "classid", SHAPED).stdout
+            total += sum(int(n) for n in re.findall(r"Sent (\d+) bytes", shown))
+        return total
+
     def pids(self, node: str) -> list[int]:
         """Every process on `node` (in its network namespace), its NATS server included."""
         return _pids(self.namespace(node))
@@ -247,6 +297,18 @@ class Cluster:
         self.nats.pop(node, None)
         self.save()
         _kill_all(self.namespace(node))
+
+    # -- S3 on a node -------------------------------------------------------------------------------------------
+
+    def start_s3(self, node: str, port: int = S3_PORT, timeout: float = 30.0) -> str:
+        """Serve S3 from `node` (a moto server on its address, its objects in its memory, any keys admitted),
+        killed with the node's processes; the endpoint's URL."""
+        log = open(self.work / node / "s3.log", "ab")  # noqa: SIM115 - the server's for its life
+        server = Path(sys.executable).with_name("moto_server")
+        self.popen(node, [str(server), "-H", self.address(node), "-p", str(port)], stdout=log, stderr=log,
+                   start_new_session=True)  # fmt: skip
+        _wait_port(self.address(node), port, timeout)
+        return f"http://{self.address(node)}:{port}"
 
     # -- a NATS JetStream cluster, one server per node ---------------------------------------------------------
 
@@ -332,6 +394,13 @@ class Cluster:
         }
 
 
+def _tc(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(["tc", *args], capture_output=True, text=True, check=False)
+    if check and done.returncode != 0:
+        raise RuntimeError(f"tc {' '.join(args)}: {done.stderr.strip()}")
+    return done
+
+
 def _pids(ns: str) -> list[int]:
     return [int(pid) for pid in _ip("netns", "pids", ns, check=False).stdout.split() if pid.isdigit()]
 
@@ -372,7 +441,8 @@ def _wait_gone(pid: int, timeout: float = 10.0) -> None:
 
 
 def sweep(prefix: str = "ft") -> list[str]:
-    """Remove every namespace and bridge named `<prefix>…-node…`/`<prefix>…-br` left by crashed runs."""
+    """Remove every namespace, bridge and memory directory named `<prefix>…-node…`/`<prefix>…-br`/`<prefix>…`
+    left by crashed runs."""
     removed = []
     for line in _ip("netns", "list", check=False).stdout.splitlines():
         ns = line.split()[0] if line.split() else ""
@@ -386,6 +456,9 @@ def sweep(prefix: str = "ft") -> list[str]:
         if name.startswith(prefix) and name.endswith("-br"):
             _ip("link", "del", name, check=False)
             removed.append(name)
+            if (MEMORY / name.removesuffix("-br")).is_dir():
+                shutil.rmtree(MEMORY / name.removesuffix("-br"), ignore_errors=True)
+                removed.append(str(MEMORY / name.removesuffix("-br")))
     return removed
 
 

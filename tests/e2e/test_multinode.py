@@ -127,6 +127,13 @@ def end_run(nodes: Any, run: str, *procs: subprocess.Popen[bytes]) -> None:
             nodes.start_nats(node)
 
 
+def ended_with(out: Path, digest: str) -> str:
+    """What the supervisor writing `out`.out printed, once its run ended with `digest`."""
+    said = out.with_suffix(".out").read_text()
+    assert final_digest(subprocess.CompletedProcess([], 0, said, "")) == digest
+    return said
+
+
 def test_a_lost_node_is_recorded_and_the_run_resumes_on_both_nodes_when_it_returns(
     nodes: Any, one_node_digest: str, tmp_path: Path
 ) -> None:
@@ -154,8 +161,7 @@ def test_a_lost_node_is_recorded_and_the_run_resumes_on_both_nodes_when_it_retur
         wall = time.monotonic() - started
     finally:
         end_run(nodes, run, job)
-    out = (tmp_path / "supervisor.out").read_text()
-    assert final_digest(subprocess.CompletedProcess([], 0, out, "")) == one_node_digest
+    out = ended_with(tmp_path / "supervisor", one_node_digest)
     assert "Attempt 1 of 2 failed (node node2 lost: its command was killed by SIGKILL)" in out, out
     assert "Attempt 2 of 2 succeeded" in out, out
     seen = events(nodes, "node3", run, env)
