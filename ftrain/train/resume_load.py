@@ -143,7 +143,7 @@ def load_verified(
                     local.path,
                     metadata,
                     local.fetch,
-                    unchecked(manifest.files, mine, local.left) if local.chunked else None,
+                    unchecked(manifest.files, mine, local.left, local.source) if local.chunked else None,
                 ),
                 planner=RestrictedLoadPlanner(),
                 process_group=group,

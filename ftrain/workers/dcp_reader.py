@@ -9,13 +9,15 @@ non-tensor items load through the same allowlist. Tensors DCP already loads with
 Every rank's verdict on what it read is `combined` the same way on each, so all ranks take the same way.
 
 Data files whose entries list chunk digests (format 3) may be left unchecked until the load itself: the reader
-then hands DCP each item's bytes from chunks verified for it (`workers.verified_chunks`) while a thread checks
-ahead, and fails the load (Rejected) if any chunk of the files this rank answers for is wrong, read or not.
+then hands DCP each item's bytes from chunks verified for it (`workers.verified_chunks`), read from the local
+files or from where the backend says (an object store's ranged reads), while threads check ahead, and fails the
+load (Rejected) if any chunk of the files this rank answers for is wrong, read or not.
 """
 
 import io
 import os
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, cast
@@ -23,7 +25,7 @@ from typing import IO, Any, cast
 import torch.distributed as dist
 from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-from torch.distributed.checkpoint.filesystem import FileSystemReader, _StorageInfo
+from torch.distributed.checkpoint.filesystem import FileSystem, FileSystemReader, _StorageInfo
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem
 from torch.futures import Future
@@ -33,8 +35,8 @@ from ftrain.workers.manifest import FileEntry
 from ftrain.workers.storage.storage_errors import StorageUnavailable
 from ftrain.workers.storage.verdict import absent, entry_verdict, file_verdict
 from ftrain.workers.unpickle import RefusedPickle, restricted_loads, torch_load
+from ftrain.workers.verified_chunks import ChunkSource, LocalChunks, VerifiedChunks
 from ftrain.workers.verified_chunks import Rejected as Rejected
-from ftrain.workers.verified_chunks import VerifiedChunks
 
 METADATA = ".metadata"
 Verdict = str | StorageUnavailable | None
@@ -110,19 +112,26 @@ class Unchecked:
 
     entries: dict[str, FileEntry]
     owned: frozenset[str]
+    source: ChunkSource | None = None
+    """Where their chunks are read from; None: the files in the reader's directory."""
 
 
-def unchecked(files: Sequence[FileEntry], owned: Sequence[FileEntry], left: Collection[str]) -> Unchecked:
+def unchecked(
+    files: Sequence[FileEntry],
+    owned: Sequence[FileEntry],
+    left: Collection[str],
+    source: ChunkSource | None = None,
+) -> Unchecked:
     """The chunked files of a manifest but those of this rank's (`owned`) it checked whole before the load
-    (not in `left`); `.metadata` is none of them: every rank checks it whole before the load
-    (`parse_metadata`)."""
+    (not in `left`), read from `source`; `.metadata` is none of them: every rank checks it whole before the
+    load (`parse_metadata`)."""
     mine = {f.name for f in owned}
     chunked = {
         f.name: f
         for f in files
         if f.chunked and f.name != METADATA and (f.name not in mine or f.name in left)
     }
-    return Unchecked(chunked, frozenset(name for name in mine if name in chunked))
+    return Unchecked(chunked, frozenset(name for name in mine if name in chunked), source)
 
 
 class VerifiedReader(FileSystemReader):
@@ -147,9 +156,11 @@ class VerifiedReader(FileSystemReader):
         self._chunks: VerifiedChunks | None = None
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        chunked = self.unchecked.entries if self.unchecked else {}
         if self.fetch is not None:
             for name in sorted({self.storage_data[item.storage_index].relative_path for item in plan.items}):
-                self.fetch(name)
+                if name not in chunked:
+                    self.fetch(name)
         if self.unchecked is None:
             return super().read_data(plan, planner)
         infos: list[_StorageInfo] = [self.storage_data[item.storage_index] for item in plan.items]
@@ -162,12 +173,16 @@ class VerifiedReader(FileSystemReader):
             for i in file
             if i.relative_path in self.unchecked.entries
         ]
-        with VerifiedChunks(Path(self.path), self.unchecked.entries, reads, self.unchecked.owned) as chunks:
+        source = self.unchecked.source or LocalChunks(Path(self.path))
+        with VerifiedChunks(source, chunked, reads, self.unchecked.owned) as chunks:
             self._chunks = chunks
+            local = self.fs
+            self.fs = _Unopened(self.fs.concat_path(self.path, name) for name in chunked)
             try:
                 done = super().read_data(plan, planner)
             finally:
                 self._chunks = None
+                self.fs = local
             chunks.finish()
         return done
 
@@ -181,6 +196,23 @@ class VerifiedReader(FileSystemReader):
             self.metadata.storage_meta = StorageMeta()
         self.metadata.storage_meta.load_id = self.load_id
         return self.metadata
+
+
+class _Unopened(FileSystem):
+    """DCP's local file system, but for the files `paths` whose items come from verified chunks: they are not
+    opened (DCP's stream of each goes unread)."""
+
+    def __init__(self, paths: Iterable[str | os.PathLike[str]]) -> None:
+        super().__init__()
+        self.paths = {Path(p) for p in paths}
+
+    @contextmanager
+    def create_stream(self, path: str | os.PathLike[str], mode: str) -> Iterator[io.IOBase]:
+        if Path(path) in self.paths:
+            yield io.BytesIO()
+            return
+        with super().create_stream(path, mode) as stream:
+            yield stream
 
 
 class RestrictedLoadPlanner(DefaultLoadPlanner):

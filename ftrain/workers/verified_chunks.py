@@ -1,10 +1,11 @@
 """The data files of a checkpoint read a chunk at a time, each chunk verified before any of its bytes is used.
 
 A format-3 manifest lists the digest of each fixed-size chunk of a data file. Each chunk is read once (by
-position, from a descriptor opened when the load starts), hashed, compared with its digest, and only then
+position, from a `ChunkSource`: descriptors of local files opened when the load starts, `LocalChunks`, or one
+ranged GET a chunk from an object store), hashed, compared with its digest, and only then
 are those same bytes handed on: a region is never read again after it was checked, so a disk that changes
 under the load cannot slip in unchecked bytes. Background threads check ahead, in the order the load will
-ask for the chunks, holding at most `AHEAD` bytes it was not asked for yet; a read that finds its chunk not
+ask for the chunks, holding at most the source's `ahead` bytes it was not asked for yet; a read that finds its chunk not
 yet taken checks it itself. Chunks are read into buffers reused from chunk to chunk (fresh ones cost a page
 fault per 4 KiB): a buffer is reused only once no read wants its chunk and the stream that last handed its
 bytes out is closed, which the next read does. After the reads, every chunk of the files this rank answers
@@ -20,7 +21,7 @@ import threading
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, Protocol
 
 if TYPE_CHECKING:
     from _typeshed import WriteableBuffer
@@ -30,16 +31,89 @@ from ftrain.workers.manifest import FileEntry
 from ftrain.workers.storage.verdict import absent, unavailable
 
 AHEAD: Final = 32 << 20
-"""The most bytes the background check holds for reads still to come: a few chunks, so few buffers are
-needed (256 MiB ahead doubled the page faults and cost 0.15 CPU-s more per 0.5 GB, measured here)."""
+"""The most bytes the background check holds for reads still to come, from local files: a few chunks, so few
+buffers are needed (256 MiB ahead doubled the page faults and cost 0.15 CPU-s more per 0.5 GB, measured
+here)."""
 THREADS: Final = 2
-"""Threads checking ahead: chunks hash independently, and hashlib and blake3 release the GIL, so one file's
-chunks are checked on as many cores (measured: docs/benchmarks.md)."""
+"""Threads checking ahead in local files: chunks hash independently, and hashlib and blake3 release the GIL,
+so one file's chunks are checked on as many cores (measured: docs/benchmarks.md)."""
 
 
 class Rejected(Exception):
     """A file a load needs failed verification when it was read or fetched for the load: the checkpoint is
     corrupt (DCP hands it to every rank, so all skip the checkpoint together)."""
+
+
+class ChunkSource(Protocol):
+    """Where the chunks of a load's files are read from, by position: `threads` check ahead, holding at most
+    `ahead` bytes for reads still to come. Each method raises Rejected for a file that is not as its entry
+    says (missing, another size) and StorageUnavailable when the storage is out of reach."""
+
+    threads: int
+    ahead: int
+
+    def open(self, entry: FileEntry, spans: Sequence[tuple[int, int]]) -> None:
+        """Make the entry's file ready to read; `spans` (offset, length; (0, 0): all of it) are what the
+        load will read of it."""
+        ...
+
+    def read(self, entry: FileEntry, offset: int, length: int, buffer: bytearray) -> memoryview:
+        """The file's bytes from `offset`, `length` of them unless it ends first: read into `buffer` (whose
+        size is the entry's chunk size) or the source's own bytes, never changed after."""
+        ...
+
+    def close(self) -> None:
+        """Let go what `open` took."""
+        ...
+
+
+class LocalChunks:
+    """The files under `root`, each through a descriptor opened when the load starts (a file replaced under
+    the load is not read), its chunks read with `preadv` into the buffers handed in."""
+
+    threads = THREADS
+    ahead = AHEAD
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._fds: dict[str, int] = {}
+
+    def open(self, entry: FileEntry, spans: Sequence[tuple[int, int]]) -> None:
+        """A descriptor of the entry's file, whose size must be the entry's. The kernel is asked to read ahead
+        the spans the load will read (asking for all of a file it reads a little of cost as much system time
+        as the reads)."""
+        name = entry.name
+        path = self.root / name
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise Rejected(absent(path, self.root, exc, f"file {name} missing")) from exc
+        try:
+            size = os.fstat(fd).st_size
+            for offset, length in spans:
+                os.posix_fadvise(fd, offset, length, os.POSIX_FADV_WILLNEED)
+        except OSError as exc:
+            os.close(fd)
+            raise unavailable(path, exc) from exc
+        if size != entry.size:
+            os.close(fd)
+            raise Rejected(f"file {name} is {size} bytes, manifest says {entry.size}")
+        self._fds[name] = fd
+
+    def read(self, entry: FileEntry, offset: int, length: int, buffer: bytearray) -> memoryview:
+        data = memoryview(buffer)[:length]
+        done = 0
+        try:
+            while done < length and (n := os.preadv(self._fds[entry.name], [data[done:]], offset + done)):
+                done += n
+        except OSError as exc:
+            raise unavailable(self.root / entry.name, exc) from exc
+        return data[:done]
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
 
 
 @dataclass(eq=False)
@@ -60,18 +134,18 @@ class _Chunk:
 
 
 class VerifiedChunks:
-    """The chunked `entries` under `root`, read through `read` in the order of `reads` (file name, offset,
+    """The chunked `entries` of `source`, read through `read` in the order of `reads` (file name, offset,
     length), every chunk of the files named in `complete` checked by `finish`. A context manager: the
     background check runs inside it."""
 
     def __init__(
         self,
-        root: Path,
+        source: ChunkSource,
         entries: Mapping[str, FileEntry],
         reads: Sequence[tuple[str, int, int]],
         complete: Collection[str],
     ) -> None:
-        self._root = root
+        self._source = source
         self._entries = entries
         self._chunks = {name: _chunks_of(entry) for name, entry in entries.items()}
         self._order: list[_Chunk] = []
@@ -83,7 +157,6 @@ class VerifiedChunks:
                 if chunk.wanted == 1:
                     self._order.append(chunk)
         self._order += [c for name in sorted(complete) for c in self._chunks[name] if not c.wanted]
-        self._fds: dict[str, int] = {}
         self._pool: dict[int, list[bytearray]] = {}
         self._lent: tuple[Segments, list[bytearray]] | None = None
         self._held = 0
@@ -93,13 +166,13 @@ class VerifiedChunks:
         self._lock = threading.Condition()
         self._threads = [
             threading.Thread(target=self._check_ahead, name="ftrain-verify", daemon=True)
-            for _ in range(THREADS)
+            for _ in range(source.threads)
         ]
 
     def __enter__(self) -> "VerifiedChunks":
         try:
             for name in self._files:
-                self._fds[name] = self._open(self._entries[name])
+                self._source.open(self._entries[name], self._spans(name))
         except BaseException:
             self.__exit__()
             raise
@@ -115,9 +188,7 @@ class VerifiedChunks:
         for thread in self._threads:
             if thread.is_alive():
                 thread.join()
-        for fd in self._fds.values():
-            os.close(fd)
-        self._fds.clear()
+        self._source.close()
         self._pool.clear()
 
     def read(self, name: str, offset: int, length: int) -> "Segments":
@@ -193,14 +264,14 @@ class VerifiedChunks:
                 return
 
     def _next_ahead(self) -> _Chunk | None:
-        """The next chunk in read order nobody has taken, once holding it keeps within `AHEAD` (None: all
+        """The next chunk in read order nobody has taken, once holding it keeps within the source's `ahead` (None: all
         are taken, one failed, or the reads are over)."""
         with self._lock:
             while not self._stop and self._failure is None and self._next < len(self._order):
                 chunk = self._order[self._next]
                 if chunk.taken:
                     self._next += 1
-                elif chunk.wanted and self._held and self._held + chunk.length > AHEAD:
+                elif chunk.wanted and self._held and self._held + chunk.length > self._source.ahead:
                     self._lock.wait()
                 else:
                     chunk.taken = True
@@ -219,7 +290,7 @@ class VerifiedChunks:
             buffer = bytearray(size)
         data: memoryview | None = None
         try:
-            data = _read_chunk(self._root, self._fds[chunk.entry.name], chunk, buffer)
+            data = _read_chunk(self._source, chunk, buffer)
         except Exception as exc:  # Rejected, StorageUnavailable; anything else is raised where it is read
             chunk.failure = exc
         with self._lock:
@@ -235,33 +306,12 @@ class VerifiedChunks:
         chunk.ready.set()
         return data is not None
 
-    def _open(self, entry: FileEntry) -> int:
-        """A descriptor of the entry's file, whose size must be the entry's; else Rejected (missing, another size)
-        or StorageUnavailable. The kernel is asked to read ahead the chunks this rank will check: a file it
-        answers for whole, of another only the chunks its reads want (asking for all of it cost as much system
-        time as the reads)."""
-        name = entry.name
-        path = self._root / name
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError as exc:
-            raise Rejected(absent(path, self._root, exc, f"file {name} missing")) from exc
-        spans = (
-            [(0, 0)]
-            if name in self._complete
-            else [(c.offset, c.length) for c in self._chunks[name] if c.wanted]
-        )
-        try:
-            size = os.fstat(fd).st_size
-            for offset, length in spans:
-                os.posix_fadvise(fd, offset, length, os.POSIX_FADV_WILLNEED)
-        except OSError as exc:
-            os.close(fd)
-            raise unavailable(path, exc) from exc
-        if size != entry.size:
-            os.close(fd)
-            raise Rejected(f"file {name} is {size} bytes, manifest says {entry.size}")
-        return fd
+    def _spans(self, name: str) -> list[tuple[int, int]]:
+        """What the load reads of file `name`: all of a file this rank answers for, of another only the
+        chunks its reads want."""
+        if name in self._complete:
+            return [(0, 0)]
+        return [(c.offset, c.length) for c in self._chunks[name] if c.wanted]
 
 
 class Segments(io.RawIOBase):
@@ -324,18 +374,12 @@ def _chunks_of(entry: FileEntry) -> list[_Chunk]:
     ]
 
 
-def _read_chunk(root: Path, fd: int, chunk: _Chunk, buffer: bytearray) -> memoryview:
-    """The chunk's bytes, read once into `buffer`, when they match its digest; else Rejected
-    (StorageUnavailable: the read failed)."""
+def _read_chunk(source: ChunkSource, chunk: _Chunk, buffer: bytearray) -> memoryview:
+    """The chunk's bytes, read once (into `buffer`, where the source reads into it), when they match its
+    digest; else Rejected (StorageUnavailable: the read failed)."""
     entry = chunk.entry
-    data = memoryview(buffer)[: chunk.length]
-    done = 0
-    try:
-        while done < chunk.length and (n := os.preadv(fd, [data[done:]], chunk.offset + done)):
-            done += n
-    except OSError as exc:
-        raise unavailable(root / entry.name, exc) from exc
-    if done != chunk.length:
+    data = source.read(entry, chunk.offset, chunk.length, buffer)
+    if len(data) != chunk.length:
         raise Rejected(f"file {entry.name} ended at chunk {chunk.index + 1} of {len(entry.chunks)}")
     if hex_of(data, entry.algorithm) != entry.chunks[chunk.index]:
         raise Rejected(f"file {entry.name} hash mismatch")  # as a whole-file check says it

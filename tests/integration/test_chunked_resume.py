@@ -13,7 +13,7 @@ import ftrain.workers.dcp_writer
 from ftrain.workers.integrity import hash_file
 from ftrain.workers.manifest import FORMAT, decode_manifest, decode_marker
 from ftrain.workers.storage.file.checkpoint_dir import verify_checkpoint
-from ftrain.workers.verified_chunks import Segments, VerifiedChunks
+from ftrain.workers.verified_chunks import LocalChunks, Segments, VerifiedChunks
 from tests.integration.test_digests import outside_ftrain_run as outside_ftrain_run
 from tests.integration.test_training_api import _train
 from tests.support.page_cache import evict
@@ -29,7 +29,8 @@ def spy_reads(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
 
     def read(self: VerifiedChunks, name: str, offset: int, length: int) -> Segments:
         data = real(self, name, offset, length)
-        step = self._root.name
+        assert isinstance(self._source, LocalChunks)
+        step = self._source.root.name
         handed[step] = handed.get(step, 0) + 1
         return data
 

@@ -20,8 +20,8 @@ from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
-from ftrain.workers.dcp_reader import RestrictedLoadPlanner, VerifiedReader, load_metadata
-from ftrain.workers.integrity import ALGORITHMS
+from ftrain.workers.dcp_reader import RestrictedLoadPlanner, VerifiedReader, load_metadata, unchecked
+from ftrain.workers.integrity import ALGORITHMS, DIGEST_CHUNK, digest_of
 from ftrain.workers.manifest import FileEntry, Manifest
 from ftrain.workers.storage.port import StoredCheckpoint
 from ftrain.workers.storage.s3.part_upload import PART_SIZE, PartUpload
@@ -104,7 +104,10 @@ def test_a_streamed_save_is_sealed_in_parts_and_a_verified_resume_loads_it(
         assert readable.verdict is None
         metadata = load_metadata(readable.path, manifest.files)
         assert isinstance(metadata, Metadata), metadata  # parsed through the allowlist, as a resume does
-        reader = VerifiedReader(readable.path, metadata)
+        assert readable.left == {SHARD}, "its chunks are read from the store by the load, not downloaded"
+        assert len(files[SHARD].chunks) == -(-files[SHARD].size // DIGEST_CHUNK), "format 3: chunk digests"
+        shard = unchecked(manifest.files, manifest.files, readable.left, readable.source)
+        reader = VerifiedReader(readable.path, metadata, readable.fetch, shard)
         dcp_load(loaded, storage_reader=reader, planner=RestrictedLoadPlanner())
     assert all(torch.equal(loaded[name], tensor) for name, tensor in state().items())
 
@@ -201,4 +204,6 @@ def test_entries_name_what_the_stream_hashed(s3: Endpoint, run: S3Run) -> None:
             stream.write(b"abc")
             assert stream.tell() == 3
     hashed = run.bucket.hashed(f"ckpt/{RUN}/step-10/small")
-    assert hashed is not None and writer.entries() == [FileEntry("small", 3, hashed.digest)]
+    chunk = digest_of(b"abc").removeprefix("sha256:")
+    assert hashed is not None
+    assert writer.entries() == [FileEntry("small", 3, hashed.digest, DIGEST_CHUNK, (chunk,))]

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import urlparse
@@ -22,15 +23,32 @@ from ftrain.workers.storage.file.run_dir import FileRun
 from ftrain.workers.storage.location import Location, run_location
 from ftrain.workers.storage.one_rank import write_step
 from ftrain.workers.storage.open import open_run
-from ftrain.workers.storage.port import RunStorage, StoredCheckpoint
+from ftrain.workers.storage.port import Readable, RunStorage, StoredCheckpoint
 from ftrain.workers.storage.s3.run_prefix import S3Run
 from ftrain.workers.storage.storage_errors import CheckpointExists, Fenced, StorageError, StorageUnavailable
-from ftrain.workers.storage.verdict import verify_files
+from ftrain.workers.verified_chunks import LocalChunks, Rejected, VerifiedChunks
 from tests.support.rank_files import write_rank
 from tests.support.s3 import Endpoint
 
 RUN = "conf-run"
 FILES = {"__0_0.distcp": b"rank zero's shard" * 100, ".metadata": b"metadata bytes", "__1_0.distcp": b"one"}
+
+
+def as_loaded(local: Readable, entry: FileEntry, mine: Sequence[FileEntry]) -> bytes:
+    """A data file's bytes as a load gets them: a file with chunk digests left for the load (or not this
+    rank's) read chunk by chunk from the backend's source, each chunk verified (Rejected when one fails);
+    another from the readable directory, fetched there first when the backend fetches on demand."""
+    owned = {e.name for e in mine}
+    if local.chunked and entry.chunked and (entry.name in local.left or entry.name not in owned):
+        source = local.source or LocalChunks(local.path)
+        whole = [(entry.name, 0, entry.size)]
+        with VerifiedChunks(source, {entry.name: entry}, whole, {entry.name}) as chunks:
+            data = chunks.read(entry.name, 0, entry.size).read()
+            chunks.finish()
+        return data
+    if local.fetch is not None and entry.name not in owned:
+        local.fetch(entry.name)
+    return (local.path / entry.name).read_bytes()
 
 
 class Backend:
@@ -146,10 +164,9 @@ class StoreCases:
         store.prepare(0, staged=True)
         with store.readable(written.uri, written.manifest, mine, start="s1", rank=0) as local:
             assert local.verdict is None
-            assert all((local.path / e.name).read_bytes() == FILES[e.name] for e in mine)
-            if local.fetch is not None:  # a node-local copy: what this rank does not own arrives on demand
-                local.fetch("__1_0.distcp")
-            assert (local.path / "__1_0.distcp").read_bytes() == FILES["__1_0.distcp"]
+            assert all(as_loaded(local, e, mine) == FILES[e.name] for e in mine)
+            other = next(e for e in written.manifest.files if e.name == "__1_0.distcp")
+            assert as_loaded(local, other, mine) == FILES["__1_0.distcp"]
         assert not [p for p in backend.stage.rglob("*") if p.is_file()], "nothing left in the work space"
 
     def test_damaged_bytes_are_a_verdict_naming_the_file(self, store: RunStorage, backend: Backend) -> None:
@@ -160,10 +177,12 @@ class StoreCases:
             written.uri, written.manifest, written.manifest.files, start="s2", rank=0
         ) as local:
             verdict = local.verdict
-            if verdict is None:  # a file left for the load to check chunk by chunk, checked as export does
-                verdict = verify_files(
-                    local.path, [f for f in written.manifest.files if f.name in local.left]
-                )
+            if verdict is None:  # a file left for the load to check chunk by chunk, checked as a load does
+                try:
+                    for entry in written.manifest.files:
+                        as_loaded(local, entry, written.manifest.files)
+                except Rejected as exc:
+                    verdict = str(exc)
             assert verdict == "file __0_0.distcp hash mismatch"
         backend.overwrite(written.uri, MANIFEST, b"{}")
         assert (

@@ -15,7 +15,7 @@ from ftrain.workers.integrity import Hasher, hash_fd, hash_file, hex_of
 from ftrain.workers.manifest import FORMAT, FileEntry, decode_manifest, entry_of
 from ftrain.workers.storage.file.page_cache import cached
 from ftrain.workers.storage.verdict import chunks_verdict
-from ftrain.workers.verified_chunks import Rejected, VerifiedChunks
+from ftrain.workers.verified_chunks import LocalChunks, Rejected, VerifiedChunks
 from tests.support.page_cache import evict
 
 SIZE = 64
@@ -89,7 +89,7 @@ def test_a_format_2_manifest_decodes_with_no_chunks(tmp_path: Path) -> None:
 def test_reads_across_chunk_boundaries_get_the_files_bytes_and_a_clean_file_finishes(data: Path) -> None:
     raw, e = data.read_bytes(), entry(data)
     reads = [(e.name, 0, 10), (e.name, 60, 80), (e.name, 150, e.size - 150)]
-    with VerifiedChunks(data.parent, {e.name: e}, reads, complete={e.name}) as chunks:
+    with VerifiedChunks(LocalChunks(data.parent), {e.name: e}, reads, complete={e.name}) as chunks:
         assert [chunks.read(*r).read() for r in reads] == [raw[o : o + n] for _, o, n in reads]
         chunks.finish()
 
@@ -97,7 +97,7 @@ def test_reads_across_chunk_boundaries_get_the_files_bytes_and_a_clean_file_fini
 def test_bytes_handed_out_are_the_bytes_verified_not_a_second_read(data: Path) -> None:
     raw, e = data.read_bytes(), entry(data)
     reads = [(e.name, 0, 8), (e.name, 8, 8)]  # both in chunk 1: it is kept for the second read
-    with VerifiedChunks(data.parent, {e.name: e}, reads, complete=()) as chunks:
+    with VerifiedChunks(LocalChunks(data.parent), {e.name: e}, reads, complete=()) as chunks:
         assert chunks.read(*reads[0]).read() == raw[:8]
         flip(data, 10)  # the disk changes under the load, after the chunk was checked
         assert chunks.read(*reads[1]).read() == raw[8:16]
@@ -108,7 +108,7 @@ def test_a_bad_last_chunk_fails_its_read_after_the_earlier_chunks_were_handed_ou
     raw, e = data.read_bytes(), entry(data)
     flip(data, e.size - 1)
     reads = [(e.name, 0, SIZE * 3), (e.name, SIZE * 3, 10)]
-    with VerifiedChunks(data.parent, {e.name: e}, reads, complete={e.name}) as chunks:
+    with VerifiedChunks(LocalChunks(data.parent), {e.name: e}, reads, complete={e.name}) as chunks:
         assert chunks.read(*reads[0]).read() == raw[: SIZE * 3]
         with pytest.raises(Rejected, match=r"^file __0_0\.distcp hash mismatch$"):
             chunks.read(*reads[1])
@@ -118,10 +118,10 @@ def test_a_bad_chunk_nobody_reads_fails_the_rank_that_answers_for_its_file_only(
     e = entry(data)
     flip(data, SIZE * 2 + 1)
     reads = [(e.name, 0, 10)]
-    with VerifiedChunks(data.parent, {e.name: e}, reads, complete=()) as chunks:
+    with VerifiedChunks(LocalChunks(data.parent), {e.name: e}, reads, complete=()) as chunks:
         chunks.read(*reads[0])
         chunks.finish()  # another rank answers for this file
-    with VerifiedChunks(data.parent, {e.name: e}, reads, complete={e.name}) as chunks:
+    with VerifiedChunks(LocalChunks(data.parent), {e.name: e}, reads, complete={e.name}) as chunks:
         chunks.read(*reads[0])
         with pytest.raises(Rejected, match=r"^file __0_0\.distcp hash mismatch$"):
             chunks.finish()
@@ -134,16 +134,16 @@ def test_a_file_of_another_size_or_missing_is_refused_before_any_read(data: Path
     with pytest.raises(
         Rejected, match=rf"^file __0_0\.distcp is {e.size + 1} bytes, manifest says {e.size}$"
     ):
-        VerifiedChunks(data.parent, {e.name: e}, [], complete={e.name}).__enter__()
+        VerifiedChunks(LocalChunks(data.parent), {e.name: e}, [], complete={e.name}).__enter__()
     data.unlink()
     with pytest.raises(Rejected, match=r"^file __0_0\.distcp missing$"):
-        VerifiedChunks(data.parent, {e.name: e}, [], complete={e.name}).__enter__()
+        VerifiedChunks(LocalChunks(data.parent), {e.name: e}, [], complete={e.name}).__enter__()
 
 
 def test_a_read_is_a_seekable_stream_over_the_chunks_it_spans(data: Path) -> None:
     raw, e = data.read_bytes(), entry(data)
     reads = [(e.name, 50, 100)]  # chunks 1 and 2
-    with VerifiedChunks(data.parent, {e.name: e}, reads, complete=()) as chunks:
+    with VerifiedChunks(LocalChunks(data.parent), {e.name: e}, reads, complete=()) as chunks:
         stream = chunks.read(*reads[0])
         assert stream.seek(-30, os.SEEK_END) == 70 and stream.read(20) == raw[120:140]
         stream.seek(10)
@@ -156,7 +156,7 @@ def test_a_read_is_a_seekable_stream_over_the_chunks_it_spans(data: Path) -> Non
 def test_a_read_closes_the_stream_before_it_so_a_reused_buffer_is_never_seen(data: Path) -> None:
     raw, e = data.read_bytes(), entry(data)
     reads = [(e.name, 0, 8), (e.name, SIZE, 8), (e.name, SIZE * 2, 8)]
-    with VerifiedChunks(data.parent, {e.name: e}, reads, complete=()) as chunks:
+    with VerifiedChunks(LocalChunks(data.parent), {e.name: e}, reads, complete=()) as chunks:
         first = chunks.read(*reads[0])
         second = chunks.read(*reads[1])  # chunk 1 is wanted no more: its buffer may hold chunk 3 next
         with pytest.raises(ValueError, match="closed"):

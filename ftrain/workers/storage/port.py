@@ -31,6 +31,7 @@ from ftrain.workers.storage.storage_errors import OUTSIDE_RUN, StorageError, Sto
 
 if TYPE_CHECKING:
     from ftrain.workers.dcp_writer import HashingWriter  # torch: only where a rank saves
+    from ftrain.workers.verified_chunks import ChunkSource
 
 log = structlog.get_logger(__name__)
 
@@ -63,13 +64,14 @@ class Readable:
     verdict on its files (None: clean), and the hook that fetches a file the load needs that `path` lacks.
     `chunked`: the load checks chunk by chunk the files with chunk digests it reads and this rank did not
     check (`workers.dcp_reader.unchecked`); `left`: those of its files it left for the load so (the verdict is
-    on the others)."""
+    on the others); `source`: where the load reads their chunks (None: the files in `path`)."""
 
     path: Path
     verdict: str | StorageUnavailable | None
     fetch: Callable[[str], None] | None = None
     chunked: bool = False
     left: frozenset[str] = frozenset()
+    source: "ChunkSource | None" = None
 
 
 class StepWriter(Protocol):

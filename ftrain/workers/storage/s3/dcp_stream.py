@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from torch.distributed.checkpoint.filesystem import FileSystemBase
 
 from ftrain.workers.dcp_writer import HashingWriter
-from ftrain.workers.integrity import Hashed, Hasher
+from ftrain.workers.integrity import DIGEST_CHUNK, Hashed, Hasher
 from ftrain.workers.storage.s3.bucket import Bucket
 from ftrain.workers.storage.s3.part_upload import PartUpload
 
@@ -67,7 +67,7 @@ class StreamingFileSystem(FileSystemBase):
         if "w" not in mode:
             raise io.UnsupportedOperation(f"{path}: a streamed checkpoint is written, never read back")
         upload = PartUpload(self.bucket, str(path))
-        stream = _PartStream(upload, Hasher(self.algorithm))
+        stream = _PartStream(upload, Hasher(self.algorithm, DIGEST_CHUNK))
         try:
             yield stream
             upload.finish()

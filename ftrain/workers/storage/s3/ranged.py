@@ -51,7 +51,7 @@ class Ranges(msgspec.Struct, frozen=True):
 DEFAULT: Final = Ranges()
 
 
-class _Defect(Exception):
+class Defect(Exception):
     """The object is not what the manifest says (missing, another size): the reason, in its text."""
 
 
@@ -108,7 +108,7 @@ def fetch_file(
             while pending:
                 hasher.update(pending.popleft().result())
                 submit()
-        except _Defect as exc:
+        except Defect as exc:
             return str(exc)
         finally:
             for future in pending:
@@ -124,8 +124,18 @@ def fetch_file(
 def _fetch_range(
     client: Any, bucket: str, key: str, entry: FileEntry, fd: int, start: int, length: int
 ) -> bytes:
-    """One ranged GET (the whole object when it should be empty), checked against the manifest's size and
-    written at its offset; its bytes, for the hash."""
+    """One ranged GET (`get_range`) written at its offset; its bytes, for the hash."""
+    data = get_range(client, bucket, key, entry, start, length)
+    view = memoryview(data)
+    while view:  # a local disk error is raised as OSError and reported by the caller
+        view = view[os.pwrite(fd, view, start + len(data) - len(view)) :]
+    return data
+
+
+def get_range(client: Any, bucket: str, key: str, entry: FileEntry, start: int, length: int) -> bytes:
+    """One ranged GET of `entry`'s object (the whole object when it should be empty), checked against the
+    manifest's size: Defect when the object is missing or of another size, StorageUnavailable when the
+    store is out of reach or ignored the range."""
     where = f"s3://{bucket}/{key}"
     ranged = {"Range": f"bytes={start}-{start + length - 1}"} if length else {}
     try:
@@ -135,7 +145,7 @@ def _fetch_range(
         total = _total(response) if "ContentRange" in response else answered
         if total is not None and total != entry.size:
             response["Body"].close()
-            raise _Defect(_size_verdict(entry, total))
+            raise Defect(_size_verdict(entry, total))
         if answered != length:  # a store that ignored the range: its bytes are not read
             response["Body"].close()
             raise StorageUnavailable(
@@ -144,15 +154,12 @@ def _fetch_range(
         data: bytes = response["Body"].read()
     except ClientError as exc:
         if is_missing(exc):
-            raise _Defect(f"file {entry.name} missing") from exc
+            raise Defect(f"file {entry.name} missing") from exc
         if error_code(exc) in INVALID_RANGE:  # the object ends before this range starts
-            raise _Defect(_size_verdict(entry, _invalid_range_size(exc))) from exc
+            raise Defect(_size_verdict(entry, _invalid_range_size(exc))) from exc
         raise StorageUnavailable(f"storage unavailable: {where}: {reason(exc)}") from exc
     except (BotoCoreError, OSError) as exc:
         raise StorageUnavailable(f"storage unavailable: {where}: {reason(exc)}") from exc
-    view = memoryview(data)
-    while view:  # a local disk error is raised as OSError and reported by the caller
-        view = view[os.pwrite(fd, view, start + len(data) - len(view)) :]
     return data
 
 

@@ -9,9 +9,12 @@ those digests (`STREAM_SYNC`, `STREAM_ASYNC`); rank 0 seals the step (manifest, 
 once every rank's files are in and no newer attempt holds the fence. A writer outside the attempts (the CLI)
 uploads its files straight from where they are.
 
-Resuming: a candidate is downloaded into one cache per node, shared by the node's ranks: each rank fetches only
-the files it owns, in parallel ranged reads hashed as they arrive, so every byte crosses the network and is
-hashed once in the job. The cache is made by whichever rank of the node gets there first (`claim_dir`), which
+Resuming: a candidate's data files with chunk digests (format 3) are not downloaded: the load reads each chunk
+straight from the store, one ranged GET a chunk, and DCP parses a chunk's items once it matched
+(`chunk_reads`, `workers.verified_chunks`); each rank checks every chunk of the files it owns. The rest
+(`.metadata`, files of formats 1 and 2) is downloaded into one cache per node, shared by the node's ranks: each
+rank fetches only the files it owns, in parallel ranged reads hashed as they arrive, so every byte crosses the
+network and is hashed once in the job. The cache is made by whichever rank of the node gets there first (`claim_dir`), which
 also removes it once the load is over; it is named for the start and the step, so a crashed start's leftovers
 are never taken for this one's. A file the load needs that the node lacks (its owner is on another node) is
 fetched whole into the rank's scratch directory and verified there before it is renamed into the cache.
@@ -27,7 +30,7 @@ from typing import Any, Final
 import structlog
 
 from ftrain.domain.lifecycle import OnDisk
-from ftrain.workers.dcp_reader import Rejected
+from ftrain.workers.dcp_reader import METADATA, Rejected
 from ftrain.workers.dcp_writer import HashingWriter
 from ftrain.workers.integrity import ALGORITHM, Hashed
 from ftrain.workers.layout import SetAsideKind, parse_set_aside, rank_stage_dir, run_key, step_dir
@@ -39,6 +42,7 @@ from ftrain.workers.storage.probe import probe_body, unreadable, unwritable
 from ftrain.workers.storage.s3 import fence_object, partial, step_objects
 from ftrain.workers.storage.s3.boto_client import error_code, reason, shared_client
 from ftrain.workers.storage.s3.bucket import Bucket, ObjectMissing
+from ftrain.workers.storage.s3.chunk_reads import RangedChunks
 from ftrain.workers.storage.s3.dcp_stream import streamed_writer
 from ftrain.workers.storage.storage_errors import CheckpointExists, StorageUnavailable
 
@@ -153,7 +157,9 @@ class S3Run:
     def readable(
         self, uri: str, manifest: Manifest, files: Sequence[FileEntry], *, start: str, rank: int
     ) -> Iterator[Readable]:
-        """The files downloaded into the node's cache, hashed as they arrive."""
+        """The files with chunk digests left for the load to read chunk by chunk from the store, the others
+        downloaded into the node's cache, hashed as they arrive."""
+        left = frozenset(f.name for f in files if f.chunked and f.name != METADATA)
         name = f"{_CACHE}{start}-step-{manifest.step}"
         cache, scratch = self._stage / name, rank_stage_dir(self._stage, rank) / "fetch"
         created = False
@@ -164,7 +170,8 @@ class S3Run:
                     for stale in os.listdir(self._stage):
                         if stale.startswith(_CACHE) and stale != name:
                             remove_leftovers(self._stage / stale)
-                verdict: str | StorageUnavailable | None = step_objects.fetch(self.bucket, uri, files, cache)
+                whole = [f for f in files if f.name not in left]
+                verdict: str | StorageUnavailable | None = step_objects.fetch(self.bucket, uri, whole, cache)
             except StorageUnavailable as exc:
                 verdict = exc
             except OSError as exc:  # the local cache, not the checkpoint
@@ -173,11 +180,18 @@ class S3Run:
                 "resume_downloaded",
                 rank=rank,
                 uri=uri,
-                files=[e.name for e in files],
+                files=[e.name for e in files if e.name not in left],
                 verdict=str(verdict or ""),
             )
             yield Readable(
-                cache, verdict, FetchForLoad(self.bucket, uri, manifest.files, cache, scratch, rank)
+                cache,
+                verdict,
+                FetchForLoad(self.bucket, uri, manifest.files, cache, scratch, rank),
+                chunked=True,
+                left=left,
+                source=RangedChunks(
+                    self.bucket.client, self.bucket.name, step_objects.step_key(self.bucket, uri)
+                ),
             )
         finally:
             remove_leftovers(scratch)
