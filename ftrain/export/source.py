@@ -19,11 +19,13 @@ from torch.distributed.checkpoint.metadata import Metadata
 from ftrain.domain.lifecycle import CheckpointRef, RunState
 from ftrain.errors import Refused
 from ftrain.workers.dcp_reader import load_metadata
-from ftrain.workers.manifest import Manifest
+from ftrain.workers.manifest import FileEntry, Manifest
 from ftrain.workers.storage.location import under_root
 from ftrain.workers.storage.open import open_run
+from ftrain.workers.storage.port import Readable
 from ftrain.workers.storage.storage_errors import OUTSIDE_RUN, StorageError, StorageUnavailable
 from ftrain.workers.storage.verdict import verify_files
+from ftrain.workers.verified_chunks import Rejected
 
 
 @dataclass(frozen=True)
@@ -55,7 +57,7 @@ def verified_checkpoint(state: RunState, ref: CheckpointRef) -> Iterator[Verifie
         with store.readable(uri, manifest, manifest.files, start="export", rank=0) as local:
             verdict = local.verdict
             if verdict is None:  # an export reads in batches: check every file first
-                verdict = verify_files(local.path, [f for f in manifest.files if f.name in local.left])
+                verdict = _check_whole(local, [f for f in manifest.files if f.name in local.left])
             if isinstance(verdict, StorageUnavailable):
                 raise verdict
             if verdict is not None:
@@ -70,3 +72,17 @@ def verified_checkpoint(state: RunState, ref: CheckpointRef) -> Iterator[Verifie
         raise Refused(f"{where}: {exc}") from exc
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _check_whole(local: Readable, left: list[FileEntry]) -> str | None:
+    """The files a resume would check chunk by chunk as it loads, checked whole before the export reads any:
+    hashed in place, or, where the store left them for ranged reads (object storage), downloaded through the
+    fetch hook, which verifies each before it lands. A defect is the verdict; storage out of reach raises."""
+    if local.source is None or local.fetch is None:
+        return verify_files(local.path, left)
+    try:
+        for entry in left:
+            local.fetch(entry.name)
+    except Rejected as exc:
+        return str(exc)
+    return None
