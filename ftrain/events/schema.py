@@ -180,6 +180,10 @@ class Snapshotted(StateCopy, frozen=True, kw_only=True, tag="snapshotted"):
     relaunch's choice), and it lives and dies with its node. Only the newest one counts. Its `uri` is rank
     0's snapshot directory on its node (what an operator looks at; each rank's resume finds its own)."""
 
+    train_seconds: Amount | UnsetType = UNSET
+    """The attempt's training before this snapshot (its loop's time, less every stall), as on `checkpointed`:
+    what a resume from it keeps, for goodput. Unset when the writer did not measure it (older trainers)."""
+
 
 class Failed(Event, frozen=True, kw_only=True, tag="failed"):
     """The run stopped abnormally (preemption, node loss, OOM, non-zero exit)."""

@@ -373,6 +373,11 @@ class CheckpointManager:
         self._saver = Saver(config, self.group, self._manifest, self._record, self.store)
         self.clock = AttemptClock()
         """What the `checkpointed` events report for goodput."""
+        self.snapshot_stall: float | None = None
+        """Seconds the memory tier held the loop at the step `due` was last told of (None: no snapshot was
+        due there): the trainer's metrics line for it."""
+        self._snapshot_trained: tuple[int, float] | None = None
+        """The step of the snapshot last staged and the attempt's training before it, for its event."""
 
     @property
     def stage_root(self) -> Path:
@@ -451,6 +456,7 @@ class CheckpointManager:
             by_time, signalled = bool(flags[0]), bool(flags[1])
         self._stopping = self._stopping or signalled
         due = by_steps or by_time or signalled
+        self.snapshot_stall = None
         if not due and self._memory is not None and self._memory.due(step):
             self._snapshot(step)
         return due
@@ -463,9 +469,11 @@ class CheckpointManager:
         self.state.step = step
         if position is not None:
             self.state.epoch = position.position().epoch
+        self._snapshot_trained = (step, self.clock.trained())
         stall = self._memory.take(step, self.state.epoch, self.state.state_dict, self.attempt)
         self.clock.ended(step, stall)
         self._stalled += stall
+        self.snapshot_stall = stall
 
     def save(self, step: int, epoch: int = 0, *, final: bool = False) -> SaveTimes:
         """Checkpoint the state at `step`: synchronously, or staged and handed to the background pipeline.
@@ -621,7 +629,11 @@ class CheckpointManager:
         )
 
     def _snapshotted(self, event: Snapshotted) -> None:
-        """Rank 0: a memory snapshot complete on every rank, through the durable outbox."""
+        """Rank 0: a memory snapshot complete on every rank, through the durable outbox, with the training
+        before it (measured when it was staged)."""
+        trained = self._snapshot_trained
+        if trained is not None and trained[0] == event.step:
+            event = msgspec.structs.replace(event, train_seconds=trained[1])
         if self.recorder is not None:
             self.recorder.record(SnapshotIntent(snapshotted=event))
 
