@@ -470,6 +470,8 @@ class CheckpointManager:
         if position is not None:
             self.state.epoch = position.position().epoch
         self._snapshot_trained = (step, self.clock.trained())
+        if self._progress is not None:  # a resume from it times the steps it re-does
+            self._progress.snapshotted(step, self._trained())
         stall = self._memory.take(step, self.state.epoch, self.state.state_dict, self.attempt)
         self.clock.ended(step, stall)
         self._stalled += stall
