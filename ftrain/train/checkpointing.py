@@ -376,8 +376,9 @@ class CheckpointManager:
         self.snapshot_stall: float | None = None
         """Seconds the memory tier held the loop at the step `due` was last told of (None: no snapshot was
         due there): the trainer's metrics line for it."""
-        self._snapshot_trained: tuple[int, float] | None = None
-        """The step of the snapshot last staged and the attempt's training before it, for its event."""
+        self._snapshot_trained: dict[int, float] = {}
+        """The attempt's training before each snapshot staged and not yet recorded, for its event: the one
+        in flight, and the one being staged (a snapshot skipped while another is in flight is dropped)."""
 
     @property
     def stage_root(self) -> Path:
@@ -469,10 +470,14 @@ class CheckpointManager:
         self.state.step = step
         if position is not None:
             self.state.epoch = position.position().epoch
-        self._snapshot_trained = (step, self.clock.trained())
-        if self._progress is not None:  # a resume from it times the steps it re-does
-            self._progress.snapshotted(step, self._trained())
+        skipped, loop_time = self._memory.skipped, self._trained()
+        if self.recorder is not None:  # before the take: its thread may record at once
+            self._snapshot_trained[step] = self.clock.trained()
         stall = self._memory.take(step, self.state.epoch, self.state.state_dict, self.attempt)
+        if self._memory.skipped != skipped:
+            self._snapshot_trained.pop(step, None)
+        elif self._progress is not None:  # a resume from it times the steps it re-does
+            self._progress.snapshotted(step, loop_time)
         self.clock.ended(step, stall)
         self._stalled += stall
         self.snapshot_stall = stall
@@ -633,9 +638,11 @@ class CheckpointManager:
     def _snapshotted(self, event: Snapshotted) -> None:
         """Rank 0: a memory snapshot complete on every rank, through the durable outbox, with the training
         before it (measured when it was staged)."""
-        trained = self._snapshot_trained
-        if trained is not None and trained[0] == event.step:
-            event = msgspec.structs.replace(event, train_seconds=trained[1])
+        trained = self._snapshot_trained.pop(event.step, None)
+        for older in [s for s in list(self._snapshot_trained) if s < event.step]:  # failed: never recorded
+            self._snapshot_trained.pop(older, None)
+        if trained is not None:
+            event = msgspec.structs.replace(event, train_seconds=trained)
         if self.recorder is not None:
             self.recorder.record(SnapshotIntent(snapshotted=event))
 
