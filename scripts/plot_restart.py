@@ -1,7 +1,7 @@
 """Render a restart-cost experiment's plot and report again, from its directory or from run ids.
 
     .venv/bin/python scripts/plot_restart.py DIR [DIR ...]
-    .venv/bin/python scripts/plot_restart.py --baseline RUN --sync RUN [--async RUN] --out DIR
+    .venv/bin/python scripts/plot_restart.py --baseline RUN --sync RUN [--async RUN] [--memory RUN] --out DIR
 
 A directory written by `scripts/restart_experiment.py` gets `restart_plot.png` and `restart_report.md`
 rewritten in place, from its event log (its own embedded server, or the FTRAIN_NATS_URL it used), its metrics,
@@ -27,13 +27,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--baseline", help="run id of the run without failures")
     p.add_argument("--sync", help="run id of the sync run with failures")
     p.add_argument("--async", dest="async_", help="run id of the async run with failures")
+    p.add_argument("--memory", help="run id of the run with failures and the memory tier")
     p.add_argument("--out", type=Path, help="where to write the plot and report of run ids")
     args = p.parse_args(argv)
-    runs = (args.baseline, args.sync, args.async_)
+    runs = (args.baseline, args.sync, args.async_, args.memory)
     if bool(args.dirs) == any(runs):
         p.error("give experiment directories, or run ids (--baseline and more), not both")
-    if any(runs) and (args.baseline is None or args.out is None or not (args.sync or args.async_)):
-        p.error("run ids need --baseline, --sync and/or --async, and --out")
+    if any(runs) and (args.baseline is None or args.out is None or not any(runs[1:])):
+        p.error("run ids need --baseline, one or more of --sync, --async and --memory, and --out")
     return args
 
 
@@ -52,7 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.dirs:
         results = [(asyncio.run(analyze_directory(d.absolute())), d) for d in args.dirs]
     else:
-        phases = {"baseline": args.baseline, "sync": args.sync, "async": args.async_}
+        phases = {"baseline": args.baseline, "sync": args.sync, "async": args.async_, "memory": args.memory}
         results = [(asyncio.run(analyze_runs({p: r for p, r in phases.items() if r})), args.out)]
     return 0 if all([show(result, where) for result, where in results]) else 1
 

@@ -204,6 +204,10 @@ class Snapshotted(StateCopy, frozen=True, kw_only=True, tag="snapshotted"):
     """Where each node's part lives, in node order; unset: written before parts were named, or a job on more
     than MAX_SNAPSHOT_PARTS nodes."""
 
+    train_seconds: Amount | UnsetType = UNSET
+    """The attempt's training before this snapshot (its loop's time, less every stall), as on `checkpointed`:
+    what a resume from it keeps, for goodput. Unset when the writer did not measure it (older trainers)."""
+
 
 class PartReplicas(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """What became of the replicas of one node's part (`node`, as its `SnapshotPart` names it) on its replica

@@ -289,6 +289,8 @@ def _loop(
             if manager.due(step):
                 times = manager.save(step, loader.epoch)
                 metrics.write({"train/iter": step, **_ckpt_metrics(times, args.async_ckpt)})
+            elif manager.snapshot_stall is not None:
+                metrics.write({"train/iter": step, "train/memory_stage_seconds": manager.snapshot_stall})
         manager.save(step, loader.epoch, final=True)  # the end state, once (skipped when just saved)
         drain = manager.close()
         if args.async_ckpt:

@@ -16,10 +16,10 @@ from datetime import datetime
 from itertools import pairwise
 from typing import Final
 
-from ftrain.events.schema import AnyEvent, Checkpointed, Completed, Failed, Launched, Resumed
-from ftrain.experiments.checks import count_problems, failure_problems
+from ftrain.events.schema import AnyEvent, Checkpointed, Completed, Failed, Launched, Resumed, Snapshotted
+from ftrain.experiments.checks import LostBound, count_problems, failure_problems, tier_problems
 from ftrain.experiments.experiment_config import Kill
-from ftrain.experiments.goodput_check import check_goodput, disagreements
+from ftrain.experiments.goodput_check import attempt_resumes, check_goodput, disagreements
 from ftrain.experiments.readings import PhaseInput
 from ftrain.experiments.results import ExperimentResult, Failure, Overhead, PhaseResult, Stall
 from ftrain.train.metrics import Record, segments
@@ -46,8 +46,10 @@ def _done_at(segment: Sequence[Record], step: int) -> float | None:
 
 
 def stall(records: Sequence[Record]) -> Stall:
-    """Per-save stall medians (sync save; async stage, drain, and their sum) and the total stall."""
+    """Per-save stall medians (sync save; async stage, drain, and their sum), the memory snapshots' median,
+    and the total stall (snapshots' included)."""
     saves = [r for r in records if r.is_save]
+    snapshots = [r.stall for r in records if r.is_snapshot]
     final = sum(r.drain_seconds or 0.0 for r in records if r.final)
 
     def median_of(values: list[float | None]) -> float | None:
@@ -59,21 +61,24 @@ def stall(records: Sequence[Record]) -> Stall:
         median_stage=median_of([r.stage_seconds for r in saves]),
         median_drain=median_of([r.drain_seconds for r in saves]),
         median_total=_median([r.stall for r in saves]),
-        total=sum(r.stall for r in saves) + final,
+        total=sum(r.stall for r in saves) + sum(snapshots) + final,
+        snapshots=len(snapshots),
+        median_snapshot=_median(snapshots),
     )
 
 
-def copy_window(records: Sequence[Record], events: Sequence[AnyEvent]) -> int:
-    """The most steps trained between a save's line and its `checkpointed` event, or the failure that cut it
-    short (async saves complete in the background; a sync save is complete before its line is written, so
-    0)."""
+def _widest(records: Sequence[Record], copies: Sequence[Checkpointed | Snapshotted], save: bool) -> int:
+    """The most steps trained between a copy's line (its save's, or its step's when `save` is False) and
+    its event, within the attempt that took it."""
     widest = 0
-    for event in events:
-        if not isinstance(event, Checkpointed):
-            continue
+    for event in copies:
         sealed = _unix(event.time)
         start = max(
-            (i for i, r in enumerate(records) if r.is_save and r.iter == event.step and r.time <= sealed),
+            (
+                i
+                for i, r in enumerate(records)
+                if (r.is_save if save else r.is_step) and r.iter == event.step and r.time <= sealed
+            ),
             default=None,
         )
         if start is None:
@@ -84,7 +89,21 @@ def copy_window(records: Sequence[Record], events: Sequence[AnyEvent]) -> int:
                 break
             reached = max(reached, record.iter or reached)
         widest = max(widest, reached - event.step)
-    return max(widest, _cut_short_window(records, events))
+    return widest
+
+
+def copy_window(records: Sequence[Record], events: Sequence[AnyEvent]) -> int:
+    """The most steps trained between a save's line and its `checkpointed` event, or the failure that cut it
+    short (async saves complete in the background; a sync save is complete before its line is written, so
+    0)."""
+    saves = [e for e in events if isinstance(e, Checkpointed)]
+    return max(_widest(records, saves, save=True), _cut_short_window(records, events))
+
+
+def snapshot_window(records: Sequence[Record], events: Sequence[AnyEvent]) -> int:
+    """The most steps trained between a memory snapshot's step and its `snapshotted` event: the snapshot is
+    written, verified and recorded behind the loop, so a kill meanwhile finds the one before it newest."""
+    return _widest(records, [e for e in events if isinstance(e, Snapshotted)], save=False)
 
 
 def _cut_short_window(records: Sequence[Record], events: Sequence[AnyEvent]) -> int:
@@ -111,7 +130,7 @@ def analyze_phase(data: PhaseInput) -> PhaseResult:
     launched = next((e for e in events if isinstance(e, Launched)), None)
     completed = next((e for e in events if isinstance(e, Completed)), None)
     failed = [e for e in events if isinstance(e, Failed)]
-    resumed = [e for e in events if isinstance(e, Resumed)]
+    resumed = [r.effective for r in attempt_resumes(events)]
     records = data.records
     steps = [r for r in records if r.is_step]
     start = steps[0].time - (steps[0].dt or 0.0) if steps else None
@@ -123,20 +142,27 @@ def analyze_phase(data: PhaseInput) -> PhaseResult:
 
     final = FINAL_LINE.findall(data.stdout or "")
     window = copy_window(records, events) if data.async_ckpt else 0
+    snapshots = snapshot_window(records, events) if data.memory_every is not None else 0
+    bound = (
+        LostBound(data.save_interval, window)
+        if data.memory_every is None
+        else LostBound(data.memory_every, snapshots, ("memory_every", "snapshot window"))
+    )
     failures = []
     for i, (fail, resume) in enumerate(zip(failed, resumed, strict=False)):
         kill = data.kills[i] if data.kills is not None and i < len(data.kills) else None
         restart = restarts[i] if i < len(restarts) else None
-        failure = _failure(
-            i + 1, fail, resume, kill, restart, parts[i] if restart else [], origin, data.set_aside
-        )
-        problems += failure_problems(failure, restart, kill is not None, data.save_interval, window)
+        newest = _newest_complete(kill, data.set_aside, events, resume) if kill else None
+        failure = _failure(i + 1, fail, resume, kill, newest, restart, parts[i] if restart else [], origin)
+        problems += failure_problems(failure, restart, kill is not None, bound)
         failures.append(failure)
+    goodput = check_goodput(events, records)
+    if data.memory_every is not None:
+        problems += tier_problems(failures, goodput.log if goodput else None)
     if completed is None:
         problems.append("the run did not complete (no `completed` event)")
     if data.stdout is not None and not final:
         problems.append("no `FINAL step=… params_sha256=…` line in the supervisor's output")
-    goodput = check_goodput(events, records)
     problems += disagreements(goodput) if goodput else []
     return PhaseResult(
         phase=data.phase,
@@ -153,10 +179,25 @@ def analyze_phase(data: PhaseInput) -> PhaseResult:
         step_seconds=_median([r.dt for r in steps if r.dt is not None]),
         steps_total=sum(r.dt or 0.0 for r in steps) - sum(_thrown_away(parts, failures)),
         copy_window_steps=window,
+        memory_every=data.memory_every,
+        snapshot_window_steps=snapshots,
         curve=[(r.time - origin, r.iter) for r in steps if r.iter is not None],
         problems=problems,
         goodput=goodput,
     )
+
+
+def _newest_complete(
+    kill: Kill, set_aside: Sequence[int], events: Sequence[AnyEvent], resume: Resumed
+) -> int | None:
+    """Where the resume after `kill` must start: the newest checkpoint complete at it and not set aside,
+    or, if newer, the newest memory snapshot every rank had sealed at it and the log recorded before the
+    resume (a trainer tries only a snapshot the log vouches for)."""
+    durable = max((s for s in kill.complete_steps if s not in set_aside), default=None)
+    before = next((i for i, e in enumerate(events) if e is resume), len(events))
+    logged = {e.step for e in events[:before] if isinstance(e, Snapshotted)}
+    snapshot = next((s for s in kill.snapshot_steps if s in logged), None)
+    return max((s for s in (durable, snapshot) if s is not None), default=None)
 
 
 def _failure(
@@ -164,10 +205,10 @@ def _failure(
     fail: Failed,
     resume: Resumed,
     kill: Kill | None,
+    newest_complete: int | None,
     restart: Record | None,
     killed: Sequence[Record],
     origin: float,
-    set_aside: Sequence[int],
 ) -> Failure:
     """One failure's figures: `killed` is the attempt it ended (rank 0's lines), `restart` the first line
     after its resume. Without the driver's kill record, the `failed` event's time stands for the kill."""
@@ -177,9 +218,7 @@ def _failure(
         index=index,
         trigger=kill.trigger if kill else f"failed: {fail.reason} ({fail.message})",
         kill_at=kill_time - origin,
-        newest_complete=(
-            max((s for s in kill.complete_steps if s not in set_aside), default=None) if kill else None
-        ),
+        newest_complete=newest_complete,
         resume_step=resume.step,
         reached_step=max((r.iter for r in killed if r.iter is not None), default=None),
         lost_steps=restart.lost_steps if restart else None,
@@ -192,6 +231,7 @@ def _failure(
             else None
         ),
         recompute_seconds=kill_time - done if done is not None else None,
+        tier=resume.tier if isinstance(resume.tier, str) else "durable",
     )
 
 

@@ -2,11 +2,15 @@
 driver's kill records must agree; every disagreement becomes a problem for the report, never dropped."""
 
 import re
+from collections.abc import Sequence
 from typing import Final
+
+import msgspec
 
 from ftrain.events.schema import Failed, Resumed
 from ftrain.experiments.readings import PhaseInput
 from ftrain.experiments.results import Failure
+from ftrain.projections.goodput import Goodput
 from ftrain.train.metrics import Record
 
 RESUMED_LINE: Final = re.compile(r"^RESUMED from step=(\d+) \(epoch=\d+\)", re.MULTILINE)
@@ -44,11 +48,24 @@ def count_problems(
     return problems
 
 
+class LostBound(msgspec.Struct, frozen=True):
+    """The most steps a failure may cost: a cadence (the save interval, or `memory_every` with the memory
+    tier) plus the steps a copy takes to complete behind the loop (async's copy window, or the snapshot
+    window), each named as the report names it."""
+
+    cadence: int | None
+    window: int
+    names: tuple[str, str] = ("the interval", "copy window")
+
+    def describe(self) -> str:
+        return f"{self.names[0]} {self.cadence} + {self.names[1]} {self.window}"
+
+
 def failure_problems(
-    failure: Failure, restart: Record | None, have_kill: bool, interval: int | None, window: int
+    failure: Failure, restart: Record | None, have_kill: bool, bound: LostBound
 ) -> list[str]:
-    """What must hold for one failure: resumed from the newest complete checkpoint, at the step after it,
-    losing no more than the interval (plus the copy window)."""
+    """What must hold for one failure: resumed from the newest complete checkpoint (or snapshot), at the
+    step after it, losing no more than the bound."""
     n, step = failure.index, failure.resume_step
     problems = []
     if have_kill and failure.newest_complete != step:
@@ -65,8 +82,20 @@ def failure_problems(
         problems.append(
             f"failure {n}: train/lost_steps={lost}, but rank 0 had reached step {failure.reached_step}"
         )
-    if lost is not None and interval is not None and lost > interval + window:
-        problems.append(
-            f"failure {n}: lost {lost} steps, more than the interval {interval} + copy window {window}"
-        )
+    if lost is not None and bound.cadence is not None and lost > bound.cadence + bound.window:
+        problems.append(f"failure {n}: lost {lost} steps, more than {bound.describe()}")
+    return problems
+
+
+def tier_problems(failures: Sequence[Failure], goodput: Goodput | None) -> list[str]:
+    """What the memory tier must show: every resume loaded from node memory (an unwarned kill of the job's
+    processes leaves every rank's part there), and goodput counting every lost step under `memory`."""
+    problems = [
+        f"failure {f.index}: resumed from the {f.tier} tier, not from memory"
+        for f in failures
+        if f.tier != "memory"
+    ]
+    other = {tier: n for tier, n in (goodput.lost_by_tier if goodput else {}).items() if tier != "memory"}
+    if other:
+        problems.append(f"goodput: lost steps counted under tiers other than memory: {other}")
     return problems

@@ -13,8 +13,25 @@ import msgspec
 
 from ftrain.settings import KILL_POINTS
 
-PHASES: Final = ("baseline", "sync", "async")
-"""Baseline: sync checkpointing, no failures. Then the same job with failures, sync and async."""
+
+class PhaseKind(msgspec.Struct, frozen=True, kw_only=True):
+    """How a phase runs the one configuration: its checkpointing, and whether it gets the failures."""
+
+    failures: bool = True
+    async_ckpt: bool = False
+    memory_tier: bool = False
+    """Memory snapshots every `memory_every` steps beside the durable checkpoints (`--memory-every`)."""
+
+
+PHASE_KINDS: Final = {
+    "baseline": PhaseKind(failures=False),
+    "sync": PhaseKind(),
+    "async": PhaseKind(async_ckpt=True),
+    "memory": PhaseKind(memory_tier=True),
+}
+"""Baseline: sync checkpointing, no failures. Then the same job with the same failures: sync, async, and
+sync with the memory tier."""
+PHASES: Final = tuple(PHASE_KINDS)
 SAVE_POINTS: Final = tuple(p for p in KILL_POINTS if p != "step")
 SYNC_POINT: Final = {
     "stage": "write",
@@ -98,20 +115,27 @@ class Preset(msgspec.Struct, frozen=True, kw_only=True):
     train_iters: int
     save_interval: int
     inject: str
+    memory_every: int
+    """Steps between the memory phase's snapshots: small against `save_interval`."""
     backoff: float = 0.0
 
 
 PRESETS: Final = {
     # the debug model: all three phases in about three minutes on two CPU cores
-    "quick": Preset(model="debug", train_iters=300, save_interval=10, inject="steps:60:120:180"),
+    "quick": Preset(
+        model="debug", train_iters=300, save_interval=10, inject="steps:60:120:180", memory_every=2
+    ),
     # model + AdamW ≈ 1 GB of checkpoint state: about 2.3 s a step here, 15 minutes for the three phases;
     # four saves between kills, so most saves are not an attempt's first (which allocates the stage buffers)
-    "standard": Preset(model="85m", train_iters=100, save_interval=5, inject="steps:30:50:70"),
+    "standard": Preset(
+        model="85m", train_iters=100, save_interval=5, inject="steps:30:50:70", memory_every=1
+    ),
 }
 
 
 class ExperimentConfig(msgspec.Struct, frozen=True, kw_only=True):
-    """`config.json`: everything the three phases were run with."""
+    """`config.json`: everything the phases were run with (`run_ids` names the phases run: an experiment
+    from before the memory phase has none)."""
 
     preset: str
     model: str
@@ -126,6 +150,13 @@ class ExperimentConfig(msgspec.Struct, frozen=True, kw_only=True):
     log: str
     """Where the events went: `embedded` (FTRAIN_HOME=<experiment>/home) or the FTRAIN_NATS_URL used."""
     started: str
+    memory_every: int | None = None
+    """The memory phase's steps between snapshots (None: an experiment from before that phase)."""
+
+    @property
+    def phases(self) -> list[str]:
+        """The phases run, in order: those `run_ids` names (an older experiment ran fewer)."""
+        return [phase for phase in PHASES if phase in self.run_ids]
 
     @property
     def embedded(self) -> bool:
@@ -143,6 +174,9 @@ class Kill(msgspec.Struct, frozen=True, kw_only=True):
     by: Literal["driver", "trainer", "unexpected"]
     trigger: str
     complete_steps: tuple[int, ...]
+    snapshot_steps: tuple[int, ...] = ()
+    """The memory snapshots every rank had sealed in node memory at the kill, newest first (the memory
+    phase; a resume may load one the log recorded)."""
 
     @property
     def newest_complete(self) -> int | None:

@@ -4,11 +4,11 @@
 Measured, with the log's `launched`, opening `resumed` and `completed` times as the only shared anchors (wall
 and down time are the log's own, on both sides):
 
-- productive: the loop time of every step that counts (one a failure did not throw away), up to the last
-  checkpoint: from the previous step's line to its own, less the stall lines between (an attempt's first step:
-  its `train/dt`);
-- checkpoint stall: the stall lines (sync save, or async stage + drain) up to each attempt's last save the log
-  recorded;
+- productive: the loop time of every step that counts (one a failure did not throw away: up to the checkpoint
+  or memory snapshot the next attempt resumed from, or the last checkpoint), from the previous step's line to
+  its own, less the stall lines between (an attempt's first step: its `train/dt`);
+- checkpoint stall: the stall lines (sync save, or async stage + drain, and memory snapshots' stage) up to
+  each attempt's last save the log recorded;
 - start-up: `launched` → the start of the first step (its line's time − its `train/dt`);
 - restart: each opening `resumed` → the start of the first step after it;
 - recomputed: the loop time of the steps each failure threw away;
@@ -60,13 +60,27 @@ class GoodputCheck(msgspec.Struct, frozen=True, kw_only=True):
     measured: Measured | None
 
 
-def _openings(events: Sequence[AnyEvent]) -> list[Resumed]:
-    """The `resumed` events that opened an attempt (not a trainer's fallback within one)."""
-    out, number = [], 1
+class AttemptResume(msgspec.Struct, frozen=True):
+    """How an attempt after the first began: the `resumed` that opened it (a supervisor's relaunch, from
+    durable storage), and the one it trained from: the same, or the last a trainer continued the attempt
+    with (a fallback to an older checkpoint, or a memory snapshot newer than the durable one)."""
+
+    opening: Resumed
+    effective: Resumed
+
+
+def attempt_resumes(events: Sequence[AnyEvent]) -> list[AttemptResume]:
+    """Each attempt's resume after the first, in order."""
+    out: list[AttemptResume] = []
+    number = 1
     for event in events:
-        if isinstance(event, Resumed) and (event.attempt or number + 1) != number:
-            out.append(event)
+        if not isinstance(event, Resumed):
+            continue
+        if (event.attempt or number + 1) != number:
+            out.append(AttemptResume(event, event))
             number = event.attempt or number + 1
+        elif out:
+            out[-1] = AttemptResume(out[-1].opening, event)
     return out
 
 
@@ -86,7 +100,7 @@ def _attempt(
 ) -> tuple[float, float, float]:
     """(productive, recomputed, stall) of one attempt's lines; `upto`: its last step the run kept."""
     last_recorded = max((i for i, r in enumerate(part) if r.is_save and r.iter in recorded), default=-1)
-    stall = sum(r.stall for i, r in enumerate(part) if r.is_save and i <= last_recorded)
+    stall = sum(r.stall for i, r in enumerate(part) if (r.is_save or r.is_snapshot) and i <= last_recorded)
     productive = recomputed = 0.0
     for step, seconds in loop_times(part):
         if step <= upto:
@@ -106,11 +120,12 @@ def measured(events: Sequence[AnyEvent], records: Sequence[Record]) -> Measured 
     launched = next((e for e in events if isinstance(e, Launched)), None)
     completed = next((e for e in events if isinstance(e, Completed)), None)
     saves = [e.step for e in events if isinstance(e, Checkpointed)]
-    openings = _openings(events)
+    resumes = attempt_resumes(events)
+    openings = [r.opening for r in resumes]
     parts = segments(records)
     if launched is None or completed is None or not saves or len(parts) != len(openings) + 1:
         return None
-    kept_to = [o.step for o in openings] + [saves[-1]]
+    kept_to = [r.effective.step for r in resumes] + [saves[-1]]
     attempts = zip(parts, kept_to, _attempt_steps(events, openings), strict=True)
     figures = [
         _attempt(part, upto, steps, i < len(openings)) for i, (part, upto, steps) in enumerate(attempts)

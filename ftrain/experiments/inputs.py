@@ -15,7 +15,7 @@ from ftrain import settings
 from ftrain.events.jetstream.nats_server import server_status, stop_server
 from ftrain.events.schema import AnyEvent, Launched
 from ftrain.experiments.analysis import analyze
-from ftrain.experiments.experiment_config import PHASES, ExperimentConfig, Kill, read_config, read_kills
+from ftrain.experiments.experiment_config import ExperimentConfig, Kill, read_config, read_kills
 from ftrain.experiments.readings import PhaseInput
 from ftrain.experiments.results import ExperimentResult
 from ftrain.service import RunService
@@ -59,18 +59,25 @@ async def phase_input(
     ckpt_dir = run_dir(uri_path(launched.storage), run_id)
     metrics = command_flag(launched.command, "--metrics-dir")
     interval = command_flag(launched.command, "--save-interval")
+    memory_every = command_flag(launched.command, "--memory-every")
     return PhaseInput(
         phase=phase,
         run_id=run_id,
         async_ckpt="--async-ckpt" in launched.command,
-        save_interval=int(interval) if interval and interval.isdigit() else None,
+        save_interval=_steps(interval),
         events=events,
         findings=findings,
         records=read_records(metrics_path(Path(metrics) if metrics else ckpt_dir / "metrics", 0)),
         stdout=stdout,
         kills=kills,
         set_aside=set_aside_steps(ckpt_dir),
+        memory_every=_steps(memory_every),
     )
+
+
+def _steps(text: str | None) -> int | None:
+    """A recorded positive count of steps (`--memory-every 0` turns the memory tier off), else None."""
+    return int(text) if text and text.isdigit() and int(text) > 0 else None
 
 
 def notes(config: ExperimentConfig) -> list[str]:
@@ -80,7 +87,13 @@ def notes(config: ExperimentConfig) -> list[str]:
         f"{config.save_interval} steps, {config.nproc} ranks, seed {config.seed}",
         f"failures: {config.injection.describe()}; relaunch by `ftrain run --max-retries "
         f"{config.max_retries} --backoff {config.backoff:g}`",
-        "baseline: sync checkpointing, no failures; run ids "
+        "baseline: sync checkpointing, no failures"
+        + (
+            ""
+            if config.memory_every is None
+            else f"; memory: sync, a memory snapshot every {config.memory_every} steps"
+        )
+        + "; run ids "
         + ", ".join(f"{phase} `{run_id}`" for phase, run_id in config.run_ids.items()),
     ]
 
@@ -112,7 +125,7 @@ async def analyze_directory(directory: Path, env: Mapping[str, str] = os.environ
     kills = read_kills(directory)
     inputs = []
     async with opened(log_env(directory, config, env)) as app:
-        for phase in PHASES:
+        for phase in config.phases:
             run_log = directory / phase / RUN_LOG
             inputs.append(
                 await phase_input(

@@ -20,11 +20,11 @@ from ftrain.experiments.results import ExperimentResult, PhaseResult
 from ftrain.host.atomic_file import write_atomic
 from ftrain.host.private_files import private_dir
 
-COLORS = {"baseline": "tab:gray", "sync": "tab:blue", "async": "tab:orange"}
+COLORS = {"baseline": "tab:gray", "sync": "tab:blue", "async": "tab:orange", "memory": "tab:green"}
 
 
 def _color(phase: str) -> str:
-    return COLORS.get(phase, "tab:green")
+    return COLORS.get(phase, "tab:purple")
 
 
 def _pieces(p: PhaseResult) -> list[list[tuple[float, int]]]:
@@ -40,7 +40,7 @@ def _progress(ax: Axes, phases: list[PhaseResult]) -> None:
     for n, p in enumerate(phases):
         color = _color(p.phase)
         wall = "" if p.wall_seconds is None else f", {p.wall_seconds / 60:.2f} min"
-        label = f"{p.phase} ({'async' if p.async_ckpt else 'sync'}, {len(p.failures)} failures{wall})"
+        label = f"{p.phase} ({p.kind}, {len(p.failures)} failures{wall})"
         for i, piece in enumerate(_pieces(p)):
             xs, ys = zip(*piece, strict=True)
             ax.plot([x / 60 for x in xs], ys, color=color, lw=1.4, label=label if i == 0 else None)
@@ -82,7 +82,7 @@ def _stalls(ax: Axes, phases: list[PhaseResult]) -> None:
 
     for x, p in enumerate(phases):
         st, color = p.stall, _color(p.phase)
-        names.append(f"{p.phase}\n{'async' if p.async_ckpt else 'sync'}, n={st.saves}")
+        names.append(f"{p.phase}\n{p.kind}, n={st.saves}")
         if p.async_ckpt:
             stage, drain = st.median_stage or 0.0, st.median_drain or 0.0
             ax.bar(x, stage, color=color, label=once("async stage"))

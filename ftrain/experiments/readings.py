@@ -22,3 +22,5 @@ class PhaseInput(msgspec.Struct, frozen=True, kw_only=True):
     kills: list[Kill] | None
     set_aside: list[int]
     """Steps of checkpoints the trainer set aside as sealed but never recorded (a kill between the two)."""
+    memory_every: int | None = None
+    """Steps between memory snapshots, as the trainer's command line set them (None: no memory tier)."""

@@ -26,19 +26,17 @@ def _minutes(seconds: float | None) -> str:
     return DASH if seconds is None else f"{seconds / 60:.2f} min ({seconds:.1f} s)"
 
 
-def _kind(phase: PhaseResult) -> str:
-    return "async" if phase.async_ckpt else "sync"
-
-
 def stall_line(phase: PhaseResult) -> str:
-    """`0.136 s (n=30)`, async as `0.004 s = stage 0.003 + drain 0.001 (n=30)`."""
+    """`0.136 s (n=30)`, async as `0.004 s = stage 0.003 + drain 0.001 (n=30)`; with the memory tier,
+    `; memory snapshot 0.002 s (n=120)` after it."""
     st = phase.stall
+    snapshots = f"; memory snapshot {_s(st.median_snapshot, 3)} s (n={st.snapshots})" if st.snapshots else ""
     if phase.async_ckpt:
         return (
             f"{_s(st.median_total, 3)} s = stage {_s(st.median_stage, 3)} + drain {_s(st.median_drain, 3)} "
-            f"(n={st.saves})"
+            f"(n={st.saves}){snapshots}"
         )
-    return f"{_s(st.median_save, 3)} s (n={st.saves})"
+    return f"{_s(st.median_save, 3)} s (n={st.saves}){snapshots}"
 
 
 def _summary(result: ExperimentResult) -> list[str]:
@@ -50,7 +48,7 @@ def _summary(result: ExperimentResult) -> list[str]:
         rows.append(
             (
                 p.phase,
-                _kind(p),
+                p.kind,
                 str(len(p.failures)),
                 _minutes(p.wall_seconds),
                 _s(p.launch_to_completed),
@@ -77,10 +75,17 @@ def _summary(result: ExperimentResult) -> list[str]:
 
 
 def _failures(p: PhaseResult) -> list[str]:
-    bound = "" if p.lost_bound is None else f"Lost steps may not exceed {p.lost_bound}: the save interval"
+    bound = "" if p.lost_bound is None else f"Lost steps may not exceed {p.lost_bound}: "
+    if bound and p.memory_every is not None:
+        bound += (
+            f"memory_every {p.memory_every} + the snapshot window ({p.snapshot_window_steps} steps from a "
+            "snapshot's step to its `snapshotted` event); every resume must load from memory"
+        )
+    elif bound:
+        bound += "the save interval"
     if bound and p.async_ckpt:
         bound += f" {p.save_interval} + the copy window ({p.copy_window_steps} steps from a save to its completion or to the kill that cut it short)"
-    lines = [f"### {p.phase} ({_kind(p)} checkpointing) — run `{p.run_id}`", ""]
+    lines = [f"### {p.phase} ({p.kind} checkpointing) — run `{p.run_id}`", ""]
     if not p.failures:
         return [*lines, "No failures.", ""]
     rows = [
@@ -94,19 +99,67 @@ def _failures(p: PhaseResult) -> list[str]:
             _s(f.restart_seconds, 2),
             _s(f.relaunch_seconds, 2),
             _s(f.recompute_seconds, 2),
+            f.tier,
         )
         for f in p.failures
     ]
     head = ("#", "trigger", "kill at (s)", "newest complete at kill", "resume@step", "lost steps",
-            "restart_seconds", "relaunch (s)", "recompute (s)")  # fmt: skip
+            "restart_seconds", "relaunch (s)", "recompute (s)", "tier")  # fmt: skip
     return [*lines, *_table(head, rows), "", f"{bound}." if bound else "", ""]
+
+
+def _tiers(counts: dict[str, int]) -> str:
+    """`memory 3, durable 1`; a dash for none."""
+    return ", ".join(f"{tier} {n}" for tier, n in sorted(counts.items())) or DASH
+
+
+def _span(values: list[float]) -> str:
+    """`8.35–12.92`, one value alone, or a dash."""
+    if not values:
+        return DASH
+    low, high = f"{min(values):.2f}", f"{max(values):.2f}"
+    return low if low == high else f"{low}–{high}"
+
+
+def side_by_side(p: PhaseResult) -> tuple[str, ...]:
+    """One phase's failures at a glance: how many, served by which tier, what each lost, how long a
+    restart took, and the goodput the log gives."""
+    resumes: dict[str, int] = {}
+    for f in p.failures:
+        resumes[f.tier] = resumes.get(f.tier, 0) + 1
+    lost = [f.lost_steps for f in p.failures]
+    restarts = [f.restart_seconds for f in p.failures if f.restart_seconds is not None]
+    log = p.goodput.log if p.goodput else None
+    return (
+        p.phase,
+        p.kind,
+        str(len(p.failures)),
+        _tiers(resumes),
+        ", ".join(DASH if n is None else str(n) for n in lost) or DASH,
+        DASH if p.lost_bound is None or not p.failures else f"≤ {p.lost_bound}",
+        DASH if log is None else _tiers(log.lost_by_tier),
+        _span(restarts),
+        _pct(log.ratio if log else None),
+    )
+
+
+def _side_by_side(result: ExperimentResult) -> list[str]:
+    head = ("phase", "saves", "failures", "resumed from", "lost steps per failure", "bound",
+            "lost steps by tier (log)", "restart_seconds", "goodput (log)")  # fmt: skip
+    return [
+        "What each failure cost, phase beside phase: the tier each resume loaded from (its `resumed` "
+        "event), the steps each lost (`train/lost_steps`) against the phase's bound, goodput's lost steps "
+        "by tier and its goodput, both from the event log alone.",
+        "",
+        *_table(head, [side_by_side(p) for p in result.phases]),
+    ]
 
 
 def _stalls(result: ExperimentResult) -> list[str]:
     rows = [
         (
             p.phase,
-            _kind(p),
+            p.kind,
             str(p.stall.saves),
             _s(p.stall.median_save, 3),
             _s(p.stall.median_stage, 3),
@@ -190,6 +243,7 @@ def markdown(result: ExperimentResult) -> str:
         "",
     ]
     lines += ["## Summary", "", *_summary(result), ""]
+    lines += ["## Failures side by side", "", *_side_by_side(result), ""]
     lines += ["## Failures", "", *(line for p in result.phases for line in _failures(p))]
     lines += ["## Stall per save", "", *_stalls(result), ""]
     lines += ["## Cost per failure", "", *_costs(result.overheads), ""]
@@ -206,7 +260,8 @@ def markdown(result: ExperimentResult) -> str:
             "No mismatch. Checked: every kill has one `failed` and one `resumed` event; every `resumed` event "
             "a `RESUMED from step=` line and, unless it resumed at the last step, a `train/restart_seconds` line at "
             "the step after it; every resume "
-            "started from the newest checkpoint complete at its kill; no failure lost more steps than the "
+            "started from the newest checkpoint complete at its kill (or memory snapshot recorded, if newer); "
+            "every resume with the memory tier loaded from memory; no failure lost more steps than the "
             "bound; every chain verifies (checks that need the supervisor's output or the kill records are "
             "skipped where those are absent)."
         )

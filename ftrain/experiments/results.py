@@ -12,7 +12,8 @@ class Failure(msgspec.Struct, frozen=True, kw_only=True):
     trigger: str
     kill_at: float
     newest_complete: int | None
-    """The newest checkpoint complete at the kill (and not set aside): where the resume must start."""
+    """The newest checkpoint complete at the kill (and not set aside), or memory snapshot sealed at it and
+    recorded before the resume, if newer: where the resume must start."""
     resume_step: int
     reached_step: int | None
     lost_steps: int | None
@@ -23,10 +24,13 @@ class Failure(msgspec.Struct, frozen=True, kw_only=True):
     """When the first step after the resume ended."""
     relaunch_seconds: float | None
     recompute_seconds: float | None
+    tier: str = "durable"
+    """The tier the resume loaded from: `durable`, or `memory` (`peer`) as its `resumed` event names it."""
 
 
 class Stall(msgspec.Struct, frozen=True, kw_only=True):
-    """Save stalls: per-save medians with their count, and the total the phase spent stalled."""
+    """Save stalls: per-save medians with their count, the memory snapshots' median with theirs, and the
+    total the phase spent stalled."""
 
     saves: int
     median_save: float | None
@@ -34,6 +38,9 @@ class Stall(msgspec.Struct, frozen=True, kw_only=True):
     median_drain: float | None
     median_total: float | None
     total: float
+    snapshots: int = 0
+    """Memory snapshots staged (or skipped after agreeing): each holds the loop a little too."""
+    median_snapshot: float | None = None
 
 
 class PhaseResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -63,11 +70,24 @@ class PhaseResult(msgspec.Struct, frozen=True, kw_only=True):
     problems: list[str]
     goodput: GoodputCheck | None = None
     """The goodput `ftrain cost --run` derives from the log, beside the same terms from the metrics."""
+    memory_every: int | None = None
+    """Steps between memory snapshots (the memory tier); None: none taken."""
+    snapshot_window_steps: int = 0
+    """Memory tier: the most steps trained between a snapshot's step and its `snapshotted` event."""
 
     @property
     def lost_bound(self) -> int | None:
-        """The most steps a failure may cost: the save interval, plus the copy window when async."""
+        """The most steps a failure may cost: with the memory tier, its cadence plus the snapshot window;
+        otherwise the save interval, plus the copy window when async."""
+        if self.memory_every is not None:
+            return self.memory_every + self.snapshot_window_steps
         return None if self.save_interval is None else self.save_interval + self.copy_window_steps
+
+    @property
+    def kind(self) -> str:
+        """How it checkpoints: `sync`, `async`, `sync + memory every 2`."""
+        kind = "async" if self.async_ckpt else "sync"
+        return kind if self.memory_every is None else f"{kind} + memory every {self.memory_every}"
 
 
 class Overhead(msgspec.Struct, frozen=True, kw_only=True):

@@ -14,9 +14,11 @@ class KillSchedule:
     (it gives up on those). Nor does it kill a job whose last step is checkpointed: nothing is left to lose.
     """
 
-    def __init__(self, injection: Injection, train_iters: int) -> None:
+    def __init__(self, injection: Injection, train_iters: int, copy: str = "checkpoint") -> None:
         self.injection = injection
         self.train_iters = train_iters
+        self.copy = copy
+        """What `newest` is, for the trigger: a `checkpoint`, or (the memory phase) a `memory snapshot`."""
         self.fired = 0
         self.first_complete: float | None = None
         self.last_newest: int | None = None
@@ -34,7 +36,7 @@ class KillSchedule:
             return None
         if injection.kind == "steps":
             gate = injection.steps[self.fired]
-            return f"checkpoint {newest} complete (gate {gate})" if newest >= gate else None
+            return f"{self.copy} {newest} complete (gate {gate})" if newest >= gate else None
         assert injection.every_seconds is not None
         elapsed = now - self.first_complete
         if elapsed < (self.fired + 1) * injection.every_seconds:

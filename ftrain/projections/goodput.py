@@ -7,7 +7,8 @@ when each attempt opened and closed. The terms, in seconds, sum to the wall time
 
 - wall: `launched` → `completed` (or now, while the run is running or failed).
 - productive: per attempt, the `train_seconds` of its newest checkpoint no resume refused (0 for an attempt
-  without one): the training time of the steps the run kept.
+  without one), or of its memory snapshot the next attempt resumed from: the training time of the steps the
+  run kept.
 - checkpoint stall: `stall_seconds` summed over every checkpoint (each reports the stall since the attempt's
   previous one).
 - start-up: `launched` → the first attempt's training-loop start (its checkpoint's `time − loop_seconds`):
@@ -33,6 +34,7 @@ from itertools import pairwise
 import msgspec
 from msgspec import UNSET, UnsetType
 
+from ftrain.events import schema
 from ftrain.events.schema import AnyEvent, Checkpointed, Completed, CorruptSkipped, Failed, Launched, Resumed
 
 TERMS = ("productive", "checkpoint_stall", "startup", "restart", "down", "recomputed")
@@ -85,6 +87,8 @@ class _Attempt:
     saves: list[Checkpointed] = field(default_factory=list)
     tier: str = "durable"
     """The tier its resume loaded from: `durable`, or `memory` or `peer` (a `resumed` naming it)."""
+    snapshots: dict[int, schema.Snapshotted] = field(default_factory=dict)
+    """Its memory snapshots by step: a later attempt's resume from one keeps its steps."""
 
     @property
     def loop_start(self) -> datetime | None:
@@ -104,8 +108,12 @@ class _Attempt:
         """Their time in the failed attempt's loop, as its first checkpoint that says so reports it."""
         return next((s.lost_seconds for s in self.saves if s.lost_seconds is not UNSET), None)
 
-    def kept(self, refused: set[int]) -> float | None:
-        """Training seconds to its newest checkpoint no resume refused (0: none; None: not reported)."""
+    def kept(self, refused: set[int], resumed: "_Attempt | None") -> float | None:
+        """Training seconds to its newest checkpoint no resume refused (0: none; None: not reported), or to
+        its memory snapshot the `resumed` attempt loaded, when that reported them."""
+        snapshot = self.snapshots.get(resumed.from_step) if resumed and resumed.tier != "durable" else None
+        if snapshot is not None and snapshot.train_seconds is not UNSET:
+            return snapshot.train_seconds
         valid = [s for s in self.saves if s.seq not in refused]
         if not valid:
             return 0.0
@@ -151,6 +159,8 @@ class _Fold:
         current = self.attempts[-1]
         if isinstance(event, Checkpointed):
             current.saves.append(event)
+        elif isinstance(event, schema.Snapshotted):
+            current.snapshots[event.step] = event
         elif isinstance(event, Failed):
             current.failed_at = event.time
         elif isinstance(event, Resumed):
@@ -205,7 +215,9 @@ class _Fold:
         end = now if self.completed is None else self.completed
         first, *later = self.attempts
         lost = [a.lost_steps for a in later]
-        productive = _sum([a.kept(self.refused) for a in self.attempts])
+        productive = _sum(
+            [a.kept(self.refused, b) for a, b in zip(self.attempts, [*later, None], strict=True)]
+        )
         stall = _sum([_known(s.stall_seconds) for a in self.attempts for s in a.saves])
         startup, restart = first.start_up(), _sum([a.start_up() for a in later])
         down, (recomputed, estimated) = self.down(end), self.recomputed()

@@ -50,6 +50,10 @@ class AttemptClock:
         of its training loop (None: not timed)."""
         self._lost = (min(max(steps, 0), INT64_MAX), None if seconds is None else _amount(seconds))
 
+    def trained(self) -> float:
+        """The attempt's training so far: its loop's time from its start, less every stall."""
+        return _amount(self._clock() - self._loop_start - self._stalled)
+
     def began(self, step: int) -> None:
         """The save of `step` takes the loop now."""
         now = self._clock()

@@ -373,6 +373,12 @@ class CheckpointManager:
         self._saver = Saver(config, self.group, self._manifest, self._record, self.store)
         self.clock = AttemptClock()
         """What the `checkpointed` events report for goodput."""
+        self.snapshot_stall: float | None = None
+        """Seconds the memory tier held the loop at the step `due` was last told of (None: no snapshot was
+        due there): the trainer's metrics line for it."""
+        self._snapshot_trained: dict[int, float] = {}
+        """The attempt's training before each snapshot staged and not yet recorded, for its event: the one
+        in flight, and the one being staged (a snapshot skipped while another is in flight is dropped)."""
 
     @property
     def stage_root(self) -> Path:
@@ -451,6 +457,7 @@ class CheckpointManager:
             by_time, signalled = bool(flags[0]), bool(flags[1])
         self._stopping = self._stopping or signalled
         due = by_steps or by_time or signalled
+        self.snapshot_stall = None
         if not due and self._memory is not None and self._memory.due(step):
             self._snapshot(step)
         return due
@@ -463,9 +470,17 @@ class CheckpointManager:
         self.state.step = step
         if position is not None:
             self.state.epoch = position.position().epoch
+        skipped, loop_time = self._memory.skipped, self._trained()
+        if self.recorder is not None:  # before the take: its thread may record at once
+            self._snapshot_trained[step] = self.clock.trained()
         stall = self._memory.take(step, self.state.epoch, self.state.state_dict, self.attempt)
+        if self._memory.skipped != skipped:
+            self._snapshot_trained.pop(step, None)
+        elif self._progress is not None:  # a resume from it times the steps it re-does
+            self._progress.snapshotted(step, loop_time)
         self.clock.ended(step, stall)
         self._stalled += stall
+        self.snapshot_stall = stall
 
     def save(self, step: int, epoch: int = 0, *, final: bool = False) -> SaveTimes:
         """Checkpoint the state at `step`: synchronously, or staged and handed to the background pipeline.
@@ -621,8 +636,16 @@ class CheckpointManager:
         )
 
     def _snapshotted(self, event: Snapshotted | SnapshotReplicated) -> None:
-        """Rank 0: a memory snapshot complete on every rank (then the end of its replica exchange), through
-        the durable outbox."""
+        """Rank 0: a memory snapshot complete on every rank, with the training before it (measured when it
+        was staged), then the end of its replica exchange, through the durable outbox."""
+        if isinstance(event, Snapshotted):
+            trained = self._snapshot_trained.pop(event.step, None)
+            for older in [
+                s for s in list(self._snapshot_trained) if s < event.step
+            ]:  # failed: never recorded
+                self._snapshot_trained.pop(older, None)
+            if trained is not None:
+                event = msgspec.structs.replace(event, train_seconds=trained)
         if self.recorder is not None:
             self.recorder.record(
                 SnapshotIntent(snapshotted=event)

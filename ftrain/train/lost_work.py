@@ -22,6 +22,9 @@ from ftrain.host.private_files import open_private
 
 KEPT_SAVES: Final = 16
 """Saves remembered: enough for any checkpoint a resume can fall back to within retention."""
+KEPT_SNAPSHOTS: Final = 2
+"""Memory snapshots remembered: the newest staged, and the one before it (the newest recorded while the
+newer one is still being written)."""
 MAX_FILE_BYTES: Final = 4096
 log = structlog.get_logger(__name__)
 
@@ -36,6 +39,8 @@ class Progress(msgspec.Struct, frozen=True):
     step: int = 0
     seconds: float = 0.0
     saves: tuple[tuple[int, float], ...] = ()
+    snapshots: tuple[tuple[int, float], ...] = ()
+    """The loop time at its newest memory snapshots: a resume from one re-does the steps past it."""
 
 
 class ProgressFile:
@@ -66,7 +71,8 @@ class ProgressFile:
         if self.previous is None:
             return None
         steps = max(self.previous.step - resumed_from, 0)
-        saved = dict(((self.previous.start, 0.0), *self.previous.saves)).get(resumed_from)
+        copies = (self.previous.start, 0.0), *self.previous.saves, *self.previous.snapshots
+        saved = dict(copies).get(resumed_from)
         return steps, None if saved is None else max(self.previous.seconds - saved, 0.0)
 
     def finished(self, step: int, seconds: float) -> None:
@@ -77,6 +83,11 @@ class ProgressFile:
         """Step `step` was handed to a save `seconds` into the loop."""
         saves = (*self._now.saves, (step, seconds))[-KEPT_SAVES:]
         self._write(msgspec.structs.replace(self._now, saves=saves))
+
+    def snapshotted(self, step: int, seconds: float) -> None:
+        """Step `step` was handed to a memory snapshot `seconds` into the loop."""
+        snapshots = (*self._now.snapshots, (step, seconds))[-KEPT_SNAPSHOTS:]
+        self._write(msgspec.structs.replace(self._now, snapshots=snapshots))
 
     def _write(self, progress: Progress) -> None:
         if self._fd is None:  # the first write: the file is created private, or tightened

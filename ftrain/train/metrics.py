@@ -2,7 +2,8 @@
 
 Names follow the seed: `train/iter`, `train/loss`, `train/dt`, `train/ckpt_save_seconds`,
 `train/ckpt_stage_seconds`, `train/ckpt_drain_seconds`, and on the first step after a resume
-`train/restart_seconds` (from process start, imports included) and `train/lost_steps`.
+`train/restart_seconds` (from process start, imports included) and `train/lost_steps`; with the memory tier,
+`train/memory_stage_seconds` (what a snapshot held the loop).
 """
 
 import os
@@ -51,6 +52,7 @@ class Record(
         "drain_seconds": "train/ckpt_drain_seconds",
         "restart_seconds": "train/restart_seconds",
         "lost_steps": "train/lost_steps",
+        "memory_stage_seconds": "train/memory_stage_seconds",
     },
 ):
     """One metrics line, as the readers of the file use it: the resuming trainer and the restart analysis."""
@@ -64,6 +66,7 @@ class Record(
     drain_seconds: float | None = None
     restart_seconds: float | None = None
     lost_steps: int | None = None
+    memory_stage_seconds: float | None = None
     final: bool = False
 
     @property
@@ -77,9 +80,20 @@ class Record(
         return self.iter is not None and (self.save_seconds is not None or self.stage_seconds is not None)
 
     @property
+    def is_snapshot(self) -> bool:
+        """The line a memory snapshot writes once the training loop may go on."""
+        return self.iter is not None and self.memory_stage_seconds is not None
+
+    @property
     def stall(self) -> float:
-        """Seconds this save held up training: the sync write, or async stage plus waiting for the previous."""
-        return (self.save_seconds or 0.0) + (self.stage_seconds or 0.0) + (self.drain_seconds or 0.0)
+        """Seconds this save held up training: the sync write, or async stage plus waiting for the previous;
+        a memory snapshot's, its stage."""
+        return (
+            (self.save_seconds or 0.0)
+            + (self.stage_seconds or 0.0)
+            + (self.drain_seconds or 0.0)
+            + (self.memory_stage_seconds or 0.0)
+        )
 
 
 _record = msgspec.json.Decoder(Record)
@@ -115,12 +129,13 @@ def segments(records: Sequence[Record]) -> list[list[Record]]:
 
 def loop_times(attempt: Sequence[Record]) -> list[tuple[int, float]]:
     """(step, seconds in the training loop) of each step line of one attempt's records: from the previous
-    step's line to its own, less the save stalls between; the attempt's first step, its `train/dt`."""
+    step's line to its own, less the save and snapshot stalls between; the attempt's first step, its
+    `train/dt`."""
     out: list[tuple[int, float]] = []
     previous: float | None = None
     held = 0.0
     for record in attempt:
-        if record.is_save:
+        if record.is_save or record.is_snapshot:
             held += record.stall
         elif record.is_step and record.iter is not None:
             out.append(

@@ -1,6 +1,7 @@
-"""The restart-cost experiment end to end on its quick preset (debug model, two CPU ranks, about two minutes):
-three phases under the supervisor, step-gated SIGKILLs to every rank, and a plot and report whose numbers are
-checked here against the event log, the metrics and the supervisor's output, read independently."""
+"""The restart-cost experiment end to end on its quick preset (debug model, two CPU ranks, a few minutes):
+four phases under the supervisor, step-gated SIGKILLs to every rank, and a plot and report whose numbers are
+checked here against the event log, the metrics and the supervisor's output, read independently; the memory
+phase's resumes load from node memory, its private memory directory gone after it."""
 
 import asyncio
 import os
@@ -17,14 +18,14 @@ import msgspec
 import pytest
 
 from ftrain.events.jetstream.nats_server import stop_server
-from ftrain.events.schema import AnyEvent, Checkpointed, Failed, Resumed, event_type
+from ftrain.events.schema import AnyEvent, Checkpointed, Failed, Resumed, Snapshotted, event_type
 from ftrain.experiments.experiment_config import PHASES, ExperimentConfig, Kill, read_config, read_kills
 from ftrain.service import RunService
 from tests.support.docs import blocks, commands
 from tests.support.paths import ROOT
 from tests.support.training import FINAL
 
-pytestmark = pytest.mark.timeout(420)
+pytestmark = pytest.mark.timeout(540)
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,7 @@ def experiment(tmp_path_factory: pytest.TempPathFactory) -> Experiment:
     assert argv[:2] == [".venv/bin/python", "scripts/restart_experiment.py"], argv
     run = subprocess.run(
         [sys.executable, *argv[1:], "--out", str(out)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=400,
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=520,
     )  # fmt: skip
     assert run.returncode == 0, f"{run.stdout}\n{run.stderr[-4000:]}"
     config = read_config(out)
@@ -94,17 +95,25 @@ def test_each_kill_is_one_failed_and_one_resumed_from_the_newest_checkpoint_comp
     assert experiment.chains_ok
     baseline = experiment.run_events("baseline")
     assert [event_type(e) for e in baseline if not isinstance(e, Checkpointed)] == ["launched", "completed"]
-    for phase in ("sync", "async"):
+    for phase in ("sync", "async", "memory"):
         kills = [k for k in experiment.kills if k.phase == phase]
         assert [k.by for k in kills] == ["driver"] * 3
         events = experiment.run_events(phase)
-        lifecycle = [event_type(e) for e in events if not isinstance(e, Checkpointed)]
-        assert lifecycle == ["launched", *["failed", "resumed"] * 3, "completed"], phase
+        lifecycle = [event_type(e) for e in events if not isinstance(e, (Checkpointed, Snapshotted))]
+        opened = ["failed", "resumed"] if phase != "memory" else ["failed", "resumed", "resumed"]
+        assert lifecycle == ["launched", *opened * 3, "completed"], phase
         failed = [e for e in events if isinstance(e, Failed)]
         assert all((f.reason, f.exit_code) == ("signal", 137) for f in failed)  # SIGKILL
         resumed = [e for e in events if isinstance(e, Resumed)]
-        assert [r.step for r in resumed] == [k.complete_steps[0] for k in kills], phase
-        assert [r.step for r in resumed] == [60, 120, 180]  # the gates: each kill came once it was complete
+        if phase == "memory":  # the relaunch opens from durable storage, its trainer loads memory's newer
+            assert [r.step for r in resumed[0::2]] == [k.complete_steps[0] for k in kills] == [60, 120, 180]
+            resumed = resumed[1::2]
+            assert [r.tier for r in resumed] == ["memory"] * 3
+            assert [r.step for r in resumed] == [k.snapshot_steps[0] for k in kills]
+            assert all(60 < r.step < 70 or 120 < r.step < 130 or 180 < r.step < 190 for r in resumed)
+        else:
+            assert [r.step for r in resumed] == [k.complete_steps[0] for k in kills], phase
+            assert [r.step for r in resumed] == [60, 120, 180]  # the gates: each kill came once complete
         restarts = [m for m in experiment.metrics(phase) if "train/restart_seconds" in m]
         assert [m["train/iter"] for m in restarts] == [r.step + 1 for r in resumed]
         lines = [int(s) for s in re.findall(r"^RESUMED from step=(\d+)", experiment.stdout(phase), re.M)]
@@ -140,6 +149,23 @@ def test_lost_steps_stay_within_the_save_interval_plus_the_async_copy_window(exp
         assert len(lost) == 3 and all(0 <= n <= interval + window for n in lost), (phase, lost, window)
 
 
+def test_the_memory_phase_loses_at_most_memory_every_plus_the_snapshot_window_and_leaves_no_memory(
+    experiment: Experiment,
+) -> None:
+    every = experiment.config.memory_every
+    assert every is not None and every < experiment.config.save_interval
+    snapshots = [e for e in experiment.run_events("memory") if isinstance(e, Snapshotted)]
+    assert snapshots and all(e.step % every == 0 and e.train_seconds is not msgspec.UNSET for e in snapshots)
+    lost = [m["train/lost_steps"] for m in experiment.metrics("memory") if "train/lost_steps" in m]
+    report = (experiment.out / "restart_report.md").read_text()
+    window = int(re.search(r"the snapshot window \((\d+) steps", report).group(1))  # type: ignore[union-attr]
+    assert len(lost) == 3 and all(0 <= n <= every + window for n in lost), (lost, window)
+    row = next(r for r in table_rows(report, "## Failures side by side") if r[0] == "memory")
+    assert (row[3], row[4]) == ("memory 3", ", ".join(map(str, lost)))
+    run_id = experiment.config.run_ids["memory"]
+    assert not list(Path("/dev/shm").glob(f"ftrain-{run_id}-*")), "its memory directory is removed"
+
+
 def test_every_phase_ends_with_the_baselines_parameters(experiment: Experiment) -> None:
     finals = {phase: FINAL.findall(experiment.stdout(phase)) for phase in PHASES}
     assert all(len(f) == 1 for f in finals.values()), finals
@@ -173,8 +199,8 @@ def test_the_plot_and_the_report_exist_and_their_numbers_are_the_logs(experiment
     ]
     assert summary["sync"][7] == f"{statistics.median(saves):.3f} s (n={len(saves)})"
     digest = FINAL.findall(experiment.stdout("baseline"))[0][1]
-    assert [summary[p][8] for p in PHASES] == [f"`{digest[:16]}…`"] * 3
-    assert [summary[p][9] for p in PHASES] == ["baseline", "true", "true"]
+    assert [summary[p][8] for p in PHASES] == [f"`{digest[:16]}…`"] * len(PHASES)
+    assert [summary[p][9] for p in PHASES] == ["baseline", "true", "true", "true"]
     assert "Every phase's final parameters are equal to the baseline's." in report
 
 
@@ -211,7 +237,7 @@ def test_kills_inside_saves_are_the_trainers_own_and_cost_one_interval(tmp_path:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FTRAIN_")}
     run = subprocess.run(
         [sys.executable, "scripts/restart_experiment.py", "--out", str(out), "--inject", "save:fanout:40:80",
-         "--train-iters", "100"],
+         "--train-iters", "100", "--phases", "baseline,sync,async"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert run.returncode == 0, f"{run.stdout}\n{run.stderr[-4000:]}"

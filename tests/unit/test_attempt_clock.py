@@ -137,3 +137,16 @@ def test_what_it_reports_is_always_within_the_schemas_bounds() -> None:
     reported = clock.measured(2, event(2))
     assert reported.train_seconds == MAX_AMOUNT and reported.loop_seconds == MAX_AMOUNT
     encode_event(reported)  # the event's own bounds hold
+
+
+def test_the_training_so_far_leaves_every_stall_out() -> None:
+    """What a memory snapshot reports: the loop's time since its start, less each save's and snapshot's stall."""
+    clock, hand = started(5.0)
+    hand.now = 12.0
+    clock.began(10)
+    clock.ended(10, 1.0)
+    hand.now = 15.0
+    clock.ended(12, 0.5)  # a snapshot's stage: no event of its own to build
+    hand.now = 16.0
+    assert clock.trained() == 16.0 - 5.0 - 1.5
+    assert measure(clock, hand, 10, 16.0)[:2] == (1.5, 7.0), "the snapshot's stall goes on the next event"

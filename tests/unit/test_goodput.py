@@ -368,3 +368,30 @@ def test_the_lost_steps_are_told_apart_by_the_tier_each_resume_loaded_from() -> 
         by_tier(msgspec.structs.replace(g, lost_by_tier={"peer": 2, "durable": 3})) == "peer 2, durable 3"
     ), "a resume from a peer's replica is the memory tier's too"
     assert by_tier(failed_and_resumed().measure()) == "", "durable storage alone: nothing to tell apart"
+
+
+def test_a_resume_from_memory_keeps_the_training_up_to_the_snapshot_it_loaded() -> None:
+    """Attempt 1 trains to its durable step 20 (12 s), snapshots step 24 in memory after 14.5 s of training
+    and dies; its successor resumes from the snapshot: 14.5 s of attempt 1 were kept, not 12. A snapshot
+    whose writer did not measure its training keeps the durable checkpoint's, as before."""
+
+    def run(train_seconds: float | msgspec.UnsetType) -> Goodput:
+        log = Log()
+        newest = first_attempt(log)
+        snapshot = log.add(Snapshotted(run_id=RUN, step=24, epoch=0, shards=1, uri="file:///dev/shm/s24",
+                                       checkpoint_hash=f"{1024:064x}", size_bytes=1, attempt=1,
+                                       train_seconds=train_seconds), 21)  # fmt: skip
+        log.fail(22.4)
+        log.resume(newest, 25, attempt=2, count=1)
+        log.add(Resumed(run_id=RUN, checkpoint_seq=snapshot.seq, step=24, epoch=0, uri="file:///dev/shm/s24",
+                        checkpoint_hash=f"{1024:064x}", resume_count=2, attempt=2, tier="memory"), 26)  # fmt: skip
+        log.save(30, 37, attempt=2, stall_seconds=1.0, train_seconds=4.0, loop_seconds=7.0, lost_steps=2)
+        log.complete(38, attempt=2)
+        return log.measure()
+
+    measured, unmeasured = run(14.5), run(UNSET)
+    assert (measured.productive, unmeasured.productive) == (14.5 + 4.0, 12.0 + 4.0)
+    assert measured.other == pytest.approx(unmeasured.other - 2.5), "the kept steps leave `other`"
+    assert b"train_seconds" not in msgspec.json.encode(
+        Snapshotted(run_id=RUN, step=1, epoch=0, shards=1, uri="u", checkpoint_hash="h", size_bytes=0)
+    ), "a snapshot without measurements encodes as before"

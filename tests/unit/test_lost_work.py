@@ -52,3 +52,19 @@ def test_each_rank_keeps_its_own_record_and_only_the_newest_saves(tmp_path: Path
     last = 100 + 2 * KEPT_SAVES
     assert again.lost(last - 1) == (1, 1.0)
     assert again.lost(101) == (last - 101, None)  # forgotten: older than the newest KEPT_SAVES saves
+
+
+def test_a_resume_from_a_memory_snapshot_learns_the_time_of_the_steps_past_it(tmp_path: Path) -> None:
+    record = ProgressFile(tmp_path, RUN, "run-1", 0)
+    record.begin(0)
+    for step in range(1, 27):
+        if step in (20,):
+            record.saved(step, float(step))
+        elif step % 2 == 0:
+            record.snapshotted(step, float(step))
+        record.finished(step, float(step))
+    record.close()
+    again = ProgressFile(tmp_path, RUN, "run-1", 0)
+    assert again.lost(26) == (0, 0.0) and again.lost(24) == (2, 2.0), "the newest two snapshots"
+    assert again.lost(22) == (4, None), "an older snapshot's time is forgotten: estimated, never guessed"
+    assert again.lost(20) == (6, 6.0)

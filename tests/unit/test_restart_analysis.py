@@ -139,9 +139,10 @@ def test_steps_trained_past_an_async_save_the_kill_cut_short_widen_the_copy_wind
     assert analyze_phase(cut).copy_window_steps == 5
 
 
-def test_the_overhead_over_the_baseline_and_the_report() -> None:
+def baseline_phase() -> PhaseInput:
+    """`phase()`'s job without the failure: steps 1-30, saves at 10, 20, 30."""
     base = phase()
-    baseline = msgspec.structs.replace(
+    return msgspec.structs.replace(
         base,
         phase="baseline",
         events=[*base.events[:3], saved(30, 29.2, 29.1, -0.5), at(COMPLETED, 31)],
@@ -149,6 +150,10 @@ def test_the_overhead_over_the_baseline_and_the_report() -> None:
         kills=[],
         stdout=f"FINAL step=30 params_sha256={DIGEST}\n",
     )
+
+
+def test_the_overhead_over_the_baseline_and_the_report() -> None:
+    baseline = baseline_phase()
     result = analyze("t", ["a note"], [baseline, phase()])
     (over,) = result.overheads
     assert over.overhead == pytest.approx(44.2 - 29.2)
@@ -160,7 +165,7 @@ def test_the_overhead_over_the_baseline_and_the_report() -> None:
     assert result.digests_equal and result.problems == []
     text = markdown(result)
     # the kill at 26.0 s counts from the start of the first step (at -0.5 s)
-    assert "| 1 | t | 26.0 | 20 | 20 | 5 | 5.00 | 4.50 | 6.30 |" in text.splitlines()
+    assert "| 1 | t | 26.0 | 20 | 20 | 5 | 5.00 | 4.50 | 6.30 | durable |" in text.splitlines()
     assert "No mismatch." in text and "MISMATCH" not in text
     broken = analyze("t", [], [baseline, phase(stdout_step=10)])
     assert "- MISMATCH sync: `resumed` events from steps [20]" in markdown(broken)
