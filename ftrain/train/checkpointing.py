@@ -640,9 +640,8 @@ class CheckpointManager:
         was staged), then the end of its replica exchange, through the durable outbox."""
         if isinstance(event, Snapshotted):
             trained = self._snapshot_trained.pop(event.step, None)
-            for older in [
-                s for s in list(self._snapshot_trained) if s < event.step
-            ]:  # failed: never recorded
+            never_recorded = [s for s in list(self._snapshot_trained) if s < event.step]  # their save failed
+            for older in never_recorded:
                 self._snapshot_trained.pop(older, None)
             if trained is not None:
                 event = msgspec.structs.replace(event, train_seconds=trained)
