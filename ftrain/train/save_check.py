@@ -6,11 +6,13 @@ does not know (a class of the script's own) used to save without a word and make
 corrupt at the next start. Here each such item takes the same round trip before anything is written: pickled
 as DCP pickles it, loaded back through the same allowlist, so one place decides. Every rank checks its own
 state and all of them learn whether any refused (one small all-reduce per save), so every rank raises the
-same `UnresumableState` together and none waits in the save's collectives for the others.
+same `UnresumableState` together and none waits in the save's collectives for the others. Plain data (numbers,
+strings, None, and lists, tuples and dicts of them) pickles to no global at all, so any unpickler loads it: it
+skips the round trip, which cost an async save's stall ~9 ms on the reference state (docs/benchmarks.md).
 """
 
 import io
-from typing import Any
+from typing import Any, Final
 
 import torch
 import torch.distributed as dist
@@ -21,6 +23,27 @@ from ftrain.errors import UnresumableState as UnresumableState
 from ftrain.train.agreement import lowest_refusal
 from ftrain.workers.unpickle import MAX_REASON, ForbiddenPickle, RefusedPickle, torch_load
 
+PLAIN_SCALARS: Final = frozenset({int, float, bool, str, type(None)})
+"""Types whose pickles (protocol 2, torch.save's) name no global: exactly these, not subclasses (a NumPy
+float is a float), and not bytes (protocol 2 writes them through `_codecs.encode`)."""
+PLAIN_DEPTH: Final = 8
+"""How deep in nested containers a value is still judged plain; a deeper one takes the round trip."""
+
+
+def plain(value: object, depth: int = PLAIN_DEPTH) -> bool:
+    """Whether `value` is plain data: a scalar of PLAIN_SCALARS, or a list, tuple or dict (exactly those
+    types) of plain data, at most `depth` containers deep. Its pickle names no global, so it always loads."""
+    kind = type(value)
+    if kind in PLAIN_SCALARS:
+        return True
+    if depth == 0:
+        return False
+    if isinstance(value, list | tuple) and kind in (list, tuple):
+        return all(plain(item, depth - 1) for item in value)
+    if isinstance(value, dict) and kind is dict:
+        return all(plain(key, 0) and plain(item, depth - 1) for key, item in value.items())
+    return False
+
 
 def refusal(state: dict[str, Any]) -> str | None:
     """Why the first non-tensor item of `state` (a `TrainState.state_dict()`) would not load at resume, in
@@ -29,6 +52,8 @@ def refusal(state: dict[str, Any]) -> str | None:
     for fqn, value in flat.items():
         if isinstance(value, torch.Tensor) or hasattr(value, "__create_write_items__"):
             continue  # DCP writes it as a tensor (DTensor, ShardedTensor alike), and loads it as one
+        if plain(value):
+            continue
         what = f"state item {_path(paths[fqn])} (a {_type(value)})"
         buffer = io.BytesIO()
         try:

@@ -2,16 +2,23 @@
 
 The buffers are allocated ahead (`reserve`, at start-up once a resumed state is loaded) or at the first save,
 and reused (`copy_` into preallocated memory runs at memcpy speed; a fresh `clone()` runs 4-6x slower here),
-pinned when the state lives on a GPU so the copy is a DMA. They are torch's own staging helpers, the ones
-`dcp.async_save` uses, so DTensor shards and pinned memory are handled as torch handles them.
+pinned when the state lives on a GPU so the copy is a DMA. They are made by torch's own staging helper, the
+one `dcp.async_save` uses, so DTensor shards and pinned memory are laid out as torch lays them out. The copy
+walks the state and its buffers together, checking each tensor's shape and dtype on the way (a buffer of
+another shape could broadcast silently): one pass, where a layout walk before torch's copy helper cost an
+async save of the reference state ~8 ms of its ~80 ms stall (docs/benchmarks.md).
 """
 
-from collections.abc import Iterator
+import copy
 from typing import Any
 
 import torch
-from torch.distributed._state_dict_utils import CompanionMismatch, _copy_state_dict, _create_cpu_state_dict
+from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
 from torch.distributed.tensor import DTensor
+
+
+class LayoutChanged(Exception):
+    """The state no longer fits the buffers: a key, a length, a tensor's type, shape or dtype changed."""
 
 
 class StagingBuffers:
@@ -19,47 +26,70 @@ class StagingBuffers:
 
     def __init__(self) -> None:
         self._cache: dict[str, Any] | None = None
-        self._layout: list[tuple[str, tuple[int, ...], torch.dtype]] = []
         self.pin = torch.cuda.is_available()
 
     def reserve(self, state: dict[str, Any]) -> dict[str, Any]:
-        """Buffers that fit `state`: those allocated before if its layout is unchanged, else new ones."""
-        layout = list(_tensor_layout(state))
-        if self._cache is None or layout != self._layout:
-            # first save, or the state changed (optimizer state appeared, a tensor changed shape or dtype)
-            self._cache, self._layout = _create_cpu_state_dict(state, pin_memory=self.pin), layout
+        """Buffers for `state`: those allocated before, or new ones at the first call."""
+        if self._cache is None:
+            self._cache = _create_cpu_state_dict(state, pin_memory=self.pin)
         return self._cache
 
     def stage(self, state: dict[str, Any]) -> dict[str, Any]:
-        """Copy `state` into the buffers; returns the staged copy (valid until the next `stage`)."""
+        """Copy `state` into the buffers; returns the staged copy (valid until the next `stage`). A state that
+        changed its layout (optimizer state appeared, a tensor changed shape or dtype) gets new buffers."""
+        staged: dict[str, Any]
         try:
-            return self._copy(state, self.reserve(state))
-        except CompanionMismatch:  # the same tensors under other keys: reallocate
+            staged = _copy_into(state, self.reserve(state), self.pin)
+        except LayoutChanged:
             self._cache = None
-            return self._copy(state, self.reserve(state))
-
-    def _copy(self, state: dict[str, Any], cache: dict[str, Any]) -> dict[str, Any]:
-        # type_check off: a value other than a tensor, number, string or container (a NumPy scalar, a
-        # datetime: what the unpickler allows) is deep-copied, as the buffers were made, not refused
-        staged: dict[str, Any] = _copy_state_dict(state, cache, non_blocking=self.pin, type_check=False)
+            staged = _copy_into(state, self.reserve(state), self.pin)
         if self.pin:
             torch.cuda.synchronize()
         return staged
 
 
-def _tensor_layout(value: Any, path: str = "") -> Iterator[tuple[str, tuple[int, ...], torch.dtype]]:
-    """(path, local shape, dtype) of every tensor in a nested state dict: buffers fit only the same layout
-    (copying into a buffer of another shape could broadcast silently)."""
+def _copy_into(value: Any, buffer: Any, non_blocking: bool) -> Any:
+    """`value` (a nested state dict) copied into `buffer`, made for its layout by `_create_cpu_state_dict`;
+    returns the staged value. Tensors are copied into their buffers, numbers and strings kept (immutable),
+    anything else (a NumPy scalar, a datetime: what the unpickler allows) deep-copied, as the buffers were made.
+    Raises LayoutChanged where they differ."""
     if isinstance(value, DTensor):
-        value = value.to_local()
-    if isinstance(value, torch.Tensor):
-        yield path, tuple(value.shape), value.dtype
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            yield from _tensor_layout(item, f"{path}/{key}")
-    elif isinstance(value, list | tuple):
-        for index, item in enumerate(value):
-            yield from _tensor_layout(item, f"{path}/{index}")
+        if not isinstance(buffer, DTensor):
+            raise LayoutChanged
+        _copy_tensor(buffer._local_tensor, value._local_tensor, non_blocking)  # not to_local(): an autograd
+        return buffer  # call, 15 µs a tensor
+    if type(value) in _PLAIN_TENSORS:
+        if type(buffer) not in _PLAIN_TENSORS:
+            raise LayoutChanged
+        _copy_tensor(buffer, value, non_blocking)
+        return buffer
+    if isinstance(value, torch.Tensor):  # another kind (a ShardedTensor): torch's own copy, its type checked
+        if type(buffer) is not type(value) or buffer.shape != value.shape or buffer.dtype != value.dtype:
+            raise LayoutChanged
+        return _copy_state_dict({"": value}, {"": buffer}, non_blocking=non_blocking, type_check=False)[""]
+    if isinstance(value, dict):
+        if not isinstance(buffer, dict) or buffer.keys() != value.keys():
+            raise LayoutChanged
+        return {key: _copy_into(item, buffer[key], non_blocking) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        if not isinstance(buffer, list | tuple) or len(buffer) != len(value):
+            raise LayoutChanged
+        items = [_copy_into(item, into, non_blocking) for item, into in zip(value, buffer, strict=True)]
+        return tuple(items) if isinstance(value, tuple) else items
+    if value is None or isinstance(value, int | float | str | bytes):
+        return value
+    return copy.deepcopy(value)
+
+
+_PLAIN_TENSORS: frozenset[type] = frozenset({torch.Tensor, torch.nn.Parameter})
+"""Tensor types copied as one tensor; any other (a ShardedTensor) goes through torch's helper."""
+
+
+def _copy_tensor(into: torch.Tensor, source: torch.Tensor, non_blocking: bool) -> None:
+    """One tensor into its buffer, refused unless shape and dtype match (`copy_` would broadcast or cast)."""
+    if into.shape != source.shape or into.dtype != source.dtype:
+        raise LayoutChanged
+    into.copy_(source, non_blocking=non_blocking)
 
 
 def local_bytes(value: Any) -> int:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
@@ -519,6 +520,37 @@ def test_staging_reuses_its_buffers_and_holds_the_values_of_the_moment_it_staged
     assert torch.equal(third["optim"]["state"][0]["exp_avg"], torch.ones(3))
     assert torch.equal(third["model"]["w"], state["model"]["w"])
     assert ptr(buffers.stage(state)) == ptr(third)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda state: state["model"].update(w=torch.randn(3, 4)),  # same size, another shape: no broadcast
+        lambda state: state["model"].update(b=torch.zeros(1)),  # would broadcast into the old buffer
+        lambda state: state["model"].update(w=torch.randn(4, 3, dtype=torch.float64)),  # would cast
+        lambda state: state["progress"].update(seen=[1, 2]),  # a key more
+    ],
+    ids=["shape", "broadcast", "dtype", "key"],
+)
+def test_a_state_whose_layout_changed_is_staged_whole_into_new_buffers(change: Any) -> None:
+    state: dict[str, Any] = {"model": {"w": torch.randn(4, 3), "b": torch.zeros(3)}, "progress": {"step": 3}}
+    buffers = StagingBuffers()
+    first = ptr(buffers.stage(state))
+    change(state)
+    staged = buffers.stage(state)
+    assert ptr(staged) != first
+    for key, value in state["model"].items():
+        assert staged["model"][key].dtype == value.dtype and torch.equal(staged["model"][key], value)
+    assert staged["progress"] == state["progress"]
+
+
+def test_staging_copies_a_mutable_non_tensor_value_and_keeps_numbers_as_they_are() -> None:
+    seen = np.array([1, 2])
+    state: dict[str, Any] = {"stats": {"seen": seen, "best": 0.5, "name": "run"}}
+    staged = StagingBuffers().stage(state)
+    seen[0] = 9
+    assert staged["stats"]["seen"].tolist() == [1, 2], "training on does not change what was staged"
+    assert staged["stats"]["best"] == 0.5 and staged["stats"]["name"] == "run"
 
 
 # -- leftovers of a dead writer --------------------------------------------------------------------------

@@ -5,10 +5,12 @@ still loads; and a save names the state item a resume would refuse, before anyth
 import collections
 import datetime
 import decimal
+import enum
 import fractions
 import io
 import os
 import pickle
+import pickletools
 import random
 from pathlib import Path
 from typing import Any
@@ -17,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from ftrain.train.save_check import refusal
+from ftrain.train.save_check import PLAIN_DEPTH, plain, refusal
 from ftrain.train.state import rng_state, set_rng_state
 from ftrain.workers.dcp_reader import load_metadata
 from ftrain.workers.unpickle import ForbiddenPickle, allow_pickled, restricted_loads, torch_load
@@ -92,6 +94,55 @@ def test_a_state_item_a_resume_would_refuse_is_named_by_its_path_and_type() -> N
         "state item stats['split'] (a numpy.str_) does not unpickle: ValueError: a numpy scalar loads as a "
         "number (bool, integer, float, complex, datetime64, timedelta64) from exactly its dtype's bytes, so "
         "no resume could load it"
+    )
+
+
+PLAIN = [
+    0,
+    -(2**100),
+    0.5,
+    float("nan"),
+    True,
+    None,
+    "a \udc80 lone surrogate",
+    (1, 2.0, "x", None),
+    [1, [2, {"lr": 3e-4, 4: (5,)}]],
+    {"step": 7, "betas": (0.9, 0.999), "params": list(range(625))},
+]
+"""What the save check passes without the round trip: plain data."""
+
+
+@pytest.mark.parametrize("value", PLAIN, ids=lambda value: type(value).__name__)
+def test_plain_data_skips_the_round_trip_because_its_pickle_names_no_global(value: Any) -> None:
+    assert plain(value)
+    opcodes = {op.name for op, _, _ in pickletools.genops(pickle.dumps(value, protocol=2))}
+    assert not opcodes & {"GLOBAL", "STACK_GLOBAL", "REDUCE", "BUILD", "INST", "OBJ", "NEWOBJ", "NEWOBJ_EX"}
+    buffer = io.BytesIO()
+    torch.save(value, buffer)
+    buffer.seek(0)
+    assert repr(torch_load(buffer, "item")) == repr(value)
+
+
+class Level(enum.IntEnum):
+    HIGH = 1
+
+
+def test_subclasses_bytes_and_deep_or_cyclic_containers_are_not_plain_and_take_the_round_trip() -> None:
+    """A NumPy float is a float and an IntEnum an int, but their pickles name their classes; protocol 2
+    writes bytes through `_codecs.encode`. Each goes through the unpickler, which decides."""
+    cyclic: list[Any] = [1]
+    cyclic.append(cyclic)
+    deep: Any = 1
+    for _ in range(PLAIN_DEPTH + 1):
+        deep = [deep]
+    for value in (np.float64(0.5), Level.HIGH, b"raw", [1, np.int64(2)], {"k": Unlisted(1)}, cyclic, deep):
+        assert not plain(value)
+    assert refusal({"best": {"deep": deep, "loss": np.float64(0.5)}}) is None  # DCP cannot flatten a cycle
+    assert refusal({"best": {"level": Level.HIGH}}) == (
+        f"state item best['level'] (a {__name__}.Level) names {__name__}.Level, which is not allowed, so no "
+        "resume could load it: keep plain values in state_dict() (tensors, numbers, strings, containers, NumPy "
+        "numbers and arrays, datetimes), or allow the type before the first save with "
+        f"ftrain.train.checkpointing.allow_pickled({__name__}.Level) if loading it runs no code"
     )
 
 
