@@ -195,10 +195,17 @@ def hash_fd(fd: int, algorithm: str = ALGORITHM, chunk_size: int = 0) -> Hashed:
 
 def hash_file(path: Path, algorithm: str = ALGORITHM, chunk_size: int = 0) -> Hashed:
     """Size and digest (and chunks' digests, with a `chunk_size`) of a file on disk. The kernel is asked to
-    read the whole file ahead, so the disk reads while the hash runs instead of between its chunks."""
-    with open(path, "rb") as f:
+    read the whole file ahead, so the disk reads while the hash runs instead of between its chunks. One buffer
+    is read into again and again: a fresh one per read cost a cached 512 MiB file 0.05 CPU-s more in page
+    faults, a third of BLAKE3's whole pass (docs/benchmarks.md)."""
+    hasher = Hasher(algorithm, chunk_size)
+    buffer = bytearray(CHUNK)
+    view = memoryview(buffer)
+    with open(path, "rb", buffering=0) as f:
         os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_WILLNEED)
-        return hash_stream(f, algorithm, chunk_size)
+        while read := f.readinto(buffer):
+            hasher.update(view[:read])
+    return hasher.result()
 
 
 def hash_files(files: Iterable[tuple[Path, str]], threads: int = 4) -> list[Hashed | OSError]:
