@@ -14,12 +14,13 @@ chunk of the bytes (manifest format 3), so a reader can check a file a chunk at 
 """
 
 import hashlib
+import io
 import os
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Annotated, Final, NewType, Protocol
+from typing import Annotated, Final, NewType, Protocol
 
 import blake3
 import msgspec
@@ -176,11 +177,17 @@ def to_hex(digest: Digest) -> str:
     return digest.removeprefix(f"{ALGORITHM}:")
 
 
-def hash_stream(stream: IO[bytes], algorithm: str = ALGORITHM, chunk_size: int = 0) -> Hashed:
-    """Digest a stream to its end in one pass (and each chunk of `chunk_size`, when given)."""
+def hash_stream(
+    stream: io.RawIOBase | io.BufferedIOBase, algorithm: str = ALGORITHM, chunk_size: int = 0
+) -> Hashed:
+    """Digest a stream to its end in one pass (and each chunk of `chunk_size`, when given), read into one
+    buffer again and again: a fresh one per read cost a cached 512 MiB file 0.05 CPU-s more in page faults, a
+    third of BLAKE3's whole pass (docs/benchmarks.md)."""
     hasher = Hasher(algorithm, chunk_size)
-    while chunk := stream.read(CHUNK):
-        hasher.update(chunk)
+    buffer = bytearray(CHUNK)
+    view = memoryview(buffer)
+    while read := stream.readinto(buffer):
+        hasher.update(view[:read])
     return hasher.result()
 
 
@@ -195,17 +202,10 @@ def hash_fd(fd: int, algorithm: str = ALGORITHM, chunk_size: int = 0) -> Hashed:
 
 def hash_file(path: Path, algorithm: str = ALGORITHM, chunk_size: int = 0) -> Hashed:
     """Size and digest (and chunks' digests, with a `chunk_size`) of a file on disk. The kernel is asked to
-    read the whole file ahead, so the disk reads while the hash runs instead of between its chunks. One buffer
-    is read into again and again: a fresh one per read cost a cached 512 MiB file 0.05 CPU-s more in page
-    faults, a third of BLAKE3's whole pass (docs/benchmarks.md)."""
-    hasher = Hasher(algorithm, chunk_size)
-    buffer = bytearray(CHUNK)
-    view = memoryview(buffer)
+    read the whole file ahead, so the disk reads while the hash runs instead of between its chunks."""
     with open(path, "rb", buffering=0) as f:
         os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_WILLNEED)
-        while read := f.readinto(buffer):
-            hasher.update(view[:read])
-    return hasher.result()
+        return hash_stream(f, algorithm, chunk_size)
 
 
 def hash_files(files: Iterable[tuple[Path, str]], threads: int = 4) -> list[Hashed | OSError]:
