@@ -7,7 +7,8 @@ Measures in one run, side by side:
 1. sequential appends on one run: raw acked ``js.publish`` (no headers) vs ``EventStore.append`` (hash chain,
    compare-and-set, ``Nats-Msg-Id``), interleaved in alternating blocks;
 2. the same from 8 runs at once (8 tasks on one connection);
-3. projection catch-up of a fresh SQLite read model over the whole stream, beside the raw read-back rate;
+3. projection catch-up of a fresh SQLite read model over the whole stream, beside the raw read-back rate and
+   its bound: the same read and chain walk writing nothing;
 4. ``audit verify`` (``RunService.verify``) over the same stream, beside the raw read-back rate;
 5. wall time of a ``ftrain status RUN`` process, beside the interpreter-start floor;
 6. the trainer's start-up query (``read_run``: one run's own events, folded) on a stream holding only that
@@ -48,6 +49,7 @@ from typing import Any, NamedTuple
 import msgspec
 from nats.js import JetStreamContext
 
+from ftrain.domain.chain_walk import ChainWalk
 from ftrain.domain.lifecycle import RunState, apply, corrupt_skipped_event, resumed_event
 from ftrain.events.anchor_file import AnchorFiles
 from ftrain.events.chain import ChainHead, SignHash, seal
@@ -56,6 +58,7 @@ from ftrain.events.jetstream.nats_client import Nats
 from ftrain.events.jetstream.nats_server import nats_server_binary, throwaway_server
 from ftrain.events.jetstream.store import EventStore
 from ftrain.events.keyring import load_signer, load_trust
+from ftrain.events.log_port import EventLog
 from ftrain.events.record import run_subject
 from ftrain.events.schema import (
     Actor,
@@ -70,6 +73,7 @@ from ftrain.events.schema import (
 )
 from ftrain.events.signed_log import process_actor
 from ftrain.logs import configure as configure_logs
+from ftrain.projections.projector import CATCH_UP_BATCH
 from ftrain.service import RunService
 from ftrain.train.resume import read_run
 
@@ -459,7 +463,7 @@ async def time_trainer_query(settings: NatsSettings, run_id: str, repeats: int =
 # ------------------------------------------------------------------------------ 3/4. projection & verify
 
 
-async def raw_read(store: EventStore) -> tuple[int, float]:
+async def raw_read(store: EventLog) -> tuple[int, float]:
     """Records read back via EventStore.read alone (no decode, no fold) and the seconds it took."""
     count = 0
     start = time.perf_counter()
@@ -468,8 +472,24 @@ async def raw_read(store: EventStore) -> tuple[int, float]:
     return count, time.perf_counter() - start
 
 
+async def walk_read(store: EventLog) -> tuple[int, float]:
+    """Read the stream from sequence 1 and walk every record through the chain check and the fold, writing
+    nothing: the catch-up's work without its commit, so the most a catch-up could reach here."""
+    walk, count = ChainWalk(), 0
+    start = time.perf_counter()
+    async for records in store.read(1, batch=CATCH_UP_BATCH):
+        for record in records:
+            walk.feed(record)
+        count += len(records)
+    seconds = time.perf_counter() - start
+    if walk.findings or walk.strays:
+        raise SystemExit(f"the chain walk refused records: {[*walk.findings.values(), *walk.strays][:3]}")
+    return count, seconds
+
+
 async def bench_readback(env: dict[str, str], expected_runs: int) -> dict[str, Any]:
-    """Projection catch-up (fresh model, then twice after a reset) and audit verify, beside raw reads."""
+    """Projection catch-up (fresh model, then twice after a reset), the read and chain walk alone, and audit
+    verify, beside raw reads."""
     async with RunService.open(env) as app:
         last = await app.store.last_seq()
         reads: list[float] = []
@@ -501,6 +521,11 @@ async def bench_readback(env: dict[str, str], expected_runs: int) -> dict[str, A
                 f"{len(dump['broken_runs'])} broken run(s) {dump['broken_runs'][:3]}, "
                 f"{len(dump['runs'])} runs (expected {expected_runs})"
             )
+        walks: list[float] = []
+        for _ in range(READ_REPEATS):
+            count, seconds = await walk_read(app.store)
+            assert count == last, f"walked {count} records, stream has {last}"
+            walks.append(count / seconds)
         await read_once()
         verifies: list[float] = []
         for _ in range(READ_REPEATS):
@@ -519,6 +544,8 @@ async def bench_readback(env: dict[str, str], expected_runs: int) -> dict[str, A
         "projection_fresh_events_per_s": projections[0],
         "projection_all": projections,
         "projection_cores_busy": statistics.median(busy),
+        "walk_events_per_s": statistics.median(walks),
+        "walk_all": walks,
         "verify_events_per_s": statistics.median(verifies),
         "verify_all": verifies,
         "raw_read_events_per_s": statistics.median(reads),
@@ -689,6 +716,8 @@ def rows(r: dict[str, Any]) -> list[tuple[str, ...]]:
     row("3 projection catch-up ev/s (vs read)", read, proj, ",.0f", read / proj, ">= 40,000", proj >= 40_000)
     cores = r["machine"]["cores"]
     row("3   cores it kept busy (CPU-s a s, every thread)", cores, rb["projection_cores_busy"], ".2f", None)
+    walk = rb["walk_events_per_s"]
+    row("3   its bound: the read and chain walk alone ev/s", read, walk, ",.0f", read / walk)
     row("4 audit verify ev/s (vs read)", read, ver, ",.0f", read / ver, ">= 50,000", ver >= 50_000)
     pr = r["processes"]
     status = pr["status_s"]
