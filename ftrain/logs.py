@@ -72,7 +72,9 @@ def _configure(threshold: int, *, human: bool = False) -> None:
         # one write per line, its newline included: ranks of a job share one stderr pipe, and a line written
         # in two parts (as `print` does) could be glued to another rank's line when stderr is unbuffered
         logger_factory=structlog.WriteLoggerFactory(_Stderr()),  # type: ignore[arg-type]
-        cache_logger_on_first_use=True,
+        # not cached: a logger used before a later `configure` (the user's `configure(level=INFO)`, or a test's
+        # capture) would keep the level and output it first ran with; a call costs 2.4 µs, not 0.8
+        cache_logger_on_first_use=False,
     )
 
 

@@ -48,3 +48,18 @@ def test_a_scripts_warning_is_one_line_for_people_said_once_for_the_job() -> Non
         for rank in ("0", "1")
     ]
     assert said == ["ftrain: warning: loader_not_resumable (loader=DL)\n", ""]
+
+
+def test_configure_reaches_a_logger_that_already_logged() -> None:
+    """A script that logged before it asked for more (`configure(level=INFO)`) sees its later info lines: a
+    logger cached on first use kept the quiet default's level and format."""
+    script = (
+        "import logging, structlog; from ftrain import logs; log = structlog.get_logger('t'); "
+        "log.info('before'); logs.configure(logging.INFO); log.info('after', n=1)"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FTRAIN_")}
+    said = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, check=True
+    ).stderr.splitlines()
+    lines = [json.loads(line) for line in said]
+    assert [(line["event"], line["level"], line["n"]) for line in lines] == [("after", "info", 1)]
