@@ -24,6 +24,9 @@ import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed._shard import sharded_tensor
+from torch.distributed._shard.sharded_tensor.api import ShardedTensor
+from torch.distributed._shard.sharding_spec import ChunkShardingSpec
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 import ftrain.train.metrics
@@ -551,6 +554,33 @@ def test_staging_copies_a_mutable_non_tensor_value_and_keeps_numbers_as_they_are
     seen[0] = 9
     assert staged["stats"]["seen"].tolist() == [1, 2], "training on does not change what was staged"
     assert staged["stats"]["best"] == 0.5 and staged["stats"]["name"] == "run"
+
+
+@pytest.mark.usefixtures("one_rank")
+@pytest.mark.filterwarnings("ignore:Please use DTensor instead:FutureWarning")  # the deprecation exercised
+def test_a_sharded_tensor_is_staged_through_torchs_helper_into_a_buffer_reused_until_its_shape_changes() -> (
+    None
+):
+    """FSDP1's sharded state dict holds ShardedTensors: neither a plain tensor nor a DTensor, so the stage
+    copies them with torch's own helper, their type, shape and dtype checked as for any tensor."""
+    spec = ChunkShardingSpec(dim=0, placements=["rank:0/cpu"])
+    state: dict[str, Any] = {"model": {"w": sharded_tensor.rand(spec, 4, 3)}}
+    buffers = StagingBuffers()
+
+    first = buffers.stage(state)["model"]["w"]
+    assert isinstance(first, ShardedTensor)
+    at_stage = state["model"]["w"].local_tensor().clone()
+    state["model"]["w"].local_tensor().add_(1.0)
+    assert torch.equal(first.local_tensor(), at_stage), "training on does not change what was staged"
+
+    second = buffers.stage(state)["model"]["w"]
+    assert second.local_tensor().data_ptr() == first.local_tensor().data_ptr(), "the buffer is reused"
+    assert torch.equal(second.local_tensor(), state["model"]["w"].local_tensor())
+
+    state["model"]["w"] = sharded_tensor.rand(spec, 2, 6)  # as many elements, another shape: no reshaping
+    third = buffers.stage(state)["model"]["w"]
+    assert third.shape == (2, 6) and torch.equal(third.local_tensor(), state["model"]["w"].local_tensor())
+    assert third.local_tensor().data_ptr() != first.local_tensor().data_ptr()
 
 
 # -- leftovers of a dead writer --------------------------------------------------------------------------
