@@ -84,9 +84,10 @@ MEMORY_DIR: Final = "FTRAIN_MEMORY_DIR"
 MEMORY_CAP_MB: Final = "FTRAIN_MEMORY_CAP_MB"
 """The most memory (MiB) one rank's snapshots may hold at once; unset: bounded by the tmpfs's free space."""
 
-KILL_POINTS: Final = ("step", "stage", "write", "fanout", "finalize", "sealed", "snapshot")
+KILL_POINTS: Final = ("step", "stage", "write", "fanout", "finalize", "sealed", "snapshot_sealed", "snapshot")
 """Where FTRAIN_KILL_AT may kill (and FTRAIN_STOP_AT stop): after the optimizer step, at a phase of a save, or
-once a memory snapshot of the step is recorded (`snapshot`)."""
+at a memory snapshot of the step: sealed by every rank, before it is recorded (`snapshot_sealed`), or once it
+is recorded (`snapshot`)."""
 MAX_STEP_DELAY: Final = 60.0
 MAX_REPLICAS: Final = 5
 NATS_SCHEMES: Final = ("nats", "tls", "ws", "wss")

@@ -32,7 +32,8 @@ PHASE_KINDS: Final = {
 """Baseline: sync checkpointing, no failures. Then the same job with the same failures: sync, async, and
 sync with the memory tier."""
 PHASES: Final = tuple(PHASE_KINDS)
-SAVE_POINTS: Final = tuple(p for p in KILL_POINTS if p != "step")
+SAVE_POINTS: Final = tuple(p for p in KILL_POINTS if p != "step" and not p.startswith("snapshot"))
+"""The points of a durable save (a memory snapshot's belong to no phase's saves)."""
 SYNC_POINT: Final = {
     "stage": "write",
     "write": "write",

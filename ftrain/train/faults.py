@@ -4,9 +4,11 @@ or SIGSTOP it there, as a node that froze or was cut off would stand still.
 `FTRAIN_KILL_AT=<point>:<step>[,<point>:<step>…]` — points: `step` (after the optimizer step), and the phases of
 a save: `stage` (async: state copied to host buffers), `write` (this rank's shards written), `fanout` (async:
 this rank's files durable in the checkpoint directory: copied there, or written there once), `finalize`
-(rank 0 holds every rank's digests, before the manifest), `sealed` (rank 0 sealed the step, before recording it). `FTRAIN_STOP_AT` takes the same form and
-stops instead; a SIGCONT to the stopped processes lets the job go on from where it stood. The first rank to
-reach the point signals torchrun's agent and every rank of its node at once. With `FTRAIN_KILL_ONCE=<dir>`
+(rank 0 holds every rank's digests, before the manifest), `sealed` (rank 0 sealed the step, before recording it);
+and of a memory snapshot: `snapshot_sealed` (every rank's part sealed, before rank 0 records it) and `snapshot`
+(recorded, its older snapshots dropped). `FTRAIN_STOP_AT` takes the same form and stops instead; a SIGCONT to
+the stopped processes lets the job go on from where it stood. The first rank to reach the point signals
+torchrun's agent and every rank of its node at once. With `FTRAIN_KILL_ONCE=<dir>`
 each kill or stop fires once (a file for each in that directory), so a relaunched job that passes the same point
 again survives, as after a real preemption. Run the job in its own process group (`ftrain run` does; so must a
 test).

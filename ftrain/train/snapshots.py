@@ -8,9 +8,10 @@ each rank's snapshot holds all that rank resumes from, on its own node), hashing
 into its private directory (`workers.memory_tier`). On a gloo group of the tier's own (never the training
 group, never the durable pipeline's) every rank's admission is agreed, its files gathered by rank 0, which
 builds the manifest (every rank's files under `rank-<r>/`) and sends it to every rank to seal its part; once
-every part is sealed rank 0 records `snapshotted` through the outbox, and each rank drops its older
-snapshots. Every collective runs in the same order on every rank, in that one thread; a failure of any kind
-skips the snapshot, logged, and training goes on.
+every part is sealed rank 0 records `snapshotted` through the outbox, and once every rank has heard it did,
+each rank drops its older snapshots (never before: until then the log names the older one). Every
+collective runs in the same order on every rank, in that one thread; a failure of any kind skips the
+snapshot, logged, and training goes on.
 
 On a job of several nodes, once a snapshot is recorded, each rank on that same thread sends its part to its
 buddy (`memory_tier.buddy`: the same local rank on the next node) while receiving its source's, which it
@@ -196,17 +197,15 @@ class MemoryTier:
         dist.gather_object(written, every, dst=0, group=self.group)
         combined = self._combined(step, epoch, every) if every is not None else None
         manifest = rank_zeros(combined, self.group)
-        failure = self._seal(manifest, attempt) if isinstance(manifest, Manifest) else str(manifest)
-        failures = self._all(failure)
-        if (first := next((f for f in failures if f is not None), None)) is not None:
+        recorded, failure = self._sealed_and_recorded(manifest, attempt)
+        if failure is not None:
             if self.rank == 0:
-                log.warning("memory_snapshot_failed", step=step, reason=first)
+                log.warning("memory_snapshot_failed", step=step, reason=failure)
             prune(
                 self.root, self.rank, self.newest, self.source, self.strays
             )  # drops this one; the newest recorded stays
             return
         assert isinstance(manifest, Manifest)
-        recorded = self._recorded(manifest, attempt)
         self.newest = step
         prune(self.root, self.rank, step, self.source, self.strays)
         if self.buddy is not None:
@@ -246,11 +245,24 @@ class MemoryTier:
             step, epoch, [e for files in every if not isinstance(files, str) for e in files]
         )
 
-    def _recorded(self, manifest: Manifest, attempt: int) -> Snapshotted | None:
+    def _sealed_and_recorded(self, manifest: object, attempt: int) -> tuple[Snapshotted | None, str | None]:
+        """Every rank's part of `manifest` (rank 0's manifest, or why it has none) sealed, then rank 0's
+        `snapshotted` recorded: the event (rank 0's), or the first failure, the same on every rank. Only then
+        may a rank drop the snapshot the log names: a kill between one rank's drop and rank 0's record left
+        the log naming a snapshot that rank no longer held, and the resume fell back to durable storage."""
+        failure = self._seal(manifest, attempt) if isinstance(manifest, Manifest) else str(manifest)
+        if (first := next((f for f in self._all(failure) if f is not None), None)) is not None:
+            return None, first
+        assert isinstance(manifest, Manifest)
+        recorded, unrecorded = self._recorded(manifest, attempt)
+        return recorded, self._all(unrecorded)[0]
+
+    def _recorded(self, manifest: Manifest, attempt: int) -> tuple[Snapshotted | None, str | None]:
         """Rank 0: `snapshotted` of `manifest`'s snapshot to the outbox, naming each node's part; the event
-        (None: nothing to record, or not rank 0)."""
+        (None: nothing to record, or not rank 0), or why it could not be recorded."""
         if self._record is None:
-            return None
+            return None, None
+        fault_point("snapshot_sealed", manifest.step)
         event = Snapshotted(
             run_id=manifest.run_id,
             step=manifest.step,
@@ -262,8 +274,11 @@ class MemoryTier:
             attempt=attempt,
             parts=snapshot_parts(manifest, self.hosts, self.local_world) if self.hosts else UNSET,
         )
-        self._record(event)
-        return event
+        try:
+            self._record(event)
+        except Exception as exc:  # the outbox unwritable: the log cannot name this snapshot
+            return None, f"not recorded: {type(exc).__name__}: {exc}"
+        return event, None
 
     def _replicated(self, recorded: Snapshotted | None, held: list[Outcome]) -> None:
         """Rank 0, the exchange over: `snapshot_replicated` of the snapshot it `recorded` to the outbox, when

@@ -2,7 +2,8 @@
 job killed after a memory snapshot newer than its last durable checkpoint resumes from memory, losing at
 most `memory_every` steps, and ends bit-identical to an uninterrupted run; a corrupted snapshot is skipped,
 recorded against its tier, and the job resumes from durable storage, bit-identical too; so does a job one of
-whose ranks lacks its part, with nothing recorded against the snapshot."""
+whose ranks lacks its part, with nothing recorded against the snapshot. A job killed between a snapshot's
+seal and its record resumes from the snapshot before it, which every rank still holds."""
 
 import asyncio
 import shutil
@@ -99,14 +100,29 @@ async def test_a_killed_job_resumes_from_memory_and_a_corrupt_or_missing_snapsho
     events, _ = await events_of(env, "mem-gone")
     assert not any(isinstance(e, CorruptSkipped) for e in events)
 
+    # killed once every rank sealed snapshot 35, before rank 0 recorded it: the log still names snapshot 30,
+    # which no rank may drop until 35 is recorded, so the job resumes from memory at 30 (a rank that dropped
+    # it on sealing 35 sent the resume to durable storage: seen once in the restart experiment)
+    ckpt, unrecorded_env, root = await asyncio.to_thread(
+        killed_after_snapshot, "mem-unrecorded", env, memory, "snapshot_sealed"
+    )
+    held = sorted("/".join(p.relative_to(root).parts[:2]) for p in root.glob("step-*/rank-*/.complete"))
+    assert held == ["step-30/rank-0", "step-30/rank-1", "step-35/rank-0", "step-35/rank-1"], "none dropped"
+    sixth = await asyncio.to_thread(torchrun, ckpt, *FLAGS, env=unrecorded_env)
+    assert resumed_step(sixth) == 30 and ", from memory" in sixth.stdout, sixth.stdout
+    assert final_digest(sixth) == reference
+    events, _ = await events_of(env, "mem-unrecorded")
+    assert [e.step for e in events if isinstance(e, Snapshotted)][:5] == [5, 10, 15, 25, 30]
+    assert [(e.tier, e.step) for e in events if isinstance(e, Resumed)] == [("memory", 30)]
+
 
 def killed_after_snapshot(
-    run_id: str, env: dict[str, str], memory: Path
+    run_id: str, env: dict[str, str], memory: Path, point: str = "snapshot"
 ) -> tuple[Path, dict[str, str], Path]:
-    """A run killed once its snapshot of step 35 is recorded: its checkpoints, its jobs' environment, and its
-    snapshots' directory on this node."""
+    """A run killed at `point` of its snapshot of step 35 (`snapshot`: recorded): its checkpoints, its jobs'
+    environment, and its snapshots' directory on this node."""
     ckpt, job = job_env(run_id, env, memory)
-    killed = torchrun(ckpt, *FLAGS, kill_at="snapshot:35", env=slowed(job))
+    killed = torchrun(ckpt, *FLAGS, kill_at=f"{point}:35", env=slowed(job))
     assert killed.returncode == KILLED, killed.stderr[-3000:]
     root = next(p for p in memory.glob("ftrain-*/*") if p.name.startswith(run_id))
     assert root == memory_root(memory, root.name)

@@ -197,7 +197,7 @@ def test_kill_and_stop_points_and_the_once_directory(tmp_path: Path) -> None:
 def test_a_malformed_fault_point_is_refused_naming_the_accepted_points(name: str, text: str) -> None:
     with pytest.raises(
         InvalidSetting,
-        match=rf"^{name}=.* with point one of step, stage, write, fanout, finalize, sealed, snapshot$",
+        match=rf"^{name}=.* with point one of step, stage, write, fanout, finalize, sealed, snapshot_sealed, snapshot$",
     ):
         (settings.kill_targets if name == "FTRAIN_KILL_AT" else settings.stop_targets)({name: text})
 
